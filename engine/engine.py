@@ -1,0 +1,257 @@
+"""The public engine: build from a checkpoint or preset, generate greedily, expose counters.
+
+Owns: turning user options into a validated, planned, loaded model with its placement;
+prefill in micro-batches of `ubatch` tokens; greedy decode; sessions; counters.
+Does not own: tokenization (the engine sees token ids only), timing and phases (the
+harness), numerics (engine.model / engine.layers).
+
+    from engine import Engine
+    eng = Engine.from_pretrained("tiny-mixtral", placement="fetch", cache_capacity=4, cache_policy="lru")
+    res = eng.generate([[1, 2, 3, 4]], max_new_tokens=8)
+    res.tokens, eng.counters["h2d_bytes"]
+
+Continuing a conversation keeps the KV on the device:
+
+    sess = eng.new_session(batch=1)
+    eng.generate([turn1], 8, session=sess)
+    eng.generate([turn2], 8, session=sess)       # only turn2 (and the last reply token) is prefilled
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+
+from engine.checkpoint import Checkpoint, torch_dtype
+from engine.config import ModelConfig, preset, PRESETS
+from engine.counters import Counters
+from engine.devices import Device, fmt_bytes, parse_bytes
+from engine.hooks import NULL, Instrument
+from engine.kv import Session
+from engine.model import MoEModel, TensorSource
+from engine.placements.base import PlacementContext
+from engine.planner import MemoryPlan, plan_memory
+from engine.policies import make_policy
+from engine.registry import PLACEMENTS, POLICIES
+
+log = logging.getLogger(__name__)
+DEFAULT_CONTEXT = 4096
+
+
+@dataclass
+class GenerateResult:
+    tokens: list[list[int]]          # generated ids per prompt (greedy)
+    logits: list[torch.Tensor]       # [B, V] per generated token: the logits that chose it
+    session: Session | None          # the session, when the caller passed one
+
+
+class Engine:
+    def __init__(self, cfg: ModelConfig, model: MoEModel, placement: Any, device: Device, plan: MemoryPlan,
+                 counters: Counters, ubatch: int, options: dict[str, Any]) -> None:
+        self.cfg, self.model, self.placement, self.device = cfg, model, placement, device
+        self.plan, self._counters, self.ubatch, self.options = plan, counters, ubatch, options
+
+    # --- construction ----------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, source: str | Path, *, placement: str = "resident",
+                        cache_capacity: int | str | None = None, cache_policy: str = "lru",
+                        policy_options: dict[str, Any] | None = None, device: str = "auto",
+                        dtype: str = "float32", ubatch: int = 512, max_context: int | None = None,
+                        batch: int = 1, device_memory: int | str | None = None, reserve_bytes: int | None = None,
+                        seed: int = 0, instrument: Instrument | None = None, record_lookups: bool = False,
+                        model_overrides: dict[str, Any] | None = None, **placement_options: Any) -> "Engine":
+        """Validate, plan, then load. Raises before allocating anything when the input is wrong.
+
+        source: a Hugging Face checkpoint directory (config.json + *.safetensors) or a preset
+        name ({presets}). Extra keyword arguments are placement options (e.g. n_cpu_layers
+        for hybrid; stream_threshold, stream_fallback, stream_buffers for stream).
+        """
+        # 1. what model
+        ckpt_dir = Path(source)
+        if (ckpt_dir / "config.json").is_file():
+            cfg = ModelConfig.from_hf_dir(ckpt_dir)
+        elif str(source) in PRESETS:
+            cfg, ckpt_dir = preset(str(source)), None
+        else:
+            raise ValueError(f"{str(source)!r} is neither a checkpoint directory with config.json nor a preset; "
+                             f"presets: {', '.join(sorted(PRESETS))}")
+        if model_overrides:
+            cfg = cfg.replace(**model_overrides)
+        # 2. options, all checked before any allocation
+        placement_cls = PLACEMENTS.get(placement)
+        placement_cls.parse_options(placement_options)
+        POLICIES.get(cache_policy)
+        dt = cfg_dtype(cfg, dtype)
+        if ubatch < 1:
+            raise ValueError(f"ubatch must be >= 1, got {ubatch}")
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
+        context = max_context or min(DEFAULT_CONTEXT, cfg.max_position_embeddings)
+        if context > cfg.max_position_embeddings:
+            raise ValueError(f"max_context {context} exceeds the model's max_position_embeddings "
+                             f"{cfg.max_position_embeddings}")
+        dev = Device.create(device, device_memory)
+        plan = plan_memory(cfg, placement, cache_capacity if placement_cls.uses_cache(placement_options) else None,
+                           dev.ledger.budget, context, batch, ubatch, dt.itemsize, placement_options, reserve_bytes)
+        _check_host_ram(cfg, dt, ckpt_dir)
+        log.info("%s", plan)
+        # 3. load; on any failure free what was taken so nothing half-built stays accounted
+        counters = Counters(cfg.num_layers)
+        instrument = instrument or NULL
+        ckpt = Checkpoint(ckpt_dir) if ckpt_dir is not None else None
+        model = MoEModel(cfg, dev, dt, instrument)
+        try:
+            ctx = PlacementContext(cfg, dev, model.store, counters, instrument, plan.capacity,
+                                   (lambda layer: make_policy(cache_policy, plan.capacity, cfg.n_experts, layer,
+                                                              **(policy_options or {})))
+                                   if plan.capacity is not None else None)
+            strategy = placement_cls(ctx, **placement_options)
+            model.load(TensorSource(cfg, ckpt, seed), strategy.expert_on_device)
+            strategy.setup()
+            if record_lookups and strategy.cache is not None:
+                strategy.cache.lookup_log = {}
+        except BaseException:
+            del model
+            dev.ledger.held.clear()
+            if dev.kind == "cuda":
+                torch.cuda.empty_cache()
+            raise
+        finally:
+            if ckpt is not None:
+                ckpt.close()
+        model.placement = strategy
+        options = dict(placement=placement, cache_capacity=plan.capacity, requested_capacity=cache_capacity,
+                       cache_policy=cache_policy if plan.capacity is not None else None, dtype=str(dt).split(".")[-1],
+                       device=dev.kind, emulated=dev.emulated, ubatch=ubatch, max_context=context, batch=batch,
+                       **placement_options)
+        counters.reset()
+        return cls(cfg, model, strategy, dev, plan, counters, ubatch, options)
+
+    # --- counters ----------------------------------------------------------------------------
+    @property
+    def counters(self) -> dict[str, int]:
+        """Metric name -> cumulative value since the last reset_counters()."""
+        return self._counters.totals()
+
+    @property
+    def counters_by_layer(self) -> dict[int, dict[str, int]]:
+        return self._counters.by_layer()
+
+    def reset_counters(self) -> None:
+        self._counters.reset()
+
+    def reset(self) -> None:
+        """Cold state: empty expert caches and zero counters (weights stay loaded)."""
+        self.placement.reset()
+        self._counters.reset()
+
+    @property
+    def lookup_log(self) -> dict[int, list[int]] | None:
+        """Per layer, the expert ids looked up in the device cache, in order (record_lookups=True)."""
+        cache = self.placement.cache
+        return None if cache is None else cache.lookup_log
+
+    # --- sessions and generation -----------------------------------------------------------
+    def new_session(self, batch: int = 1) -> Session:
+        cfg = self.cfg
+        return Session(self.device, self._counters, cfg.num_layers, batch, cfg.num_kv_heads, cfg.head_dim,
+                       self.model.dtype)
+
+    def _ids(self, rows: list[list[int]], sess: Session) -> torch.Tensor:
+        if not rows or any(not isinstance(r, (list, tuple)) for r in rows):
+            raise ValueError("prompts must be a non-empty list of token-id lists (one per sequence)")
+        if len(rows) != sess.batch:
+            raise ValueError(f"got {len(rows)} prompts for a session of batch {sess.batch}")
+        lengths = {len(r) for r in rows}
+        if len(lengths) != 1:
+            raise ValueError(f"prompts in one batch must have equal lengths, got {sorted(lengths)}")
+        ids = torch.tensor(rows, dtype=torch.long)
+        if ids.numel() and (ids.min() < 0 or ids.max() >= self.cfg.vocab_size):
+            raise ValueError(f"token ids must be in [0, {self.cfg.vocab_size}), got range "
+                             f"[{int(ids.min())}, {int(ids.max())}]")
+        return ids.to(self.device.torch_device)
+
+    @torch.inference_mode()
+    def prefill(self, sess: Session, prompts: list[list[int]], all_logits: bool = False) -> torch.Tensor:
+        """Append prompts [B][T] to the session in micro-batches of `ubatch` tokens.
+
+        Returns last-position logits [B, V] (all positions [B, T, V] with all_logits)."""
+        ids = self._ids(prompts, sess)
+        T = ids.shape[1]
+        if T == 0:
+            raise ValueError("empty prompt")
+        if sess.length + T > self.cfg.max_position_embeddings:
+            raise ValueError(f"context {sess.length + T} exceeds max_position_embeddings "
+                             f"{self.cfg.max_position_embeddings}")
+        outs = []
+        for s in range(0, T, self.ubatch):
+            with self.model.instrument.span("step", phase="prefill", tokens=min(self.ubatch, T - s) * sess.batch):
+                outs.append(self.model.forward(ids[:, s:s + self.ubatch], sess, all_logits))
+        return torch.cat(outs, dim=1) if all_logits else outs[-1]
+
+    @torch.inference_mode()
+    def decode_step(self, sess: Session, tokens: list[int]) -> torch.Tensor:
+        """Feed one token per sequence; returns logits [B, V]."""
+        ids = self._ids([[t] for t in tokens], sess)
+        if sess.length + 1 > self.cfg.max_position_embeddings:
+            raise ValueError(f"context {sess.length + 1} exceeds max_position_embeddings "
+                             f"{self.cfg.max_position_embeddings}")
+        with self.model.instrument.span("step", phase="decode", tokens=sess.batch):
+            return self.model.forward(ids, sess)
+
+    def generate(self, prompts: list[list[int]], max_new_tokens: int = 16,
+                 session: Session | None = None) -> GenerateResult:
+        """Greedy generation. With `session`, prompts continue it (its KV is reused) and the
+        session keeps everything but the final generated token, which is fed first next turn."""
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        sess = session or self.new_session(len(prompts))
+        try:
+            rows = [list(r) for r in prompts]
+            if sess.pending is not None:
+                rows = [[p, *r] for p, r in zip(sess.pending, rows)]
+            logits = self.prefill(sess, rows)
+            out_logits, generated = [logits], []
+            tok = logits.argmax(-1).tolist()
+            generated.append(tok)
+            for _ in range(max_new_tokens - 1):
+                logits = self.decode_step(sess, tok)
+                out_logits.append(logits)
+                tok = logits.argmax(-1).tolist()
+                generated.append(tok)
+            sess.pending = tok
+        finally:
+            if session is None:
+                sess.close()
+        return GenerateResult(tokens=[list(col) for col in zip(*generated)], logits=out_logits, session=session)
+
+    def close(self) -> None:
+        """Drop weights and caches (device memory is returned to the allocator)."""
+        self.model = self.placement = None
+        self.device.ledger.held.clear()
+        if self.device.kind == "cuda":
+            torch.cuda.empty_cache()
+
+
+def cfg_dtype(cfg: ModelConfig, dtype: str) -> torch.dtype:
+    return torch_dtype(cfg.torch_dtype if dtype == "auto" else dtype)
+
+
+def _check_host_ram(cfg: ModelConfig, dt: torch.dtype, ckpt_dir: Path | None) -> None:
+    """Refuse, with the arithmetic, to materialise a model that cannot fit in host RAM."""
+    need = (cfg.non_expert_params() + cfg.n_moe_layers * cfg.n_experts * cfg.expert_params) * dt.itemsize
+    avail = psutil.virtual_memory().available
+    if need > avail:
+        what = "checkpoint" if ckpt_dir else f"preset {cfg.name!r} (seeded random weights)"
+        raise MemoryError(f"{what} needs {fmt_bytes(need)} of host RAM at {str(dt).split('.')[-1]} "
+                          f"({cfg.non_expert_params():,} non-expert + {cfg.n_moe_layers} layers x {cfg.n_experts} "
+                          f"experts x {cfg.expert_params:,} params), but only {fmt_bytes(avail)} is available; "
+                          "use engine.planner.plan_memory for sizing without weights, or model_overrides "
+                          "(e.g. num_layers) for a truncated run")
+
+
+__all__ = ["Engine", "GenerateResult", "parse_bytes"]

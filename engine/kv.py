@@ -1,0 +1,112 @@
+"""Sessions and their KV cache.
+
+Owns: per-sequence key/value tensors (one [B, K, capacity, h] buffer pair per layer,
+grown by doubling), the session's token bookkeeping, and moving the KV to host RAM and
+back (counted as d2h/h2d bytes). Does not own: attention math (engine.layers) or when a
+session is displaced (the caller decides).
+
+    sess = engine.new_session(batch=2)
+    engine.generate(prompts, 8, session=sess)     # KV stays on the device
+    sess.offload()                                # KV -> host RAM (d2h bytes counted)
+    sess.restore()                                # host -> device (h2d bytes counted)
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.counters import Counters
+from engine.devices import Device
+
+MIN_CAPACITY = 256
+
+
+class Session:
+    """One batch of sequences that advance together (equal lengths)."""
+
+    def __init__(self, device: Device, counters: Counters, n_layers: int, batch: int, kv_heads: int,
+                 head_dim: int, dtype: torch.dtype) -> None:
+        self.device, self.counters = device, counters
+        self.batch, self.kv_heads, self.head_dim, self.dtype = batch, kv_heads, head_dim, dtype
+        self.n_layers = n_layers
+        self.length = 0                                   # tokens whose KV is held
+        self.capacity = 0
+        self.k: list[torch.Tensor] = []                   # per layer [B, K, capacity, h]
+        self.v: list[torch.Tensor] = []
+        self.pending: list[int] | None = None             # last generated token per row, not yet in the KV
+        self.on_device = True
+        self._label = f"kv:{id(self)}"
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
+
+    def used_bytes(self) -> int:
+        """Bytes of KV actually filled (length, not capacity)."""
+        return 2 * self.n_layers * self.batch * self.kv_heads * self.length * self.head_dim * self.dtype.itemsize
+
+    def _grow(self, needed: int) -> None:
+        cap = max(MIN_CAPACITY, self.capacity)
+        while cap < needed:
+            cap *= 2
+        shape = (self.batch, self.kv_heads, cap, self.head_dim)
+        new_k = [self.device.empty(shape, self.dtype, self._label) for _ in range(self.n_layers)]
+        new_v = [self.device.empty(shape, self.dtype, self._label) for _ in range(self.n_layers)]
+        for old, new in zip((*self.k, *self.v), (*new_k, *new_v)):
+            new[:, :, : self.length].copy_(old[:, :, : self.length])
+            self.device.release(self._label, old)
+        self.k, self.v, self.capacity = new_k, new_v, cap
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k/v [B, K, T, h] after the current length; return all keys/values [B, K, S, h]."""
+        if not self.on_device:
+            raise RuntimeError("session KV is offloaded to host RAM; call session.restore() first")
+        T = k.shape[2]
+        if self.length + T > self.capacity:
+            self._grow(self.length + T)
+        end = self.length + T
+        self.k[layer][:, :, self.length:end].copy_(k)
+        self.v[layer][:, :, self.length:end].copy_(v)
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+
+    def advance(self, T: int) -> None:
+        """Called once per forward pass, after every layer appended its T tokens."""
+        self.length += T
+
+    # --- displacement to host RAM -------------------------------------------------------
+    def offload(self) -> None:
+        """Move the filled KV to host RAM (pinned on CUDA) and free the device buffers."""
+        if not self.on_device:
+            return
+        host_k, host_v = [], []
+        for layer in range(self.n_layers):
+            for src, dst in ((self.k[layer], host_k), (self.v[layer], host_v)):
+                filled = src[:, :, : self.length]
+                h = self.device.host_empty(tuple(filled.shape), self.dtype)
+                h.copy_(filled)
+                self.counters.add("d2h_bytes", h.numel() * h.element_size(), layer)
+                dst.append(h)
+                self.device.release(self._label, src)
+        self.k, self.v, self.capacity, self.on_device = host_k, host_v, 0, False
+
+    def restore(self) -> None:
+        """Bring an offloaded KV back to the device."""
+        if self.on_device:
+            return
+        host_k, host_v = self.k, self.v
+        self.k, self.v, self.capacity, self.on_device = [], [], 0, True
+        n = self.length
+        self.length = 0
+        self._grow(n)
+        self.length = n
+        for layer in range(self.n_layers):
+            for h, d in ((host_k[layer], self.k[layer]), (host_v[layer], self.v[layer])):
+                d[:, :, :n].copy_(h, non_blocking=True)
+                self.counters.add("h2d_bytes", h.numel() * h.element_size(), layer)
+        self.device.synchronize()
+
+    def close(self) -> None:
+        """Free the device buffers."""
+        if self.on_device:
+            for t in (*self.k, *self.v):
+                self.device.release(self._label, t)
+        self.k, self.v, self.capacity, self.length = [], [], 0, 0

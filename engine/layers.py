@@ -1,0 +1,97 @@
+"""Functional transformer pieces shared by every family: RMSNorm, rotary embedding,
+attention over a KV cache, the SwiGLU expert FFN on a packed buffer, and the router.
+
+Owns: the numerics, written to match Hugging Face transformers op for op (dtype casts
+included) so logits agree to fp32 rounding. Does not own: weights or where experts live.
+
+Dimension legend: B=batch, T=new tokens, S=tokens in the KV cache, H=query heads,
+K=kv heads, h=head dim, D=hidden, I=expert intermediate, E=experts, k=top-k, N=B*T rows.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+ACT = {
+    "silu": F.silu,
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+}
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    dtype = x.dtype
+    x32 = x.to(torch.float32)
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, linear_factor: float,
+                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin for absolute `positions` [T]; each [T, h]."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device)
+                                .float() / head_dim))
+    if linear_factor != 1.0:
+        inv_freq = inv_freq / linear_factor
+    freqs = positions.float()[:, None] * inv_freq[None, :]          # [T, h/2]
+    emb = torch.cat((freqs, freqs), dim=-1)                          # [T, h]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, H, T, h]; cos/sin [T, h]."""
+    return x * cos + _rotate_half(x) * sin
+
+
+def causal_mask(T: int, past: int, window: int | None, device: torch.device) -> torch.Tensor | None:
+    """Boolean [T, past+T] mask (True = may attend), or None when plain decode needs none."""
+    if T == 1 and (window is None or past + 1 <= window):
+        return None
+    q = torch.arange(past, past + T, device=device)[:, None]        # [T, 1]
+    kv = torch.arange(past + T, device=device)[None, :]             # [1, S]
+    mask = kv <= q
+    if window is not None:
+        mask &= kv > q - window
+    return mask
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """q [B, H, T, h], k/v [B, K, S, h] -> [B, T, H*h]."""
+    B, H, T, hd = q.shape
+    rep = H // k.shape[1]
+    if rep > 1:  # grouped-query attention: share each kv head across `rep` query heads
+        k = k[:, :, None].expand(B, k.shape[1], rep, k.shape[2], hd).reshape(B, H, k.shape[2], hd)  # [B, H, S, h]
+        v = v[:, :, None].expand(B, v.shape[1], rep, v.shape[2], hd).reshape(B, H, v.shape[2], hd)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=hd ** -0.5)  # [B, H, T, h]
+    return out.transpose(1, 2).reshape(B, T, H * hd)
+
+
+def expert_ffn(x: torch.Tensor, packed: torch.Tensor, D: int, I: int, act: str) -> torch.Tensor:
+    """SwiGLU expert on a packed buffer [gate (I*D) | up (I*D) | down (D*I)]; x [n, D] -> [n, D]."""
+    gate_up = packed[: 2 * I * D].view(2 * I, D)                   # [2I, D]
+    down = packed[2 * I * D:].view(D, I)                           # [D, I]
+    gate, up = F.linear(x, gate_up).chunk(2, dim=-1)               # [n, I] each
+    return F.linear(ACT[act](gate) * up, down)                     # [n, D]
+
+
+def dense_mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, act: str) -> torch.Tensor:
+    return F.linear(ACT[act](F.linear(x, gate)) * F.linear(x, up), down)
+
+
+def route(h: torch.Tensor, router_w: torch.Tensor, top_k: int, norm_topk: bool,
+          keep_fp32_weights: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """h [N, D] -> (expert ids [N, k] int64, weights [N, k]) exactly as transformers' TopKRouter."""
+    logits = F.linear(h, router_w)                                   # [N, E]
+    probs = torch.softmax(logits.float(), dim=-1)                    # [N, E] fp32
+    top_w, top_i = torch.topk(probs, top_k, dim=-1)                  # [N, k]
+    if norm_topk:
+        top_w = top_w / top_w.sum(dim=-1, keepdim=True)
+    if not keep_fp32_weights:  # Qwen/OLMoE cast back to the activation dtype; Mixtral keeps fp32
+        top_w = top_w.to(logits.dtype)
+    return top_i, top_w

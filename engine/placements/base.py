@@ -1,0 +1,134 @@
+"""Placement strategy interface: where each routed expert runs and what moves to make it so.
+
+Owns: the contract between the MoE block and a strategy (`run(layer, h, ids, weights)`),
+the shared expert loop (`combine`) that every strategy uses so the accumulation order --
+and therefore the output -- never depends on placement, the CPU-execution path shared
+by `cpu` and `hybrid`, and option validation through each strategy's `Options` dataclass.
+Does not own: bytes at rest (engine.cache.ExpertStore), slot management (ExpertCache),
+eviction choice (policies), memory planning arithmetic (engine.planner asks
+`device_expert_bytes`).
+
+A strategy is registered by name in engine.registry.PLACEMENTS (or the entry-point
+group `moebench.placements`) and built by the engine as `cls(ctx, **options)`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from engine.cache import ExpertCache, ExpertStore
+from engine.config import ModelConfig
+from engine.counters import Counters
+from engine.devices import Device
+from engine.hooks import Instrument
+from engine.layers import expert_ffn
+from engine.policies.base import EvictionPolicy
+
+
+@dataclass
+class PlacementContext:
+    cfg: ModelConfig
+    device: Device
+    store: ExpertStore
+    counters: Counters
+    instrument: Instrument
+    capacity: int | None                                    # fetch-cache slots per layer, resolved
+    policy_factory: Callable[[int], EvictionPolicy] | None  # layer -> policy instance
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    pass
+
+
+class Placement(ABC):
+    name: ClassVar[str] = ""
+    Options: ClassVar[type] = NoOptions
+
+    def __init__(self, ctx: PlacementContext, **options: Any) -> None:
+        self.ctx = ctx
+        self.options = self.parse_options(options)
+        self.cache: ExpertCache | None = None
+
+    @classmethod
+    def parse_options(cls, options: dict[str, Any]) -> Any:
+        allowed = [f.name for f in dataclasses.fields(cls.Options)]
+        unknown = sorted(set(options) - set(allowed))
+        if unknown:
+            raise TypeError(f"placement {cls.name!r} got unknown option(s) {unknown}; "
+                            f"allowed: {allowed or 'none'}")
+        return cls.Options(**options)
+
+    # --- what the loader and the planner ask -------------------------------------------
+    def expert_on_device(self, layer: int) -> bool:
+        """Whether layer's experts are stored on the device (else in host RAM)."""
+        return False
+
+    @classmethod
+    def device_expert_bytes(cls, cfg: ModelConfig, expert_bytes: int, capacity: int | None,
+                            options: dict[str, Any]) -> int:
+        """Device bytes this strategy holds for routed experts (slots, resident rows, buffers)."""
+        return 0
+
+    @classmethod
+    def uses_cache(cls, options: dict[str, Any]) -> bool:
+        """Whether this strategy (with these options) needs a cache capacity."""
+        return False
+
+    def setup(self) -> None:
+        """Allocate device-side structures after the weights are loaded."""
+
+    def begin_forward(self, n_tokens: int) -> None:
+        """Called before each forward pass with the number of tokens it processes (B*T)."""
+
+    def reset(self) -> None:
+        """Return to a cold state (empty caches); weights stay loaded."""
+        if self.cache is not None:
+            self.cache.reset()
+
+    @abstractmethod
+    def run(self, layer: int, h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """Routed-expert output for h [N, D] given top-k ids/weights [N, k]; returns [N, D]."""
+
+    # --- shared pieces -----------------------------------------------------------------
+    def combine(self, layer: int, h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
+                weights_of: Callable[[int], torch.Tensor],
+                release: Callable[[int], None] | None = None) -> torch.Tensor:
+        """The one expert loop: experts in ascending id order, index_add into a zero buffer.
+
+        N=rows, k=top-k, D=hidden, P=packed expert numel.
+        """
+        cfg, span = self.ctx.cfg, self.ctx.instrument.span
+        out = torch.zeros_like(h)                                          # [N, D]
+        for e in ids.unique().tolist():                                    # sorted ascending
+            tok, kpos = (ids == e).nonzero(as_tuple=True)                  # [n], [n]
+            with span("expert", layer=layer, expert=e, tokens=int(tok.numel())):
+                w = weights_of(e)                                          # [P]
+                y = expert_ffn(h[tok], w, cfg.hidden_size, cfg.moe_intermediate_size, cfg.hidden_act)  # [n, D]
+                y = y * weights[tok, kpos, None]
+                out.index_add_(0, tok, y.to(out.dtype))
+            if release is not None:
+                release(e)
+        return out
+
+    def run_resident(self, layer: int, h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        rows = self.ctx.store.rows[layer]
+        return self.combine(layer, h, ids, weights, lambda e: rows[e])
+
+    def run_on_cpu(self, layer: int, h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """Ship activations to the CPU, run the experts from host RAM, ship the result back."""
+        dev, counters = self.ctx.device, self.ctx.counters
+        with self.ctx.instrument.span("copy", layer=layer, direction="d2h"):
+            h_c, ids_c, w_c = dev.to_host(h), dev.to_host(ids), dev.to_host(weights)
+        counters.add("d2h_bytes", sum(t.numel() * t.element_size() for t in (h_c, ids_c, w_c)), layer)
+        rows = self.ctx.store.rows[layer]
+        out = self.combine(layer, h_c, ids_c, w_c, lambda e: rows[e])
+        with self.ctx.instrument.span("copy", layer=layer, direction="h2d"):
+            out_d = dev.to_device(out)
+        counters.add("h2d_bytes", out.numel() * out.element_size(), layer)
+        return out_d

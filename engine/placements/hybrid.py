@@ -1,0 +1,39 @@
+"""`hybrid`: the experts of the first N layers run on the CPU, the rest are resident on
+the device -- llama.cpp's `--n-cpu-moe N`."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine.config import ModelConfig
+from engine.placements.base import Placement
+
+
+@dataclass(frozen=True)
+class HybridOptions:
+    n_cpu_layers: int = 1   # layers [0, N) keep their experts on the CPU
+
+    def __post_init__(self) -> None:
+        if self.n_cpu_layers < 0:
+            raise ValueError(f"n_cpu_layers must be >= 0, got {self.n_cpu_layers}")
+
+
+class Hybrid(Placement):
+    name = "hybrid"
+    Options = HybridOptions
+
+    def expert_on_device(self, layer: int) -> bool:
+        return layer >= self.options.n_cpu_layers
+
+    @classmethod
+    def device_expert_bytes(cls, cfg: ModelConfig, expert_bytes: int, capacity: int | None,
+                            options: dict[str, Any]) -> int:
+        n_cpu = cls.parse_options(options).n_cpu_layers
+        return sum(1 for l in cfg.moe_layers if l >= n_cpu) * cfg.n_experts * expert_bytes
+
+    def run(self, layer: int, h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        if self.expert_on_device(layer):
+            return self.run_resident(layer, h, ids, weights)
+        return self.run_on_cpu(layer, h, ids, weights)

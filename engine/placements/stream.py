@@ -1,0 +1,94 @@
+"""`stream`: for prefill batches above a token threshold, each layer's used experts are
+streamed through a few bounded device buffers (copy of expert i+B overlaps compute of
+expert i; llama.cpp op-offload, Krasis layer groups). Smaller batches (decode) use a
+fallback placement (`fetch` with its cache, or `cpu`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine.config import ModelConfig
+from engine.placements.base import Placement, PlacementContext
+
+FALLBACKS = ("fetch", "cpu")
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    stream_threshold: int = 64     # stream when a forward pass has more tokens than this
+    stream_fallback: str = "fetch"  # placement below the threshold
+    stream_buffers: int = 2        # device buffers experts stream through
+
+    def __post_init__(self) -> None:
+        if self.stream_fallback not in FALLBACKS:
+            raise ValueError(f"stream_fallback must be one of {FALLBACKS}, got {self.stream_fallback!r}")
+        if self.stream_buffers < 1:
+            raise ValueError(f"stream_buffers must be >= 1, got {self.stream_buffers}")
+        if self.stream_threshold < 0:
+            raise ValueError(f"stream_threshold must be >= 0, got {self.stream_threshold}")
+
+
+class Stream(Placement):
+    name = "stream"
+    Options = StreamOptions
+
+    def __init__(self, ctx: PlacementContext, **options: Any) -> None:
+        super().__init__(ctx, **options)
+        from engine.registry import PLACEMENTS
+        self.fallback = PLACEMENTS.get(self.options.stream_fallback)(ctx)
+        self._streaming = False
+
+    @classmethod
+    def uses_cache(cls, options: dict[str, Any]) -> bool:
+        return cls.parse_options(options).stream_fallback == "fetch"
+
+    @classmethod
+    def device_expert_bytes(cls, cfg: ModelConfig, expert_bytes: int, capacity: int | None,
+                            options: dict[str, Any]) -> int:
+        from engine.registry import PLACEMENTS
+        o = cls.parse_options(options)
+        fb = PLACEMENTS.get(o.stream_fallback).device_expert_bytes(cfg, expert_bytes, capacity, {})
+        return fb + o.stream_buffers * expert_bytes
+
+    def setup(self) -> None:
+        self.fallback.setup()
+        self.cache = self.fallback.cache
+        store = self.ctx.store
+        self.buffers = self.ctx.device.empty((self.options.stream_buffers, store.packed_numel), store.dtype,
+                                             "experts:stream")
+        self.last_use: list[object] = [None] * self.options.stream_buffers
+
+    def begin_forward(self, n_tokens: int) -> None:
+        self._streaming = n_tokens > self.options.stream_threshold
+
+    def run(self, layer: int, h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        if not self._streaming:
+            return self.fallback.run(layer, h, ids, weights)
+        dev, store, nb = self.ctx.device, self.ctx.store, self.options.stream_buffers
+        experts = ids.unique().tolist()
+        ready: dict[int, object] = {}
+
+        def issue(i: int) -> None:  # copy expert i into buffer i % nb once that buffer's last reader is done
+            b = i % nb
+            with self.ctx.instrument.span("copy", layer=layer, expert=experts[i], bytes=store.expert_bytes):
+                ready[experts[i]] = dev.copy_h2d(self.buffers[b], store.expert(layer, experts[i]),
+                                                 after=self.last_use[b])
+            self.ctx.counters.add("h2d_bytes", store.expert_bytes, layer)
+
+        for i in range(min(nb, len(experts))):
+            issue(i)
+        order = {e: i for i, e in enumerate(experts)}
+
+        def weights_of(e: int) -> torch.Tensor:
+            dev.wait(ready.pop(e))
+            return self.buffers[order[e] % nb]
+
+        def release(e: int) -> None:
+            i = order[e]
+            self.last_use[i % nb] = dev.record_compute()
+            if i + nb < len(experts):
+                issue(i + nb)
+
+        return self.combine(layer, h, ids, weights, weights_of, release)

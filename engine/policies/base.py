@@ -1,0 +1,99 @@
+"""Eviction policy interface for the device expert cache.
+
+Owns: the decision of *which* resident expert leaves when a slot is needed.
+Does not own: slots, bytes, copies or counters -- those live in `engine.cache`
+(mechanism). A policy instance serves exactly one cache layer (or one global pool)
+and sees only expert ids and a logical clock, so the very same classes drive the
+engine and the replay simulator.
+
+Protocol, per lookup of expert `e` at logical time `t` (t counts lookups of this
+layer, starting at 0, and increases by one per lookup, hit or miss):
+
+    hit   -> policy.on_hit(e, t)
+    miss  -> if the cache is full: v = policy.victim(t, protected); policy.on_evict(v)
+             policy.on_insert(e, t)
+
+`protected` are resident experts that must not be evicted now (in use by the
+current step). `victim` must return a resident, unprotected expert.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, Sequence, Set
+from typing import Any
+
+
+class EvictionPolicy(ABC):
+    """Chooses victims for one fixed-capacity cache. Subclasses register by `name`."""
+
+    name: str = ""
+
+    def __init__(self, capacity: int, n_experts: int, layer: int = 0) -> None:
+        if capacity < 1:
+            raise ValueError(f"cache capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self.n_experts = n_experts
+        self.layer = layer
+        self.resident: set[int] = set()
+
+    # --- notifications -------------------------------------------------------------
+    def on_hit(self, expert: int, t: int) -> None:
+        """`expert` was found resident at time `t`."""
+
+    def on_insert(self, expert: int, t: int) -> None:
+        """`expert` was just made resident at time `t` (after a miss)."""
+        self.resident.add(expert)
+
+    def on_evict(self, expert: int) -> None:
+        """`expert` left the cache."""
+        self.resident.discard(expert)
+
+    # --- decision --------------------------------------------------------------------
+    @abstractmethod
+    def victim(self, t: int, protected: Set[int] = frozenset()) -> int:
+        """Return the resident, unprotected expert to evict for a miss at time `t`."""
+
+    def _candidates(self, protected: Set[int]) -> list[int]:
+        cands = [e for e in self.resident if e not in protected]
+        if not cands:
+            raise self._no_victim(protected)
+        return cands
+
+    def _first_unprotected(self, order: Iterable[int], protected: Set[int]) -> int:
+        """First expert of `order` (an eviction order over residents) not in `protected`."""
+        for e in order:
+            if e not in protected:
+                return e
+        raise self._no_victim(protected)
+
+    def _no_victim(self, protected: Set[int]) -> RuntimeError:
+        return RuntimeError(
+            f"layer {self.layer}: no evictable expert (resident={sorted(self.resident)}, "
+            f"protected={sorted(protected)}); capacity {self.capacity} is too small for one step"
+        )
+
+
+def layer_row(value: Any, layer: int, what: str) -> list:
+    """Return the per-layer part of `value`: `value[layer]` when `value` is a mapping
+    {layer: seq} or a 2-D sequence/array [layers][...], else `value` itself as a list.
+
+    Lets policies that take per-layer data (popularity, traces) accept either the row for
+    their own layer or the whole table. Tensors/arrays are read through `.tolist()`.
+    """
+    if isinstance(value, Mapping):
+        if layer not in value:
+            raise ValueError(f"{what}: no entry for layer {layer}; layers given: {sorted(value)}")
+        value = value[layer]
+    if hasattr(value, "tolist"):                     # numpy array / torch tensor
+        value = value.tolist()
+    if not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
+        raise TypeError(f"{what}: expected a sequence (or per-layer table), got {type(value).__name__}")
+    first = value[0] if len(value) else None
+    if (isinstance(first, Sequence) and not isinstance(first, (str, bytes))) \
+            or getattr(first, "ndim", 0) >= 1:     # a row array, not a numpy scalar
+        if not 0 <= layer < len(value):
+            raise ValueError(f"{what}: table has {len(value)} layers, layer {layer} requested")
+        value = value[layer]
+        if hasattr(value, "tolist"):
+            value = value.tolist()
+    return list(value)

@@ -1,0 +1,65 @@
+"""Static pinning by offline popularity, FIFO for the rest.
+
+Owns: the choice of pinned experts for one layer and the FIFO order of the unpinned
+residents. Does not own: where popularity comes from (a profiling trace, computed by the
+caller) or the slots (`engine.cache`).
+
+The `pinned` most popular experts (ties: lower expert id first) are never chosen as
+victims. They are *not* preloaded: like any other expert they become resident on their
+first miss, and from then on stay. Victims are the unpinned residents in insertion (FIFO)
+order, so at least one slot must stay unpinned: `pinned <= capacity - 1`, default
+`capacity - 1`.
+
+    Static(capacity=4, n_experts=8, layer=3, popularity=counts)   # counts: [8] or [L, 8]
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence, Set
+from typing import Any
+
+from engine.policies.base import EvictionPolicy, layer_row
+
+
+class Static(EvictionPolicy):
+    name = "static"
+
+    def __init__(
+        self,
+        capacity: int,
+        n_experts: int,
+        layer: int = 0,
+        *,
+        popularity: Sequence[float] | Sequence[Sequence[float]] | Any,
+        pinned: int | None = None,
+    ) -> None:
+        super().__init__(capacity, n_experts, layer)
+        counts = layer_row(popularity, layer, "static popularity")
+        if len(counts) != n_experts:
+            raise ValueError(
+                f"static popularity for layer {layer} must have one count per expert "
+                f"(n_experts={n_experts}), got {len(counts)} counts"
+            )
+        if pinned is None:
+            pinned = capacity - 1
+        if not 0 <= pinned <= capacity - 1:
+            raise ValueError(
+                f"static pinned must be in [0, capacity-1] = [0, {capacity - 1}] so one slot "
+                f"stays evictable, got pinned={pinned}"
+            )
+        ranked = sorted(range(n_experts), key=lambda e: (-counts[e], e))
+        self.pinned: frozenset[int] = frozenset(ranked[:pinned])
+        # unpinned residents, oldest insertion first
+        self._order: OrderedDict[int, None] = OrderedDict()
+
+    def on_insert(self, expert: int, t: int) -> None:
+        self.resident.add(expert)
+        if expert not in self.pinned:
+            self._order[expert] = None
+
+    def on_evict(self, expert: int) -> None:
+        self.resident.discard(expert)
+        self._order.pop(expert, None)
+
+    def victim(self, t: int, protected: Set[int] = frozenset()) -> int:
+        return self._first_unprotected(self._order, protected)

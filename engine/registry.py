@@ -1,0 +1,90 @@
+"""Lazy plugin registries: name -> "module:Class".
+
+Owns: looking up placement strategies and eviction policies by name, including
+third-party ones declared through the entry-point groups `moebench.placements` and
+`moebench.policies`. Does not own: constructing them with options (callers do).
+
+    from engine.registry import PLACEMENTS
+    cls = PLACEMENTS.get("fetch")          # imports engine.placements.fetch lazily
+    PLACEMENTS.names()                     # ['cpu', 'fetch', 'hybrid', 'resident', 'stream', ...]
+
+An unknown name raises `UnknownPluginError` listing the known ones.
+"""
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import entry_points
+
+
+class UnknownPluginError(ValueError):
+    """A plugin name that no registry entry or entry point provides."""
+
+
+class Registry:
+    def __init__(self, kind: str, group: str, builtins: dict[str, str]) -> None:
+        self.kind = kind
+        self.group = group
+        self._targets: dict[str, str] = dict(builtins)
+        self._loaded: dict[str, type] = {}
+        self._scanned = False
+
+    def register(self, name: str, target: str | type) -> None:
+        """Add a plugin: `target` is a class or a "module:Class" string."""
+        if isinstance(target, str):
+            self._targets[name] = target
+            self._loaded.pop(name, None)
+        else:
+            self._targets[name] = f"{target.__module__}:{target.__qualname__}"
+            self._loaded[name] = target
+
+    def _scan_entry_points(self) -> None:
+        if self._scanned:
+            return
+        self._scanned = True
+        for ep in entry_points(group=self.group):
+            self._targets.setdefault(ep.name, ep.value)
+
+    def names(self) -> list[str]:
+        self._scan_entry_points()
+        return sorted(self._targets)
+
+    def get(self, name: str) -> type:
+        if name in self._loaded:
+            return self._loaded[name]
+        self._scan_entry_points()
+        if name not in self._targets:
+            raise UnknownPluginError(
+                f"unknown {self.kind} {name!r}; known: {', '.join(self.names())} "
+                f"(third-party plugins register in the entry-point group {self.group!r})"
+            )
+        module, _, attr = self._targets[name].partition(":")
+        obj = importlib.import_module(module)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+        self._loaded[name] = obj
+        return obj
+
+
+PLACEMENTS = Registry(
+    "placement",
+    "moebench.placements",
+    {
+        "resident": "engine.placements.resident:Resident",
+        "fetch": "engine.placements.fetch:Fetch",
+        "cpu": "engine.placements.cpu:CPUExperts",
+        "hybrid": "engine.placements.hybrid:Hybrid",
+        "stream": "engine.placements.stream:Stream",
+    },
+)
+
+POLICIES = Registry(
+    "cache policy",
+    "moebench.policies",
+    {
+        "lru": "engine.policies.lru:LRU",
+        "lfu": "engine.policies.lfu:LFU",
+        "fifo": "engine.policies.fifo:FIFO",
+        "static": "engine.policies.static:Static",
+        "belady": "engine.policies.belady:Belady",
+    },
+)
