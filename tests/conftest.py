@@ -1,0 +1,76 @@
+"""Shared fixtures: tiny real Hugging Face checkpoints built with transformers' own config
+classes and `save_pretrained` (no hub access), one per family and format."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+COMMON = dict(vocab_size=128, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+              num_experts_per_tok=2, max_position_embeddings=512, tie_word_embeddings=False)
+
+
+def hf_model(family: str, seed: int = 0):
+    """A tiny random transformers model of `family`, router weights scaled up so that
+    near-ties never decide the top-k set."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    if family == "mixtral":
+        cfg = tf.MixtralConfig(**COMMON, num_local_experts=8, intermediate_size=96, rope_theta=1e6)
+        model = tf.MixtralForCausalLM(cfg)
+    elif family == "qwen2_moe":
+        cfg = tf.Qwen2MoeConfig(**COMMON, num_experts=8, moe_intermediate_size=48, intermediate_size=80,
+                                shared_expert_intermediate_size=72, norm_topk_prob=False, mlp_only_layers=[1])
+        model = tf.Qwen2MoeForCausalLM(cfg)
+    elif family == "qwen3_moe":
+        cfg = tf.Qwen3MoeConfig(**COMMON, num_experts=8, moe_intermediate_size=48, intermediate_size=80,
+                                head_dim=24, norm_topk_prob=True, decoder_sparse_step=1)
+        model = tf.Qwen3MoeForCausalLM(cfg)
+    elif family == "olmoe":
+        cfg = tf.OlmoeConfig(**COMMON, num_experts=8, intermediate_size=48, clip_qkv=0.15, norm_topk_prob=False)
+        model = tf.OlmoeForCausalLM(cfg)
+    else:
+        raise ValueError(family)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("mlp.gate.weight") or name.endswith("block_sparse_moe.gate.weight"):
+                p.normal_(0.0, 2.0)
+            elif "norm" in name:  # non-trivial norm weights so a misplaced norm shows up
+                p.uniform_(0.5, 1.5)
+    return model.eval()
+
+
+def save(model, path: Path, **kw) -> Path:
+    model.save_pretrained(path, **kw)
+    return path
+
+
+@pytest.fixture(scope="session")
+def hf_checkpoints(tmp_path_factory) -> dict[str, tuple[object, Path]]:
+    """family -> (transformers model in fp32, checkpoint dir saved in fp32)."""
+    out = {}
+    for fam in FAMILIES:
+        m = hf_model(fam)
+        out[fam] = (m, save(m, tmp_path_factory.mktemp(fam)))
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_mixtral_dir(hf_checkpoints) -> Path:
+    return hf_checkpoints["mixtral"][1]
+
+
+def rewrite_config_old_hub_form(path: Path) -> None:
+    """Turn a current-form config.json into the older Hub form (rope_theta at top level,
+    rope_scaling, torch_dtype instead of dtype)."""
+    cfg = json.loads((path / "config.json").read_text())
+    rope = cfg.pop("rope_parameters", None) or {}
+    cfg["rope_theta"] = rope.get("rope_theta", 10000.0)
+    cfg["rope_scaling"] = None
+    if "dtype" in cfg:
+        cfg["torch_dtype"] = cfg.pop("dtype")
+    (path / "config.json").write_text(json.dumps(cfg, indent=2))
