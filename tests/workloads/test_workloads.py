@@ -162,7 +162,8 @@ def test_bad_sizes_name_the_field(tok: ByteTokenizer, kw: dict, field: str) -> N
 def test_random_baseline_is_labelled(tok: ByteTokenizer) -> None:
     s = build("coding_agent", tok, 256, turn_tokens=16, batch=3, seed=1, tokens="random")
     assert s.token_source == "random" and s.meta["baseline"] == RANDOM_BASELINE_LABEL
-    assert [len(r) for r in s.contexts] == [256] * 3 and [len(r) for r in s.continuations] == [16] * 3
+    assert [len(r) for r in s.contexts] == [256] * 3
+    assert [len(r) for r in s.continuations] == [16] * 3
     assert all(0 <= i < 256 for row in s.contexts + s.continuations for i in row)
     assert len({tuple(r) for r in s.contexts}) == 3
     assert s == build("coding_agent", tok, 256, turn_tokens=16, batch=3, seed=1, tokens="random")
@@ -221,7 +222,8 @@ def test_workloads_with_hf_tokenizer(hf_dir: Path, name: str) -> None:
     t = load_tokenizer(hf_dir, vocab_size=1000)
     s = build(name, t, 4096, turn_tokens=32, batch=2, seed=0)  # tiny BPE: ~1 token / 2 bytes
     assert s.tokenizer_kind == "hf"
-    assert [len(r) for r in s.contexts] == [4096, 4096] and [len(r) for r in s.continuations] == [32, 32]
+    assert [len(r) for r in s.contexts] == [4096, 4096]
+    assert [len(r) for r in s.continuations] == [32, 32]
     assert all(r[0] == t.prefix_ids[0] for r in s.contexts)
     assert all(0 <= i <= t.max_id for r in s.contexts + s.continuations for i in r)
     assert s.contexts[0] != s.contexts[1]
