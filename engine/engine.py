@@ -98,7 +98,7 @@ class Engine:
         plan = plan_memory(cfg, placement, cache_capacity if placement_cls.uses_cache(placement_options) else None,
                            dev.ledger.budget, context, batch, ubatch, dt.itemsize, placement_options, reserve_bytes)
         _check_host_ram(cfg, dt, ckpt_dir)
-        log.info("%s", plan)
+        log.debug("%s", plan)
         # 3. load; on any failure free what was taken so nothing half-built stays accounted
         counters = Counters(cfg.num_layers)
         instrument = instrument or NULL
@@ -159,7 +159,7 @@ class Engine:
     def new_session(self, batch: int = 1) -> Session:
         cfg = self.cfg
         return Session(self.device, self._counters, cfg.num_layers, batch, cfg.num_kv_heads, cfg.head_dim,
-                       self.model.dtype)
+                       self.model.dtype, max_tokens=self.plan.context)
 
     def _ids(self, rows: list[list[int]], sess: Session) -> torch.Tensor:
         if not rows or any(not isinstance(r, (list, tuple)) for r in rows):

@@ -1,8 +1,9 @@
 """Sessions and their KV cache.
 
 Owns: per-sequence key/value tensors (one [B, K, capacity, h] buffer pair per layer,
-grown by doubling), the session's token bookkeeping, and moving the KV to host RAM and
-back (counted as d2h/h2d bytes). Does not own: attention math (engine.layers) or when a
+allocated once at the planned context, or grown by doubling when unplanned), the
+session's token bookkeeping, and moving the KV to host RAM and back (counted as
+d2h/h2d bytes). Does not own: attention math (engine.layers) or when a
 session is displaced (the caller decides).
 
     sess = engine.new_session(batch=2)
@@ -24,10 +25,11 @@ class Session:
     """One batch of sequences that advance together (equal lengths)."""
 
     def __init__(self, device: Device, counters: Counters, n_layers: int, batch: int, kv_heads: int,
-                 head_dim: int, dtype: torch.dtype) -> None:
+                 head_dim: int, dtype: torch.dtype, max_tokens: int | None = None) -> None:
         self.device, self.counters = device, counters
         self.batch, self.kv_heads, self.head_dim, self.dtype = batch, kv_heads, head_dim, dtype
         self.n_layers = n_layers
+        self.max_tokens = max_tokens                      # the planned context: KV never grows past it
         self.length = 0                                   # tokens whose KV is held
         self.capacity = 0
         self.k: list[torch.Tensor] = []                   # per layer [B, K, capacity, h]
@@ -45,9 +47,15 @@ class Session:
         return 2 * self.n_layers * self.batch * self.kv_heads * self.length * self.head_dim * self.dtype.itemsize
 
     def _grow(self, needed: int) -> None:
-        cap = max(MIN_CAPACITY, self.capacity)
-        while cap < needed:
-            cap *= 2
+        if self.max_tokens is not None and needed > self.max_tokens:
+            raise ValueError(f"session needs KV for {needed} tokens but the engine was planned for "
+                             f"max_context={self.max_tokens}; pass a larger max_context to Engine.from_pretrained")
+        if self.max_tokens is not None:
+            cap = self.max_tokens   # planned: allocate the whole context once, as llama.cpp does for n_ctx
+        else:
+            cap = max(MIN_CAPACITY, self.capacity)
+            while cap < needed:
+                cap *= 2
         shape = (self.batch, self.kv_heads, cap, self.head_dim)
         new_k = [self.device.empty(shape, self.dtype, self._label) for _ in range(self.n_layers)]
         new_v = [self.device.empty(shape, self.dtype, self._label) for _ in range(self.n_layers)]

@@ -1,0 +1,262 @@
+"""Config schemas: one dataclass per Hydra group option, registered in the ConfigStore, and
+the strict checks Hydra alone does not make.
+
+Owns: the shape of a moebench run's configuration (groups model, placement, cache,
+prefetch, workload, hardware, run, engine, experiment) and `validate(cfg)`, which turns a
+composed DictConfig into a plain `RunSpec` -- or raises `ConfigError` naming the key, the
+allowed values and the value given -- *before* any model weights are read.
+Does not own: running anything (harness.runner).
+
+Canonical overrides: model=tiny-mixtral, model.path=DIR, placement=fetch, cache.capacity=4,
+cache.capacity=auto, cache.policy=lru, prefetch=none, workload=coding_agent,
+workload.context_tokens=4096, workload.gen_tokens=64, workload.batch=1, workload.ubatch=512,
+run.repeats=3, run.warmup=1, engine=hf.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from engine.config import PRESETS, ModelConfig, preset
+from engine.registry import POLICIES
+
+WORKLOADS = ("coding_agent", "chat", "long_doc")
+TOKEN_SOURCES = ("text", "random")
+ENGINES = ("moebench", "hf")
+PREFETCH = ("none",)
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("float32", "bfloat16", "float16", "auto")
+
+
+class ConfigError(ValueError):
+    """A configuration value is wrong; the message names the key, what is allowed and what was given."""
+
+
+# --- schemas -------------------------------------------------------------------------------
+@dataclass
+class ModelConf:
+    name: str = "tiny-mixtral"        # a preset name, or a label when `path` is set
+    path: Optional[str] = None        # Hugging Face checkpoint directory (config.json + *.safetensors)
+    dtype: str = "float32"            # float32 | bfloat16 | float16 | auto (the checkpoint's)
+    num_layers: Optional[int] = None  # truncate a preset (sizing runs on a small machine)
+    seed: int = 0                     # seeded random weights for presets
+
+
+@dataclass
+class PlacementConf:
+    name: str = "resident"
+
+
+@dataclass
+class HybridConf(PlacementConf):
+    name: str = "hybrid"
+    n_cpu_layers: int = 1
+
+
+@dataclass
+class StreamConf(PlacementConf):
+    name: str = "stream"
+    stream_threshold: int = 64
+    stream_fallback: str = "fetch"
+    stream_buffers: int = 2
+
+
+@dataclass
+class CacheConf:
+    capacity: str = "4"               # expert slots per layer: an int, or "auto" (sized from the device budget)
+    policy: str = "lru"               # lru | lfu | fifo | static | belady
+
+
+@dataclass
+class PrefetchConf:
+    name: str = "none"
+
+
+@dataclass
+class WorkloadConf:
+    name: str = "coding_agent"
+    context_tokens: int = 4096        # tokens up to and including the measured turn
+    gen_tokens: int = 32              # generated tokens (the first comes from prefill)
+    turn_tokens: int = 64             # new tokens in a continuation / restored turn
+    batch: int = 1                    # sessions run together
+    ubatch: int = 512                 # prefill micro-batch (llama.cpp -ub)
+    tokens: str = "text"              # text | random (labelled baseline)
+    seed: int = 0
+
+
+@dataclass
+class HardwareConf:
+    name: str = "local"
+    device: str = "auto"              # auto | cpu (emulated device) | cuda
+    device_memory: Optional[str] = None  # device budget, e.g. "64MiB"; default: free CUDA memory / unlimited on CPU
+
+
+@dataclass
+class RunConf:
+    repeats: int = 3
+    warmup: int = 1
+    check_reference: bool = True      # compare logits/tokens with a `resident` run of the same prompt
+    quiet: bool = False               # no progress bars or summary (CI)
+    out: str = "results"              # results root for single runs and sweeps
+    sweep_id: Optional[str] = None    # name of the sweep dir; default: a hash of the command-line overrides
+
+
+@dataclass
+class EngineConf:
+    name: str = "moebench"
+
+
+@dataclass
+class Config:
+    model: ModelConf = field(default_factory=ModelConf)
+    placement: PlacementConf = field(default_factory=PlacementConf)
+    cache: CacheConf = field(default_factory=CacheConf)
+    prefetch: PrefetchConf = field(default_factory=PrefetchConf)
+    workload: WorkloadConf = field(default_factory=WorkloadConf)
+    hardware: HardwareConf = field(default_factory=HardwareConf)
+    run: RunConf = field(default_factory=RunConf)
+    engine: EngineConf = field(default_factory=EngineConf)
+
+
+GROUP_SCHEMAS: dict[str, type] = {f.name: f.type if isinstance(f.type, type) else globals()[f.type]
+                                  for f in dataclasses.fields(Config)}
+
+
+def register_configs() -> None:
+    """Register the schema and every group option in Hydra's ConfigStore."""
+    cs = ConfigStore.instance()
+    cs.store(name="moebench_schema", node=Config)
+    for name in PRESETS:
+        cs.store(group="model", name=name, node=ModelConf(name=name))
+    cs.store(group="model", name="hf", node=ModelConf(name="hf-checkpoint"))
+    cs.store(group="placement", name="resident", node=PlacementConf(name="resident"))
+    cs.store(group="placement", name="fetch", node=PlacementConf(name="fetch"))
+    cs.store(group="placement", name="cpu", node=PlacementConf(name="cpu"))
+    cs.store(group="placement", name="hybrid", node=HybridConf())
+    cs.store(group="placement", name="stream", node=StreamConf())
+    cs.store(group="cache", name="default", node=CacheConf())
+    cs.store(group="prefetch", name="none", node=PrefetchConf())
+    for w in WORKLOADS:
+        cs.store(group="workload", name=w, node=WorkloadConf(name=w))
+    cs.store(group="hardware", name="local", node=HardwareConf())
+    cs.store(group="run", name="default", node=RunConf())
+    for e in ENGINES:
+        cs.store(group="engine", name=e, node=EngineConf(name=e))
+
+
+# --- validation -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything a job needs, checked; plain values only."""
+
+    model: ModelConf
+    placement: str
+    placement_options: dict[str, Any]
+    capacity: int | str | None
+    policy: str | None
+    prefetch: str
+    workload: WorkloadConf
+    hardware: HardwareConf
+    run: RunConf
+    engine: str
+    model_config: ModelConfig
+
+    @property
+    def model_label(self) -> str:
+        return self.model.name if not self.model.path else f"{self.model.name}:{Path(self.model.path).name}"
+
+
+def _allowed(key: str, allowed: Any, given: Any) -> ConfigError:
+    return ConfigError(f"{key}: allowed {allowed}, got {given!r}")
+
+
+def check_keys(cfg: DictConfig) -> None:
+    """Reject keys that no schema declares -- including ones added with `+key=value`,
+    which Hydra accepts despite a schema."""
+    for group, node in cfg.items():
+        if group == "hydra":
+            continue
+        if group not in GROUP_SCHEMAS:
+            raise ConfigError(f"unknown config key {group!r}; allowed top-level keys: {sorted(GROUP_SCHEMAS)}")
+        if not isinstance(node, DictConfig):
+            raise ConfigError(f"{group} must be a config group, got {node!r}")
+        schema = OmegaConf.get_type(node)
+        schema = schema if dataclasses.is_dataclass(schema) else GROUP_SCHEMAS[group]
+        allowed = [f.name for f in dataclasses.fields(schema)]
+        for key in node:
+            if key not in allowed:
+                raise ConfigError(f"unknown config key '{group}.{key}'; allowed keys in {group!r}"
+                                  f"{' for ' + repr(node.get('name')) if 'name' in node else ''}: {allowed}")
+
+
+def validate(cfg: DictConfig) -> RunSpec:
+    check_keys(cfg)
+    c = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "hydra"}
+    model = ModelConf(**c["model"])
+    workload, hardware, run = WorkloadConf(**c["workload"]), HardwareConf(**c["hardware"]), RunConf(**c["run"])
+    if model.dtype not in DTYPES:
+        raise _allowed("model.dtype", list(DTYPES), model.dtype)
+    if model.path:
+        p = Path(model.path)
+        if not (p / "config.json").is_file():
+            raise ConfigError(f"model.path: expected a Hugging Face checkpoint directory with config.json, "
+                              f"got {model.path!r}")
+        mcfg = ModelConfig.from_hf_dir(p)
+    else:
+        if model.name not in PRESETS:
+            raise _allowed("model.name", sorted(PRESETS), model.name)
+        mcfg = preset(model.name)
+    if model.num_layers is not None:
+        if not 1 <= model.num_layers <= mcfg.num_layers:
+            raise _allowed("model.num_layers", f"1..{mcfg.num_layers}", model.num_layers)
+        mcfg = mcfg.replace(num_layers=model.num_layers,
+                            moe_layers=tuple(l for l in mcfg.moe_layers if l < model.num_layers))
+    placement = dict(c["placement"])
+    pname = placement.pop("name")
+    engine = c["engine"]["name"]
+    if engine not in ENGINES:
+        raise _allowed("engine.name", list(ENGINES), engine)
+    for key, value, allowed in (("workload.name", workload.name, WORKLOADS),
+                                ("workload.tokens", workload.tokens, TOKEN_SOURCES),
+                                ("prefetch.name", c["prefetch"]["name"], PREFETCH),
+                                ("hardware.device", hardware.device, DEVICES),
+                                ("cache.policy", c["cache"]["policy"], POLICIES.names())):
+        if value not in allowed:
+            raise _allowed(key, list(allowed), value)
+    for key in ("context_tokens", "gen_tokens", "batch", "ubatch"):
+        if getattr(workload, key) < 1:
+            raise ConfigError(f"workload.{key}: must be >= 1, got {getattr(workload, key)}")
+    if workload.turn_tokens < 1:
+        raise ConfigError(f"workload.turn_tokens: must be >= 1, got {workload.turn_tokens}")
+    if run.repeats < 1 or run.warmup < 0:
+        raise ConfigError(f"run.repeats must be >= 1 and run.warmup >= 0, got {run.repeats}, {run.warmup}")
+    # the whole session -- context, replies and two more turns -- must fit the model
+    needed = workload.context_tokens + workload.gen_tokens + 2 * (workload.turn_tokens + 1)
+    if needed > mcfg.max_position_embeddings:
+        raise ConfigError(
+            f"workload.context_tokens: {workload.context_tokens} (+ {workload.gen_tokens} generated + 2 turns of "
+            f"{workload.turn_tokens}) = {needed} tokens is longer than the model allows "
+            f"(max_position_embeddings {mcfg.max_position_embeddings} for {mcfg.name or model.name!r})")
+    capacity: int | str | None = None
+    uses_cache = pname == "fetch" or (pname == "stream" and placement.get("stream_fallback", "fetch") == "fetch")
+    if uses_cache:
+        raw = str(c["cache"]["capacity"])
+        if raw == "auto":
+            capacity = "auto"
+        else:
+            try:
+                capacity = int(raw)
+            except ValueError:
+                raise _allowed("cache.capacity", f"an int in [top_k={mcfg.top_k}, n_experts={mcfg.n_experts}] "
+                               "or 'auto'", raw) from None
+            if not mcfg.top_k <= capacity <= mcfg.n_experts:
+                raise _allowed("cache.capacity", f"an int in [top_k={mcfg.top_k}, n_experts={mcfg.n_experts}] "
+                               "or 'auto'", capacity)
+    return RunSpec(model=model, placement=pname, placement_options=placement, capacity=capacity,
+                   policy=c["cache"]["policy"] if uses_cache else None, prefetch=c["prefetch"]["name"],
+                   workload=workload, hardware=hardware, run=run, engine=engine, model_config=mcfg)

@@ -1,0 +1,132 @@
+"""Measurement in one place: synchronised timers, memory peaks per phase, counter deltas.
+
+Owns: the sync discipline (device work is timed after a synchronise, never with
+time.time()), resetting and reading device and host memory peaks, and per-phase
+differences of the engine's cumulative counters.
+Does not own: which phases exist (harness.scenario) or storage (harness.results).
+
+    with PhaseProbe(device, counters_fn) as probe:
+        ... run the phase ...
+    probe.time_s, probe.peak_device_bytes, probe.peak_host_rss_bytes, probe.counters
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+import torch
+
+
+def sync(device_kind: str) -> None:
+    if device_kind == "cuda":
+        torch.cuda.synchronize()
+
+
+class HostPeak:
+    """Peak resident set size over a window.
+
+    Linux: write 5 to /proc/self/clear_refs to reset VmHWM, read VmHWM at the end (exact).
+    Elsewhere, or where clear_refs is not writable: a sampling thread (every 2 ms)."""
+
+    def __init__(self) -> None:
+        self._sampler: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._peak = 0
+        self.method = "vmhwm"
+
+    @staticmethod
+    def _vmhwm() -> int | None:
+        try:
+            with open("/proc/self/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            return None
+        return None
+
+    def start(self) -> None:
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            if self._vmhwm() is None:
+                raise OSError("no VmHWM")
+        except OSError:
+            self.method = "sampled"
+            proc = psutil.Process(os.getpid())
+            self._peak = proc.memory_info().rss
+
+            def sample() -> None:
+                while not self._stop.wait(0.002):
+                    self._peak = max(self._peak, proc.memory_info().rss)
+
+            self._sampler = threading.Thread(target=sample, daemon=True)
+            self._sampler.start()
+
+    def stop(self) -> int:
+        if self._sampler is None:
+            return self._vmhwm() or 0
+        self._stop.set()
+        self._sampler.join()
+        return max(self._peak, psutil.Process(os.getpid()).memory_info().rss)
+
+
+class PhaseProbe:
+    """Times one phase and records its memory peaks and counter deltas."""
+
+    def __init__(self, device_kind: str, counters: Callable[[], dict[str, int]] | None) -> None:
+        self.device_kind = device_kind
+        self._counters = counters
+        self.time_s = 0.0
+        self.peak_device_bytes: int | None = None
+        self.peak_host_rss_bytes: int | None = None
+        self.counters: dict[str, int] | None = None
+
+    def __enter__(self) -> "PhaseProbe":
+        sync(self.device_kind)
+        if self.device_kind == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        self._host = HostPeak()
+        self._host.start()
+        self._before = self._counters() if self._counters else None
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        sync(self.device_kind)
+        self.time_s = time.perf_counter() - self._t0
+        if self._counters is not None:
+            after = self._counters()
+            self.counters = {k: after[k] - self._before[k] for k in after}
+        if self.device_kind == "cuda":
+            self.peak_device_bytes = torch.cuda.max_memory_allocated()
+        self.peak_host_rss_bytes = self._host.stop()
+
+
+def percentile(samples: list[float], q: float) -> float | None:
+    """Linear-interpolated percentile (q in [0, 100]); None for no samples."""
+    if not samples:
+        return None
+    s = sorted(samples)
+    pos = (len(s) - 1) * q / 100
+    lo, hi = int(pos), min(int(pos) + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def rates(c: dict[str, int] | None) -> dict[str, float | None]:
+    """hit_rate and byte_hit_rate from counter deltas; None when nothing was looked up."""
+    if c is None:
+        return {"hit_rate": None, "byte_hit_rate": None}
+    n = c["expert_hits"] + c["expert_misses"]
+    b = c["expert_hit_bytes"] + c["expert_miss_bytes"]
+    return {"hit_rate": c["expert_hits"] / n if n else None,
+            "byte_hit_rate": c["expert_hit_bytes"] / b if b else None}
+
+
+def median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None

@@ -1,0 +1,135 @@
+"""One job, end to end: validate -> engine (cached per process) -> workload -> warm-up and
+repeats -> tidy rows + manifest, written atomically into the job dir.
+
+Owns: the job lifecycle, the numerical check against `resident` (cached per model and
+prompt), skipping jobs already complete, and turning any failure into a `status=failed`
+row so a sweep goes on. Does not own: the phases (harness.scenario), storage format
+(harness.results), the CLI (harness.cli).
+
+    from harness.runner import run
+    job_dir = run(cfg)        # cfg: a composed Hydra DictConfig
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from harness import results
+from harness.config import RunSpec, validate
+from harness.engines import get_adapter
+from harness.manifest import collect_manifest
+from harness.measure import PhaseProbe
+from harness.scenario import PREFIX_CACHE, RepeatResult, compare, run_repeat
+from harness.report import Reporter
+from workloads import build as build_workload
+from workloads.tokenize import load_tokenizer
+
+log = logging.getLogger(__name__)
+_REFERENCE: dict[tuple, RepeatResult] = {}
+
+
+@dataclass
+class JobContext:
+    job_dir: Path
+    sweep_id: str
+    job_id: str
+
+
+def factors_of(cfg: DictConfig) -> dict[str, Any]:
+    """The swept factors, read leniently so even an invalid config gets a failed row."""
+    g = lambda key, default=None: OmegaConf.select(cfg, key, default=default)  # noqa: E731
+    placement = g("placement.name")
+    uses_cache = placement == "fetch" or (placement == "stream" and g("placement.stream_fallback") == "fetch")
+    return {"engine": g("engine.name"), "model": g("model.name"), "placement": placement,
+            "cache_capacity": str(g("cache.capacity")) if uses_cache else None,
+            "cache_policy": g("cache.policy") if uses_cache else None, "prefetch": g("prefetch.name"),
+            "workload": g("workload.name"), "context_tokens": g("workload.context_tokens"),
+            "gen_tokens": g("workload.gen_tokens"), "batch": g("workload.batch"), "dtype": g("model.dtype")}
+
+
+def _sample(spec: RunSpec):
+    w = spec.workload
+    tok = load_tokenizer(spec.model.path, spec.model_config.vocab_size)
+    return build_workload(w.name, tok, w.context_tokens, w.turn_tokens, w.batch, w.seed, w.tokens)
+
+
+def _reference(spec: RunSpec, sample, measured) -> RepeatResult:
+    key = (spec.model.name, spec.model.path, spec.model.dtype, spec.model.num_layers, spec.model.seed,
+           spec.hardware.device, spec.workload.gen_tokens,
+           hashlib.sha1(repr((sample.contexts, sample.continuations)).encode()).hexdigest())
+    if key not in _REFERENCE:
+        if spec.engine == "moebench" and spec.placement == "resident":
+            _REFERENCE[key] = measured
+        else:
+            ref, _ = get_adapter(spec, placement="resident")
+            _REFERENCE[key] = run_repeat(ref, sample, spec.workload.gen_tokens, keep_logits=True)
+    return _REFERENCE[key]
+
+
+def run_job(cfg: DictConfig, ctx: JobContext, reporter: Reporter) -> tuple[list[dict], str | None]:
+    """Rows for one job, and the error text if it failed."""
+    factors = factors_of(cfg)
+    device = {"device_kind": None, "device_name": None, "emulated": None}
+    try:
+        spec = validate(cfg)                       # before any model loads
+        sample = _sample(spec)
+        with PhaseProbe("cuda" if spec.hardware.device == "cuda" else "cpu", None) as load_probe:
+            eng, loaded = get_adapter(spec)
+        device = {"device_kind": eng.device_kind, "device_name": eng.device_name, "emulated": eng.emulated}
+        extra = {"ubatch": spec.workload.ubatch, "token_source": sample.token_source,
+                 "resolved_capacity": eng.resolved_capacity, "placement_options": repr(spec.placement_options),
+                 "profiler": "none"}
+        rows: list[dict] = []
+
+        def emit(repeat: int, phase: str, metrics: dict, source: str, **more: Any) -> None:
+            rows.extend(results.make_rows(factors, device, ctx.sweep_id, ctx.job_id, repeat, phase, metrics,
+                                          source, extra={**extra, "prefix_cache": PREFIX_CACHE[phase], **more}))
+
+        load_metrics = {"time_s": load_probe.time_s if loaded else None,
+                        "peak_host_rss_bytes": load_probe.peak_host_rss_bytes if loaded else None,
+                        "peak_device_bytes": load_probe.peak_device_bytes if loaded else None}
+        emit(0, "load", load_metrics, "client", model_load="cold" if loaded else "reused")
+        # warm-up (excluded); its logits serve the numerical check, so measured repeats copy nothing extra
+        check_run = None
+        for i in range(max(spec.run.warmup, 1 if spec.run.check_reference else 0)):
+            with reporter.step(f"warm-up {i + 1}"):
+                check_run = run_repeat(eng, sample, spec.workload.gen_tokens, keep_logits=spec.run.check_reference)
+        check = None
+        if spec.run.check_reference and check_run is not None:
+            check = compare(check_run, _reference(spec, sample, check_run))
+        for r in range(spec.run.repeats):
+            with reporter.step(f"repeat {r + 1}/{spec.run.repeats}"):
+                res = run_repeat(eng, sample, spec.workload.gen_tokens, keep_logits=False)
+            for ph in res.phases:
+                emit(r, ph.phase, ph.client, "client")
+                engine_metrics = dict(ph.engine)
+                if ph.phase == "decode":
+                    engine_metrics.update(check or {"max_abs_logit_diff": None, "token_agreement": None})
+                emit(r, ph.phase, engine_metrics, "engine")
+        return rows, None
+    except Exception as exc:  # noqa: BLE001 -- any failure becomes a failed row; the sweep goes on
+        log.error("job %s failed: %s", ctx.job_id, exc)
+        log.debug("%s", traceback.format_exc())
+        return [results.failed_row(factors, device, ctx.sweep_id, ctx.job_id, f"{type(exc).__name__}: {exc}")], \
+            f"{type(exc).__name__}: {exc}"
+
+
+def run(cfg: DictConfig, ctx: JobContext, reporter: Reporter) -> str | None:
+    """Run and store one job; returns the error text when it failed (None when ok or skipped)."""
+    if results.job_complete(ctx.job_dir):
+        reporter.info(f"skip {ctx.job_id}: already complete in {ctx.job_dir}")
+        return None
+    t0 = time.perf_counter()
+    rows, error = run_job(cfg, ctx, reporter)
+    manifest = collect_manifest(OmegaConf.to_container(cfg, resolve=True),
+                                extra={"sweep_id": ctx.sweep_id, "job_id": ctx.job_id, "status": "failed" if error else "ok",
+                                       "harness_wall_s": time.perf_counter() - t0})
+    results.write_job(ctx.job_dir, rows, manifest)
+    return error
