@@ -1,0 +1,123 @@
+"""The real `moebench` CLI in a subprocess: a single run, a Hydra multirun, a failing job,
+a killed-and-resumed sweep, and both engines in one sweep."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness import results
+
+REPO = Path(__file__).resolve().parents[2]
+SMALL = ["workload=chat", "workload.context_tokens=256", "workload.gen_tokens=8", "run.quiet=true"]
+PHASES = {"load", "prefill_fresh", "decode", "prefill_continuation", "prefill_restored"}
+
+
+def moebench(args: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=600)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"moebench {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def sweep_dir(cwd: Path) -> Path:
+    dirs = list((cwd / "results" / "sweeps").iterdir())
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+def med(df: pd.DataFrame, phase: str, metric: str) -> pd.Series:
+    sel = df[(df.phase == phase) & (df.metric == metric)]
+    return sel.groupby("job_id")["value"].median()
+
+
+def test_single_run_defaults(tmp_path):
+    """A bare `moebench`: tiny model, coding-agent workload, a summary and the results path."""
+    proc = moebench([], tmp_path)
+    assert "results:" in proc.stdout and "prefill_fresh" in proc.stderr
+    runs = list((tmp_path / "results" / "runs").iterdir())
+    df = results.load(runs[0])
+    assert set(df.phase) == PHASES and (df.status == "ok").all()
+    assert set(df.workload) == {"coding_agent"} and (df.emulated == True).all()  # noqa: E712
+    assert df[df.metric == "peak_device_bytes"]["value"].isna().all()          # null on CPU, never 0
+    assert (tmp_path / runs[0] / "manifest.json").is_file()
+
+
+def test_multirun_table(tmp_path):
+    moebench(["-m", "placement=resident,fetch,cpu", "cache.capacity=2,4", "run.repeats=2", *SMALL], tmp_path)
+    sd = sweep_dir(tmp_path)
+    df = results.load(sd / "results.parquet")
+    assert (sd / "summary.csv").is_file()
+    assert df.job_id.nunique() == 6 and (df.status == "ok").all()
+    # every job x phase x metric that applies
+    per_job = df.groupby("job_id").apply(lambda j: set(zip(j.phase, j.metric)), include_groups=False)
+    assert all(s == per_job.iloc[0] for s in per_job) and len(per_job.iloc[0]) >= 60
+    assert {"ttft_s", "tpot_s_p99", "reused_tokens", "restore_s", "h2d_bytes", "hit_rate", "peak_host_rss_bytes",
+            "max_abs_logit_diff", "token_agreement"} <= set(df.metric)
+    h2d = df[(df.metric == "h2d_bytes") & (df.phase != "load")]
+    assert (h2d[h2d.placement == "fetch"].groupby("job_id")["value"].sum() > 0).all()
+    resident = h2d[(h2d.placement == "resident") & (h2d.phase != "prefill_restored")]
+    assert (resident["value"] == 0).all()
+    fresh = med(df, "prefill_fresh", "ttft_s")
+    assert (med(df, "prefill_continuation", "ttft_s") < fresh).all()
+    assert (med(df, "prefill_restored", "ttft_s") < fresh).all()
+    assert (df[df.metric == "max_abs_logit_diff"]["value"] <= 1e-5).all()
+    assert (df[df.metric == "reused_tokens"].groupby("phase")["value"].min()[["prefill_continuation",
+                                                                              "prefill_restored"]] > 256).all()
+    # one model load per engine configuration per process: later jobs reuse it
+    loads = df[(df.phase == "load") & (df.metric == "time_s")]
+    assert set(loads.model_load) == {"cold", "reused"}
+
+
+def test_failed_job_leaves_complete_table(tmp_path):
+    proc = moebench(["-m", "workload.context_tokens=256,9000", "workload=chat", "run.repeats=1",
+                     "workload.gen_tokens=4", "run.quiet=true"], tmp_path, check=False)
+    assert proc.returncode == 1
+    df = results.load(sweep_dir(tmp_path) / "results.parquet")
+    failed = df[df.status == "failed"]
+    assert len(failed) == 1 and "longer than the model allows" in failed.iloc[0]["error"]
+    assert set(df[df.status == "ok"].phase) == PHASES
+
+
+@pytest.mark.slow
+def test_killed_sweep_resumes_without_duplicates(tmp_path):
+    args = ["-m", "placement=resident,fetch,cpu", "cache.capacity=2,3,4", "run.repeats=1", *SMALL]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", *args], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        done = list(tmp_path.glob("results/sweeps/*/*/DONE"))
+        if len(done) >= 3 or proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    sd = sweep_dir(tmp_path)
+    finished_before = {p.parent.name: p.stat().st_mtime_ns for p in sd.glob("*/DONE")}
+    assert 0 < len(finished_before) < 9
+    moebench(args, tmp_path)
+    df = results.load(sd / "results.parquet")
+    assert df.job_id.nunique() == 9 and (df.status == "ok").all()
+    key = ["job_id", "repeat", "phase", "metric", "source"]
+    assert not df.duplicated(key).any()
+    for job, mtime in finished_before.items():   # completed jobs were skipped, not re-run
+        assert (sd / job / "DONE").stat().st_mtime_ns == mtime
+
+
+def test_engines_side_by_side(tmp_path):
+    moebench(["-m", "engine=moebench,hf", "placement=resident", "run.repeats=1", *SMALL], tmp_path)
+    df = results.load(sweep_dir(tmp_path) / "results.parquet")
+    assert set(df.engine) == {"moebench", "hf"} and (df.status == "ok").all()
+    hf = df[df.engine == "hf"]
+    assert hf[hf.metric == "h2d_bytes"]["value"].isna().all()   # transformers cannot count: null, not 0
+    assert (hf[hf.metric == "token_agreement"]["value"] == 1.0).all()
+    assert (hf[hf.metric == "max_abs_logit_diff"]["value"] <= 1e-4).all()
