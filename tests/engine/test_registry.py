@@ -1,0 +1,50 @@
+"""Plugins: lazy lookup by name, third-party registration through real entry points, and
+the error that lists the known names."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from engine import Engine
+from engine.registry import PLACEMENTS, Registry, UnknownPluginError
+
+PLUGIN = '''
+from engine.placements.resident import Resident
+
+class Mirror(Resident):
+    """A third-party placement: the resident strategy under another name."""
+    name = "mirror"
+'''
+
+
+@pytest.fixture
+def third_party(tmp_path, monkeypatch):
+    """An installed-looking distribution declaring a placement in `moebench.placements`."""
+    (tmp_path / "mirror_plugin.py").write_text(PLUGIN)
+    dist = tmp_path / "mirror_plugin-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: mirror-plugin\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[moebench.placements]\nmirror = mirror_plugin:Mirror\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield
+    sys.modules.pop("mirror_plugin", None)
+
+
+def test_entry_point_plugin_is_found(third_party, monkeypatch):
+    fresh = Registry("placement", "moebench.placements", {"resident": "engine.placements.resident:Resident"})
+    assert "mirror" in fresh.names()
+    assert fresh.get("mirror").__name__ == "Mirror"
+    monkeypatch.setattr(PLACEMENTS, "_scanned", False)
+    eng = Engine.from_pretrained("tiny-mixtral", device="cpu", placement="mirror")
+    ref = Engine.from_pretrained("tiny-mixtral", device="cpu")
+    assert eng.generate([[1, 2, 3]], 4).tokens == ref.generate([[1, 2, 3]], 4).tokens
+    monkeypatch.setattr(PLACEMENTS, "_targets", {k: v for k, v in PLACEMENTS._targets.items() if k != "mirror"})
+
+
+def test_builtins_are_lazy_and_errors_list_names():
+    reg = Registry("thing", "moebench.no-such-group", {"a": "engine.placements.cpu:CPUExperts"})
+    assert reg._loaded == {}
+    assert reg.get("a").name == "cpu"
+    with pytest.raises(UnknownPluginError, match="unknown thing 'b'; known: a"):
+        reg.get("b")
