@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 
 from engine.counters import Counters
-from engine.devices import Device
+from engine.devices import CopyHandle, Device
 from engine.policies.base import EvictionPolicy
 
 
@@ -58,18 +58,47 @@ class ExpertCache:
             raise ValueError(f"cache capacity must be in [1, n_experts={store.n_experts}], got {capacity}")
         self.store, self.device, self.counters, self.capacity = store, device, counters, capacity
         self.slots = {l: device.empty((capacity, store.packed_numel), store.dtype, "experts:cache") for l in layers}
-        self.slot_of: dict[int, dict[int, int]] = {l: {} for l in layers}     # expert -> slot
-        self.free: dict[int, list[int]] = {l: list(range(capacity - 1, -1, -1)) for l in layers}
         self.policy_factory = policy_factory
-        self.policy = {l: policy_factory(l) for l in layers}
-        self.clock = dict.fromkeys(layers, 0)                                   # lookups so far, per layer
-        self.ready: dict[tuple[int, int], object] = {}                          # copy-done events
-        self.last_use: dict[tuple[int, int], object] = {}                       # per slot: compute-done events
-        self.in_use: dict[int, set[int]] = {l: set() for l in layers}
         self.lookup_log: dict[int, list[int]] | None = None                     # set to {} to record
+        self.reset()
+
+    def reset(self) -> None:
+        """Empty every slot and reset policies and clocks (a cold cache)."""
+        layers = list(self.slots)
+        self.device.synchronize()                                               # no copy still in flight
+        for key in getattr(self, "prefetched", set()):                          # never used: wasted
+            self.counters.add("prefetch_wasted_bytes", self.store.expert_bytes, key[0])
+        self.slot_of: dict[int, dict[int, int]] = {l: {} for l in layers}     # expert -> slot
+        self.free: dict[int, list[int]] = {l: list(range(self.capacity - 1, -1, -1)) for l in layers}
+        self.policy = {l: self.policy_factory(l) for l in layers}
+        self.clock = dict.fromkeys(layers, 0)                                   # lookups so far, per layer
+        self.ready: dict[tuple[int, int], CopyHandle | None] = {}               # (layer, slot) -> copy in flight
+        self.last_use: dict[tuple[int, int], object] = {}                       # (layer, slot) -> compute event
+        self.in_use: dict[int, set[int]] = {l: set() for l in layers}
+        self.prefetched: set[tuple[int, int]] = set()                           # (layer, expert) not yet used
 
     def resident(self, layer: int) -> set[int]:
         return set(self.slot_of[layer])
+
+    def _load(self, layer: int, e: int, t: int, protected: set[int], prefetch: bool) -> None:
+        """Give expert e a slot (evicting if full) and start its copy."""
+        policy, slots = self.policy[layer], self.slot_of[layer]
+        if self.free[layer]:
+            slot = self.free[layer].pop()
+        else:
+            victim = policy.victim(t, protected)
+            policy.on_evict(victim)
+            slot = slots.pop(victim)
+            if (layer, victim) in self.prefetched:                             # evicted before any use
+                self.prefetched.discard((layer, victim))
+                self.counters.add("prefetch_wasted_bytes", self.store.expert_bytes, layer)
+        slots[e] = slot
+        (policy.on_prefetch if prefetch else policy.on_insert)(e, t)
+        nbytes = self.store.expert_bytes
+        self.ready[(layer, slot)] = self.device.copy_h2d(
+            self.slots[layer][slot], self.store.expert(layer, e), after=self.last_use.get((layer, slot)),
+            info={"layer": layer, "expert": e, "prefetch": prefetch})
+        self.counters.add("h2d_bytes", nbytes, layer)
 
     def acquire(self, layer: int, e: int) -> torch.Tensor:
         """Device buffer [P] holding expert (layer, e); one lookup, one copy on a miss."""
@@ -77,24 +106,16 @@ class ExpertCache:
         self.clock[layer] = t + 1
         if self.lookup_log is not None:
             self.lookup_log.setdefault(layer, []).append(e)
-        policy, slots = self.policy[layer], self.slot_of[layer]
-        nbytes = self.store.expert_bytes
+        slots, nbytes = self.slot_of[layer], self.store.expert_bytes
         if e in slots:
-            policy.on_hit(e, t)
+            self.policy[layer].on_hit(e, t)
             self.counters.lookup(layer, True, nbytes)
+            if (layer, e) in self.prefetched:
+                self.prefetched.discard((layer, e))
+                self.counters.add("prefetch_used", 1, layer)
         else:
             self.counters.lookup(layer, False, nbytes)
-            if self.free[layer]:
-                slot = self.free[layer].pop()
-            else:
-                victim = policy.victim(t, self.in_use[layer])
-                policy.on_evict(victim)
-                slot = slots.pop(victim)
-            slots[e] = slot
-            policy.on_insert(e, t)
-            self.ready[(layer, slot)] = self.device.copy_h2d(
-                self.slots[layer][slot], self.store.expert(layer, e), after=self.last_use.get((layer, slot)))
-            self.counters.add("h2d_bytes", nbytes, layer)
+            self._load(layer, e, t, self.in_use[layer], prefetch=False)
         slot = slots[e]
         self.device.wait(self.ready.pop((layer, slot), None))
         self.in_use[layer].add(e)
@@ -105,13 +126,18 @@ class ExpertCache:
         self.in_use[layer].discard(e)
         self.last_use[(layer, self.slot_of[layer][e])] = self.device.record_compute()
 
-    def reset(self) -> None:
-        """Empty every slot and reset policies and clocks (cold cache)."""
-        for l in self.slots:
-            self.slot_of[l].clear()
-            self.free[l] = list(range(self.capacity - 1, -1, -1))
-            self.policy[l] = self.policy_factory(l)
-            self.in_use[l].clear()
-        self.ready.clear()
-        self.last_use.clear()
-        self.clock = dict.fromkeys(self.slots, 0)
+    def prefetch(self, layer: int, experts: list[int]) -> None:
+        """Start copying `experts` of `layer` ahead of their lookups (no lookup is counted).
+
+        At most `capacity` of them; experts already resident are skipped, and experts
+        prefetched by this call are protected from each other's evictions."""
+        t = self.clock[layer]
+        protected = set(self.in_use[layer])
+        for e in experts[: self.capacity]:
+            if e in self.slot_of[layer]:
+                protected.add(e)
+                continue
+            self._load(layer, e, t, protected, prefetch=True)
+            self.prefetched.add((layer, e))
+            self.counters.add("prefetch_issued", 1, layer)
+            protected.add(e)

@@ -10,7 +10,8 @@ diffs snapshots).
 """
 from __future__ import annotations
 
-METRICS = ("h2d_bytes", "d2h_bytes", "expert_hits", "expert_misses", "expert_hit_bytes", "expert_miss_bytes")
+METRICS = ("h2d_bytes", "d2h_bytes", "expert_hits", "expert_misses", "expert_hit_bytes", "expert_miss_bytes",
+           "prefetch_issued", "prefetch_used", "prefetch_wasted_bytes")
 NO_LAYER = -1  # traffic that belongs to no layer (e.g. embeddings); kept apart, still in the totals
 
 

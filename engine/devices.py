@@ -11,14 +11,22 @@ Does not own: what to copy or when (engine.cache, placements), counters.
     dev.wait(ev)                                                       # compute waits on the event
 
 On the emulated device every tensor is in host RAM; "device" tensors are separate
-allocations counted against the budget, and copies are real memcpys, so bytes moved
-are real but link speeds are not (results say emulated=true).
+allocations counted against the budget, and copies are real memcpys run on a worker
+thread (torch releases the GIL in copy_), so they really overlap compute and are timed by
+wall clock; bytes moved are real but link speeds are not (results say emulated=true).
+Every asynchronous copy is reported to the instrument (`Instrument.copy`): wall-clock
+intervals on the emulated device, start/end CUDA events on CUDA.
 """
 from __future__ import annotations
 
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+
+from engine.hooks import NULL, Instrument
 
 
 class DeviceMemoryError(MemoryError):
@@ -47,6 +55,16 @@ def parse_bytes(v: int | str | None) -> int | None:
         return int(float(s))
     except ValueError:
         raise ValueError(f"cannot read {v!r} as a size; use bytes or e.g. '512MiB', '8GiB'") from None
+
+
+@dataclass
+class CopyHandle:
+    """An issued host->device copy: a future (emulated) or start/end events (CUDA)."""
+
+    nbytes: int
+    future: Future | None = None
+    start: Any = None
+    end: Any = None
 
 
 @dataclass
@@ -92,6 +110,9 @@ class Device:
             budget_bytes = torch.cuda.mem_get_info(self.torch_device)[0]
         self.ledger = MemoryLedger(budget_bytes)
         self.copy_stream = torch.cuda.Stream(self.torch_device) if kind == "cuda" else None
+        # one worker: copies complete in issue order, like a CUDA copy stream
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="moebench-copy") if kind == "cpu" else None
+        self.instrument: Instrument = NULL
 
     @classmethod
     def create(cls, spec: str = "auto", budget_bytes: int | str | None = None) -> "Device":
@@ -125,27 +146,45 @@ class Device:
         return torch.empty(shape, dtype=dtype, pin_memory=self.kind == "cuda")
 
     # --- copies and ordering ---------------------------------------------------------
-    def copy_h2d(self, dst: torch.Tensor, src: torch.Tensor, after: "torch.cuda.Event | None" = None):
-        """Copy host `src` into device `dst`; returns an event to wait on (None when already done).
+    def copy_h2d(self, dst: torch.Tensor, src: torch.Tensor, after: Any = None,
+                 info: dict[str, Any] | None = None) -> CopyHandle:
+        """Start copying host `src` into device `dst`; returns a handle to `wait` on.
 
-        On CUDA the copy runs on the dedicated copy stream, first waiting for `after` (the
-        last compute that read `dst`), so a buffer is never overwritten while in use.
+        CUDA: on the dedicated copy stream, first waiting for `after` (the event of the
+        last compute that read `dst`), so a buffer is never overwritten while in use;
+        start and end events bracket the copy. Emulated: on the copy worker thread (the
+        main thread's compute is synchronous, so `dst`'s readers are already done).
         """
-        if self.copy_stream is None:
-            dst.copy_(src)
-            return None
+        nbytes = src.numel() * src.element_size()
+        info = info or {}
+        inst = self.instrument
+        if self._worker is not None:
+            def run() -> None:
+                t0 = time.perf_counter()
+                dst.copy_(src)
+                if inst.enabled:
+                    inst.copy(t0, time.perf_counter(), nbytes, info)
+            return CopyHandle(nbytes, future=self._worker.submit(run))
         with torch.cuda.stream(self.copy_stream):
             if after is not None:
                 self.copy_stream.wait_event(after)
+            start, end = torch.cuda.Event(enable_timing=inst.enabled), torch.cuda.Event(enable_timing=inst.enabled)
+            start.record(self.copy_stream)
             dst.copy_(src, non_blocking=True)
-            done = torch.cuda.Event()
-            done.record(self.copy_stream)
-        return done
+            end.record(self.copy_stream)
+        if inst.enabled:
+            inst.copy_events(start, end, nbytes, info)
+        return CopyHandle(nbytes, start=start, end=end)
 
-    def wait(self, event) -> None:
-        """Make the compute stream wait for `event` (no device-wide synchronise)."""
-        if event is not None:
-            torch.cuda.current_stream(self.torch_device).wait_event(event)
+    def wait(self, handle: CopyHandle | None) -> None:
+        """Block compute until the copy is done: the compute stream waits on the copy's end
+        event (no device-wide synchronise) on CUDA; the worker's future on the emulated device."""
+        if handle is None:
+            return
+        if handle.future is not None:
+            handle.future.result()
+        else:
+            torch.cuda.current_stream(self.torch_device).wait_event(handle.end)
 
     def record_compute(self):
         """An event marking the compute issued so far (None on the emulated device)."""
@@ -164,8 +203,11 @@ class Device:
         return t.clone() if self.emulated else t.to(self.torch_device, non_blocking=False)
 
     def synchronize(self) -> None:
+        """Wait for all device work, copies included."""
         if self.kind == "cuda":
             torch.cuda.synchronize(self.torch_device)
+        elif self._worker is not None:
+            self._worker.submit(lambda: None).result()   # the worker runs in order: all earlier copies are done
 
 
 def _numel(shape: tuple[int, ...]) -> int:

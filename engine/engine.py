@@ -36,7 +36,8 @@ from engine.model import MoEModel, TensorSource
 from engine.placements.base import PlacementContext
 from engine.planner import MemoryPlan, plan_memory
 from engine.policies import make_policy
-from engine.registry import PLACEMENTS, POLICIES
+from engine.prefetch.base import PrefetchContext
+from engine.registry import PLACEMENTS, POLICIES, PREFETCHERS
 
 log = logging.getLogger(__name__)
 DEFAULT_CONTEXT = 4096
@@ -59,7 +60,8 @@ class Engine:
     @classmethod
     def from_pretrained(cls, source: str | Path, *, placement: str = "resident",
                         cache_capacity: int | str | None = None, cache_policy: str = "lru",
-                        policy_options: dict[str, Any] | None = None, device: str = "auto",
+                        policy_options: dict[str, Any] | None = None, prefetch: str = "none",
+                        prefetch_options: dict[str, Any] | None = None, device: str = "auto",
                         dtype: str = "float32", ubatch: int = 512, max_context: int | None = None,
                         batch: int = 1, device_memory: int | str | None = None, reserve_bytes: int | None = None,
                         seed: int = 0, instrument: Instrument | None = None, record_lookups: bool = False,
@@ -85,6 +87,10 @@ class Engine:
         placement_cls = PLACEMENTS.get(placement)
         placement_cls.parse_options(placement_options)
         POLICIES.get(cache_policy)
+        prefetch_cls = PREFETCHERS.get(prefetch)
+        if prefetch != "none" and not placement_cls.uses_cache(placement_options):
+            raise ValueError(f"prefetch {prefetch!r} needs a placement with a device expert cache "
+                             f"(fetch, or stream with stream_fallback='fetch'); got placement {placement!r}")
         dt = cfg_dtype(cfg, dtype)
         if ubatch < 1:
             raise ValueError(f"ubatch must be >= 1, got {ubatch}")
@@ -112,8 +118,14 @@ class Engine:
             strategy = placement_cls(ctx, **placement_options)
             model.load(TensorSource(cfg, ckpt, seed), strategy.expert_on_device)
             strategy.setup()
-            if record_lookups and strategy.cache is not None:
-                strategy.cache.lookup_log = {}
+            if prefetch != "none":
+                routers = {l: model.layers[l].router for l in cfg.moe_layers}
+                model.prefetcher = prefetch_cls(PrefetchContext(cfg, strategy.cache, routers),
+                                                **(prefetch_options or {}))
+            if record_lookups:
+                model.step_log = {}
+                if strategy.cache is not None:
+                    strategy.cache.lookup_log = {}
         except BaseException:
             del model
             dev.ledger.held.clear()
@@ -124,7 +136,8 @@ class Engine:
             if ckpt is not None:
                 ckpt.close()
         model.placement = strategy
-        options = dict(placement=placement, cache_capacity=plan.capacity, requested_capacity=cache_capacity,
+        dev.instrument = instrument
+        options = dict(placement=placement, prefetch=prefetch, cache_capacity=plan.capacity, requested_capacity=cache_capacity,
                        cache_policy=cache_policy if plan.capacity is not None else None, dtype=str(dt).split(".")[-1],
                        device=dev.kind, emulated=dev.emulated, ubatch=ubatch, max_context=context, batch=batch,
                        **placement_options)
@@ -147,7 +160,20 @@ class Engine:
     def reset(self) -> None:
         """Cold state: empty expert caches and zero counters (weights stay loaded)."""
         self.placement.reset()
+        if self.model.prefetcher is not None:
+            self.model.prefetcher.reset()
         self._counters.reset()
+
+    def set_instrument(self, instrument: Instrument | None) -> None:
+        """Switch instrumentation (timeline, NVTX) on or off; None restores the no-op default."""
+        instrument = instrument or NULL
+        self.model.instrument = self.device.instrument = self.placement.ctx.instrument = instrument
+
+    @property
+    def step_log(self) -> dict[int, list[list[int]]] | None:
+        """Per MoE layer, the sorted experts each forward pass used (record_lookups=True);
+        the `steps` a trace_oracle prefetcher replays."""
+        return self.model.step_log
 
     @property
     def lookup_log(self) -> dict[int, list[int]] | None:

@@ -4,7 +4,8 @@ Owns: the interface the engine calls (`span(kind, **attrs)` as a context manager
 the do-nothing default. Does not own: NVTX, timelines or profilers -- those are
 `Instrument` subclasses supplied by the harness (profiling issue).
 
-Span kinds used by the engine: step, layer, attention, router, expert, copy.
+Span kinds used by the engine: step, layer, attention, router, expert, copy. Copies that
+run asynchronously are reported through `copy` / `copy_events` instead of spans.
 With the default `NULL`, a span costs one method call and a shared context manager.
 """
 from __future__ import annotations
@@ -22,6 +23,12 @@ class Instrument:
 
     def span(self, kind: str, **attrs: Any) -> AbstractContextManager:
         return _NULL_CTX
+
+    def copy(self, t0: float, t1: float, nbytes: int, info: dict[str, Any]) -> None:
+        """An asynchronous copy ran from t0 to t1 (perf_counter seconds; emulated device)."""
+
+    def copy_events(self, start: Any, end: Any, nbytes: int, info: dict[str, Any]) -> None:
+        """An asynchronous copy bracketed by CUDA events (resolved by the instrument later)."""
 
 
 NULL = Instrument()

@@ -106,11 +106,13 @@ class Session:
         self.length = 0
         self._grow(n)
         self.length = n
-        for layer in range(self.n_layers):
-            for h, d in ((host_k[layer], self.k[layer]), (host_v[layer], self.v[layer])):
-                d[:, :, :n].copy_(h, non_blocking=True)
-                self.counters.add("h2d_bytes", h.numel() * h.element_size(), layer)
-        self.device.synchronize()
+        nbytes = sum(h.numel() * h.element_size() for h in (*host_k, *host_v))
+        with self.device.instrument.span("copy", what="kv_restore", bytes=nbytes):
+            for layer in range(self.n_layers):
+                for h, d in ((host_k[layer], self.k[layer]), (host_v[layer], self.v[layer])):
+                    d[:, :, :n].copy_(h, non_blocking=True)
+                    self.counters.add("h2d_bytes", h.numel() * h.element_size(), layer)
+            self.device.synchronize()
 
     def close(self) -> None:
         """Free the device buffers."""

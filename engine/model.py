@@ -84,7 +84,9 @@ class MoEModel:
         self.layers: list[LayerWeights] = []
         self.store = ExpertStore(cfg.n_experts, cfg.expert_params, dtype)
         self.placement = None  # set by the engine
+        self.prefetcher = None  # set by the engine when prefetch != "none"
         self.on_route: Callable[[int, torch.Tensor, torch.Tensor], None] | None = None
+        self.step_log: dict[int, list[list[int]]] | None = None   # per layer, experts of each pass
 
     # --- loading -------------------------------------------------------------------------
     def load(self, src: TensorSource, expert_on_device: Callable[[int], bool]) -> None:
@@ -148,6 +150,8 @@ class MoEModel:
         mask = causal_mask(T, past, cfg.sliding_window, ids.device)
         x = F.embedding(ids, self.embed)                                           # [B, T, D]
         self.placement.begin_forward(B * T)
+        if self.prefetcher is not None:
+            self.prefetcher.begin_forward()
         for i, L in enumerate(self.layers):
             with span("layer", layer=i):
                 with span("attention", layer=i):
@@ -185,6 +189,10 @@ class MoEModel:
             ids, weights = route(h, L.router, cfg.top_k, cfg.norm_topk_prob, cfg.family == "mixtral")  # [N, k]
         if self.on_route is not None:
             self.on_route(i, ids, weights)
+        if self.step_log is not None:
+            self.step_log.setdefault(i, []).append(ids.unique().tolist())
+        if self.prefetcher is not None:
+            self.prefetcher.after_route(i, h, ids)
         out = self.placement.run(i, h, ids, weights)
         if L.shared is not None:     # Qwen2-MoE: shared expert scaled by a sigmoid gate
             out = out + torch.sigmoid(F.linear(h, L.shared_gate)) * dense_mlp(h, *L.shared, cfg.hidden_act)

@@ -1,8 +1,8 @@
 """Lazy plugin registries: name -> "module:Class".
 
-Owns: looking up placement strategies and eviction policies by name, including
-third-party ones declared through the entry-point groups `moebench.placements` and
-`moebench.policies`. Does not own: constructing them with options (callers do).
+Owns: looking up placement strategies, eviction policies and prefetchers by name,
+including third-party ones declared through the entry-point groups
+`moebench.placements`, `moebench.policies` and `moebench.prefetchers`. Does not own: constructing them with options (callers do).
 
     from engine.registry import PLACEMENTS
     cls = PLACEMENTS.get("fetch")          # imports engine.placements.fetch lazily
@@ -86,5 +86,15 @@ POLICIES = Registry(
         "fifo": "engine.policies.fifo:FIFO",
         "static": "engine.policies.static:Static",
         "belady": "engine.policies.belady:Belady",
+    },
+)
+
+PREFETCHERS = Registry(
+    "prefetch",
+    "moebench.prefetchers",
+    {
+        "none": "engine.prefetch.none:NoPrefetch",
+        "next_layer_gate": "engine.prefetch.next_layer_gate:NextLayerGate",
+        "trace_oracle": "engine.prefetch.trace_oracle:TraceOracle",
     },
 )

@@ -107,8 +107,8 @@ class Placement(ABC):
         out = torch.zeros_like(h)                                          # [N, D]
         for e in ids.unique().tolist():                                    # sorted ascending
             tok, kpos = (ids == e).nonzero(as_tuple=True)                  # [n], [n]
+            w = weights_of(e)                                              # [P]; may wait for a copy
             with span("expert", layer=layer, expert=e, tokens=int(tok.numel())):
-                w = weights_of(e)                                          # [P]
                 y = expert_ffn(h[tok], w, cfg.hidden_size, cfg.moe_intermediate_size, cfg.hidden_act)  # [n, D]
                 y = y * weights[tok, kpos, None]
                 out.index_add_(0, tok, y.to(out.dtype))

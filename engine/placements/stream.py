@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from engine.config import ModelConfig
+from engine.devices import CopyHandle
 from engine.placements.base import Placement, PlacementContext
 
 FALLBACKS = ("fetch", "cpu")
@@ -68,13 +69,12 @@ class Stream(Placement):
             return self.fallback.run(layer, h, ids, weights)
         dev, store, nb = self.ctx.device, self.ctx.store, self.options.stream_buffers
         experts = ids.unique().tolist()
-        ready: dict[int, object] = {}
+        ready: dict[int, CopyHandle] = {}
 
         def issue(i: int) -> None:  # copy expert i into buffer i % nb once that buffer's last reader is done
             b = i % nb
-            with self.ctx.instrument.span("copy", layer=layer, expert=experts[i], bytes=store.expert_bytes):
-                ready[experts[i]] = dev.copy_h2d(self.buffers[b], store.expert(layer, experts[i]),
-                                                 after=self.last_use[b])
+            ready[experts[i]] = dev.copy_h2d(self.buffers[b], store.expert(layer, experts[i]), after=self.last_use[b],
+                                             info={"layer": layer, "expert": experts[i], "stream": True})
             self.ctx.counters.add("h2d_bytes", store.expert_bytes, layer)
 
         for i in range(min(nb, len(experts))):

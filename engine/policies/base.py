@@ -44,6 +44,10 @@ class EvictionPolicy(ABC):
         """`expert` was just made resident at time `t` (after a miss)."""
         self.resident.add(expert)
 
+    def on_prefetch(self, expert: int, t: int) -> None:
+        """`expert` was made resident ahead of its lookup, before the lookup at time `t`."""
+        self.on_insert(expert, t)
+
     def on_evict(self, expert: int) -> None:
         """`expert` left the cache."""
         self.resident.discard(expert)

@@ -21,6 +21,7 @@ silently producing a wrong "optimum".
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_left
 from collections.abc import Sequence, Set
 from typing import Any
 
@@ -78,6 +79,17 @@ class Belady(EvictionPolicy):
         self._check(expert, t)
         self.resident.add(expert)
         self._next[expert] = (self._next_occ[t], -expert)
+
+    def on_prefetch(self, expert: int, t: int) -> None:
+        """Prefetched ahead of its lookup: its next use is its first lookup at or after t."""
+        if not hasattr(self, "_positions"):
+            self._positions: dict[int, list[int]] = {}
+            for i, e in enumerate(self._future):
+                self._positions.setdefault(e, []).append(i)
+        pos = self._positions.get(expert, [])
+        i = bisect_left(pos, t)
+        self.resident.add(expert)
+        self._next[expert] = (pos[i] if i < len(pos) else len(self._future), -expert)
 
     def on_evict(self, expert: int) -> None:
         self.resident.discard(expert)

@@ -30,7 +30,7 @@ class LFU(EvictionPolicy):
         return self._count.get(expert, 0)
 
     def on_hit(self, expert: int, t: int) -> None:
-        c = self._count[expert] + 1
+        c = self._count.get(expert, 0) + 1   # a prefetched expert's first lookup is a hit
         self._count[expert] = c
         self._key[expert] = (c, t)
 
@@ -39,6 +39,11 @@ class LFU(EvictionPolicy):
         c = self._count.get(expert, 0) + 1
         self._count[expert] = c
         self._key[expert] = (c, t)
+
+    def on_prefetch(self, expert: int, t: int) -> None:
+        """Resident ahead of its lookup: not a reference, so its count does not change."""
+        self.resident.add(expert)
+        self._key[expert] = (self._count.get(expert, 0), t)
 
     def on_evict(self, expert: int) -> None:
         self.resident.discard(expert)

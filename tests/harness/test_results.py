@@ -45,7 +45,7 @@ def _job_rows(job_id: str, factors: dict, repeats: int = 2, scale: float = 1.0,
 def build_tree(root: Path) -> Path:
     """A small fixed tree: root/sweeps/s1/{0,1,2}; job 2 failed. Returns the sweep dir."""
     sweep = root / "sweeps" / "s1"
-    R.write_job(sweep / "0", _job_rows("0", FACTORS, extra={"profiler": "off", "ubatch": 512}),
+    R.write_job(sweep / "0", _job_rows("0", FACTORS, extra={"profiler": "none", "ubatch": 512}),
                 MANIFEST)
     R.write_job(sweep / "1", _job_rows("1", {**FACTORS, "cache_capacity": "auto"}, scale=2.0),
                 MANIFEST)
@@ -72,7 +72,7 @@ def _check_golden(name: str, text: str) -> None:
 # ----------------------------------------------------------------------------- golden
 
 def test_rows_parquet_schema_matches_golden(tmp_path: Path) -> None:
-    R.write_job(tmp_path / "job", _job_rows("0", FACTORS, extra={"profiler": "off"}), MANIFEST)
+    R.write_job(tmp_path / "job", _job_rows("0", FACTORS, extra={"profiler": "none"}), MANIFEST)
     schema = pq.read_schema(tmp_path / "job" / R.ROWS_FILE)
     fields = [[f.name, str(f.type)] for f in schema]
     columns = ",\n".join(f"  {json.dumps(f)}" for f in fields)

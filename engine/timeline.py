@@ -1,0 +1,159 @@
+"""An in-process timeline: the engine's spans and copies as intervals, and their export as a
+Chrome/Perfetto trace.
+
+Owns: recording spans (step, layer, attention, router, expert, copy) and asynchronous
+copy intervals, with host `perf_counter` times; on CUDA, compute spans and copies are
+also bracketed by CUDA events and resolved onto the host clock at `collect()`, so what
+is recorded is when the GPU did the work, not when Python launched it.
+Does not own: the overlap arithmetic (harness.profiling.overlap) or NVTX (engine.nvtx_ranges).
+
+    tl = Timeline("cpu")
+    eng.set_instrument(tl)
+    ... run ...
+    tl.collect()
+    tl.intervals("copy", t0, t1), tl.intervals(COMPUTE, t0, t1)
+    json.dump(tl.chrome_trace(), open("trace.json", "w"))     # open in ui.perfetto.dev
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from engine.hooks import Instrument
+
+COMPUTE = ("attention", "router", "expert")   # span kinds that are device compute
+
+
+@dataclass
+class Span:
+    kind: str
+    t0: float
+    t1: float
+    attrs: dict[str, Any] = field(default_factory=dict)
+    track: str = "compute"          # compute | copy (a separate row in the trace viewer)
+    events: tuple[Any, Any] | None = None   # CUDA (start, end), resolved at collect()
+
+
+class Timeline(Instrument):
+    enabled = True
+
+    def __init__(self, device_kind: str = "cpu") -> None:
+        self.device_kind = device_kind
+        self.spans: list[Span] = []
+        self._lock = threading.Lock()      # copies are reported from the copy worker thread
+        self.origin = time.perf_counter()
+        self._ref: tuple[Any, float] | None = None
+        if device_kind == "cuda":
+            torch.cuda.synchronize()
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            torch.cuda.synchronize()
+            self._ref = (ev, time.perf_counter())
+
+    # --- Instrument interface ---------------------------------------------------------
+    @contextmanager
+    def span(self, kind: str, **attrs: Any) -> Iterator[None]:
+        cuda = self._ref is not None and kind in COMPUTE
+        if cuda:
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            t1 = time.perf_counter()
+            s = Span(kind, t0, t1, attrs, "copy" if kind == "copy" else "compute")
+            if cuda:
+                end = torch.cuda.Event(enable_timing=True)
+                end.record()
+                s.events = (start, end)
+            with self._lock:
+                self.spans.append(s)
+
+    def copy(self, t0: float, t1: float, nbytes: int, info: dict[str, Any]) -> None:
+        with self._lock:
+            self.spans.append(Span("copy", t0, t1, {**info, "bytes": nbytes}, "copy"))
+
+    def copy_events(self, start: Any, end: Any, nbytes: int, info: dict[str, Any]) -> None:
+        with self._lock:
+            self.spans.append(Span("copy", 0.0, 0.0, {**info, "bytes": nbytes}, "copy", (start, end)))
+
+    # --- reading ------------------------------------------------------------------------
+    def collect(self) -> None:
+        """Resolve CUDA events onto the host clock (synchronises once)."""
+        if self._ref is None:
+            return
+        torch.cuda.synchronize()
+        ref_ev, ref_t = self._ref
+        for s in self.spans:
+            if s.events is not None:
+                start, end = s.events
+                s.t0 = ref_t + ref_ev.elapsed_time(start) / 1e3
+                s.t1 = ref_t + ref_ev.elapsed_time(end) / 1e3
+                s.events = None
+
+    def intervals(self, kinds: str | tuple[str, ...], t0: float = float("-inf"),
+                  t1: float = float("inf")) -> list[tuple[float, float]]:
+        """(start, end) of spans of `kinds`, clipped to [t0, t1]."""
+        kinds = (kinds,) if isinstance(kinds, str) else kinds
+        return [(max(s.t0, t0), min(s.t1, t1)) for s in self.spans
+                if s.kind in kinds and s.t1 > t0 and s.t0 < t1]
+
+    def copied_bytes(self, t0: float, t1: float) -> int:
+        return sum(int(s.attrs.get("bytes", 0)) for s in self.spans if s.kind == "copy" and t0 <= s.t0 < t1)
+
+    def clear(self) -> None:
+        with self._lock:
+            self.spans.clear()
+
+    def chrome_trace(self, markers: list[tuple[str, float, float]] | None = None) -> dict[str, Any]:
+        """Chrome trace-event JSON (Perfetto opens it): complete events in microseconds,
+        one thread row for compute and one for copies; `markers` add phase rows."""
+        events: list[dict[str, Any]] = [
+            {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": f"moebench ({self.device_kind})"}},
+            {"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "phases"}},
+            {"ph": "M", "name": "thread_name", "pid": 1, "tid": 2, "args": {"name": "compute"}},
+            {"ph": "M", "name": "thread_name", "pid": 1, "tid": 3, "args": {"name": "copies"}},
+        ]
+        us = lambda t: (t - self.origin) * 1e6  # noqa: E731
+        for name, t0, t1 in markers or []:
+            events.append({"ph": "X", "name": name, "cat": "phase", "pid": 1, "tid": 1, "ts": us(t0),
+                           "dur": max(0.0, us(t1) - us(t0))})
+        for s in self.spans:
+            label = s.kind if "layer" not in s.attrs else f"{s.kind} L{s.attrs['layer']}"
+            if s.kind == "expert" or (s.kind == "copy" and "expert" in s.attrs):
+                label += f" e{s.attrs.get('expert')}"
+            events.append({"ph": "X", "name": label, "cat": s.kind, "pid": 1, "tid": 3 if s.track == "copy" else 2,
+                           "ts": us(s.t0), "dur": max(0.0, us(s.t1) - us(s.t0)),
+                           "args": {k: v for k, v in s.attrs.items() if isinstance(v, (int, float, str, bool))}})
+        return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+class Instruments(Instrument):
+    """Several instruments at once (e.g. a Timeline and NVTX ranges)."""
+
+    def __init__(self, *parts: Instrument) -> None:
+        self.parts = [p for p in parts if p.enabled]
+        self.enabled = bool(self.parts)
+
+    @contextmanager
+    def span(self, kind: str, **attrs: Any) -> Iterator[None]:
+        from contextlib import ExitStack
+        with ExitStack() as stack:
+            for p in self.parts:
+                stack.enter_context(p.span(kind, **attrs))
+            yield
+
+    def copy(self, t0: float, t1: float, nbytes: int, info: dict[str, Any]) -> None:
+        for p in self.parts:
+            p.copy(t0, t1, nbytes, info)
+
+    def copy_events(self, start: Any, end: Any, nbytes: int, info: dict[str, Any]) -> None:
+        for p in self.parts:
+            p.copy_events(start, end, nbytes, info)

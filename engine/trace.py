@@ -1,0 +1,412 @@
+"""Routing traces: the `.npz` file exchanged by the engine, the simulator and users (DESIGN.md §3).
+
+Owns: the `RoutingTrace` container, its validation, `save_trace`/`load_trace`, recording a
+trace from a running engine (`TraceRecorder`), and `lookup_sequences` -- the exact
+per-layer device-cache lookup order the engine produces for a trace. Does not own: replaying
+lookups through eviction policies, statistics or synthetic traces (`harness.sim`), nor the
+cache itself (`engine.cache`).
+
+File format (`np.savez`, read with `allow_pickle=False`), N=tokens, L=MoE layers, k=top-k:
+
+    experts   int32   [N, L, k]   routed expert ids, each in [0, n_experts), distinct per (token, layer);
+                                  slot order is the router's (descending weight) when recorded
+    weights   float32 [N, L, k]   optional: routing weights of those experts
+    step      int32   [N]         optional extension: forward-pass index of each token (tokens of one
+                                  prefill micro-batch or one decode step share it; non-decreasing).
+                                  Without it every token is its own step (decode-like replay).
+    sequence  int32   [N]         optional extension: batch row (sequence) each token belongs to, so
+                                  "previous token" statistics compare tokens of the same sequence
+    meta      str (0-d)           JSON object: at least n_experts, expert_bytes; recorded traces add
+                                  model, family, num_layers, moe_layers, top_k, hidden_size, dtype
+
+The engine looks up, per forward pass and MoE layer, the *sorted unique* experts used by
+that pass's tokens, once each (engine.placements.base `combine`). `lookup_sequences` rebuilds
+exactly that order, which is why `step` makes replay exact for prefill micro-batches.
+
+    rec = TraceRecorder(eng)                    # hooks eng.model.on_route
+    eng.generate(prompts, 16)
+    save_trace("run.npz", rec.trace())
+    tr = load_trace("run.npz")                  # validated; ValueError names what is wrong
+    seqs = lookup_sequences(tr)                 # {trace layer: [expert ids in lookup order]}
+    RoutingTrace.from_reference_string([7, 0, 1, 2, 0, 3], n_experts=8)   # textbook paging
+"""
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+__all__ = ["RoutingTrace", "TraceRecorder", "save_trace", "load_trace", "lookup_sequences",
+           "lookup_arrays", "expert_counts", "REQUIRED_META"]
+
+REQUIRED_META = ("n_experts", "expert_bytes")
+ARRAYS = ("experts", "weights", "step", "sequence")
+
+
+@dataclass
+class RoutingTrace:
+    """Per token and MoE layer, the routed experts (N=tokens, L=MoE layers, k=top-k).
+
+    Construct, then `validate()` (done by `load_trace`, `save_trace` and the simulator);
+    construction itself checks nothing, so a broken trace can be built to test errors.
+    """
+
+    experts: np.ndarray                      # int32 [N, L, k]
+    meta: dict[str, Any]
+    weights: np.ndarray | None = None        # float32 [N, L, k]
+    step: np.ndarray | None = None           # int32 [N], non-decreasing
+    sequence: np.ndarray | None = None       # int32 [N]
+    source: str = field(default="trace", compare=False, repr=False)   # for error messages
+
+    # --- shape ---------------------------------------------------------------------------
+    @property
+    def n_tokens(self) -> int:
+        return int(self.experts.shape[0])
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.experts.shape[1])
+
+    @property
+    def top_k(self) -> int:
+        return int(self.experts.shape[2])
+
+    @property
+    def n_experts(self) -> int:
+        return int(self.meta["n_experts"])
+
+    @property
+    def expert_bytes(self) -> int:
+        return int(self.meta["expert_bytes"])
+
+    @property
+    def moe_layers(self) -> list[int]:
+        """Model layer index of each trace layer (meta `moe_layers`, else 0..L-1)."""
+        return [int(x) for x in self.meta.get("moe_layers", range(self.n_layers))]
+
+    def step_ids(self) -> np.ndarray:
+        """int64 [N]: dense 0-based step index of each token (each token its own step without `step`)."""
+        if self.step is None:
+            return np.arange(self.n_tokens, dtype=np.int64)
+        s = np.asarray(self.step)
+        change = np.empty(len(s), dtype=np.int64)
+        if len(s):
+            change[0] = 0
+            change[1:] = s[1:] != s[:-1]
+        return np.cumsum(change)
+
+    # --- construction --------------------------------------------------------------------
+    @classmethod
+    def from_reference_string(cls, refs: Sequence[int] | np.ndarray, n_experts: int | None = None,
+                              expert_bytes: int = 1) -> "RoutingTrace":
+        """A page-reference string as a trace with layers=1, top_k=1 (one lookup per reference).
+
+        `n_experts` defaults to max(refs) + 1."""
+        arr = np.asarray(refs)
+        if arr.ndim != 1:
+            raise ValueError(f"reference string must be 1-D, got shape {arr.shape}")
+        if arr.size and not np.issubdtype(arr.dtype, np.integer):
+            raise ValueError(f"reference string has dtype {arr.dtype}; expected integers")
+        if n_experts is None:
+            n_experts = int(arr.max()) + 1 if arr.size else 1
+        tr = cls(experts=arr.astype(np.int32).reshape(-1, 1, 1),
+                 meta={"n_experts": int(n_experts), "expert_bytes": int(expert_bytes), "moe_layers": [0],
+                       "source": "reference_string"})
+        return tr.validate()
+
+    # --- validation ----------------------------------------------------------------------
+    def validate(self) -> "RoutingTrace":
+        """Check dtypes, shapes, id ranges, meta and step order; normalise dtypes in place
+        (experts/step/sequence -> int32, weights -> float32). Returns self.
+
+        Raises ValueError naming the array, what was expected and what was given."""
+        where = f"{self.source}: "
+        ex = self.experts
+        if not isinstance(ex, np.ndarray):
+            ex = np.asarray(ex)
+        if not np.issubdtype(ex.dtype, np.integer):
+            raise ValueError(f"{where}experts has dtype {ex.dtype}; expected an integer dtype (int32)")
+        if ex.ndim != 3:
+            raise ValueError(f"{where}experts has shape {ex.shape}; expected 3 dimensions [tokens, layers, top_k]")
+        if ex.shape[1] < 1 or ex.shape[2] < 1:
+            raise ValueError(f"{where}experts has shape {ex.shape}; layers and top_k must be >= 1")
+        self._validate_meta(where, ex.shape)
+        E = int(self.meta["n_experts"])
+        if ex.size:
+            bad = (ex < 0) | (ex >= E)
+            if bad.any():
+                idx = tuple(int(i) for i in np.argwhere(bad)[0])
+                raise ValueError(f"{where}expert id {int(ex[idx])} at {list(idx)} is out of range [0, {E})")
+            if ex.shape[2] > 1:
+                srt = np.sort(ex, axis=2)                                     # [N, L, k]
+                dup = srt[:, :, 1:] == srt[:, :, :-1]                         # [N, L, k-1]
+                if dup.any():
+                    t, l, j = (int(i) for i in np.argwhere(dup)[0])
+                    raise ValueError(f"{where}token {t} layer {l} routes to expert {int(srt[t, l, j])} more "
+                                     f"than once; the top-{ex.shape[2]} ids of a token must be distinct")
+        self.experts = ex.astype(np.int32, copy=False)
+        if self.weights is not None:
+            w = np.asarray(self.weights)
+            if not np.issubdtype(w.dtype, np.floating):
+                raise ValueError(f"{where}weights has dtype {w.dtype}; expected a floating dtype (float32)")
+            if w.shape != ex.shape:
+                raise ValueError(f"{where}weights shape {tuple(w.shape)} does not match experts {tuple(ex.shape)}")
+            self.weights = w.astype(np.float32, copy=False)
+        for name in ("step", "sequence"):
+            a = getattr(self, name)
+            if a is None:
+                continue
+            a = np.asarray(a)
+            if not np.issubdtype(a.dtype, np.integer):
+                raise ValueError(f"{where}{name} has dtype {a.dtype}; expected an integer dtype (int32)")
+            if a.shape != (ex.shape[0],):
+                raise ValueError(f"{where}{name} shape {tuple(a.shape)} does not match experts: expected "
+                                 f"({ex.shape[0]},), one entry per token")
+            if name == "step" and len(a) > 1:
+                dec = np.flatnonzero(a[1:] < a[:-1])
+                if dec.size:
+                    i = int(dec[0]) + 1
+                    raise ValueError(f"{where}step must be non-decreasing (tokens of one forward pass are "
+                                     f"contiguous), but step[{i}]={int(a[i])} < step[{i - 1}]={int(a[i - 1])}")
+            if name == "sequence" and a.size and a.min() < 0:
+                raise ValueError(f"{where}sequence ids must be >= 0, got {int(a.min())}")
+            setattr(self, name, a.astype(np.int32, copy=False))
+        return self
+
+    def _validate_meta(self, where: str, shape: tuple[int, ...]) -> None:
+        meta = self.meta
+        if not isinstance(meta, dict):
+            raise ValueError(f"{where}meta must be a JSON object (dict), got {type(meta).__name__}")
+        for key in REQUIRED_META:
+            if key not in meta:
+                raise ValueError(f"{where}meta {key} missing; required keys: {', '.join(REQUIRED_META)}; "
+                                 f"given: {', '.join(sorted(meta)) or 'none'}")
+            v = meta[key]
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise ValueError(f"{where}meta {key} must be an integer, got {v!r}")
+        if meta["n_experts"] < 1:
+            raise ValueError(f"{where}meta n_experts must be >= 1, got {meta['n_experts']}")
+        if meta["expert_bytes"] < 0:
+            raise ValueError(f"{where}meta expert_bytes must be >= 0, got {meta['expert_bytes']}")
+        if "moe_layers" in meta:
+            ml = meta["moe_layers"]
+            if not isinstance(ml, (list, tuple)) or len(ml) != shape[1]:
+                n = len(ml) if isinstance(ml, (list, tuple)) else ml
+                raise ValueError(f"{where}meta moe_layers {n if isinstance(n, int) else repr(n)} "
+                                 f"{'entries ' if isinstance(n, int) else ''}does not match experts shape "
+                                 f"{tuple(shape)}: expected one model layer index per trace layer ({shape[1]})")
+        if "top_k" in meta and int(meta["top_k"]) != shape[2]:
+            raise ValueError(f"{where}meta top_k={meta['top_k']} does not match experts shape {tuple(shape)} "
+                             f"(top_k axis = {shape[2]})")
+        if meta["n_experts"] < shape[2]:
+            raise ValueError(f"{where}meta n_experts={meta['n_experts']} is smaller than top_k={shape[2]}")
+
+
+# --- file I/O ------------------------------------------------------------------------------
+def save_trace(path: str | Path, trace: RoutingTrace, compress: bool = True) -> Path:
+    """Validate `trace` and write it as an `.npz` (see the module docstring). Returns the path."""
+    trace.validate()
+    arrays: dict[str, np.ndarray] = {"experts": trace.experts, "meta": np.array(json.dumps(trace.meta))}
+    for name in ("weights", "step", "sequence"):
+        a = getattr(trace, name)
+        if a is not None:
+            arrays[name] = a
+    path = Path(path)
+    with open(path, "wb") as f:          # a file object: np.savez would otherwise append ".npz"
+        (np.savez_compressed if compress else np.savez)(f, **arrays)
+    return path
+
+
+def load_trace(path: str | Path) -> RoutingTrace:
+    """Read and validate a trace file; ValueError names the file and what is wrong."""
+    path = Path(path)
+    try:
+        z = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as err:
+        if not path.exists():
+            raise FileNotFoundError(f"trace file {path} does not exist") from err
+        raise ValueError(f"{path}: not a readable .npz trace file ({err})") from err
+    with z:
+        names = set(z.files)
+        if "experts" not in names or "meta" not in names:
+            missing = [n for n in ("experts", "meta") if n not in names]
+            raise ValueError(f"{path}: missing array(s) {', '.join(missing)}; a trace needs experts and meta "
+                             f"(optional: weights, step, sequence); arrays present: {', '.join(sorted(names)) or 'none'}")
+        extra = names - set(ARRAYS) - {"meta"}
+        if extra:
+            log.warning("%s: ignoring unknown arrays %s", path, sorted(extra))
+        raw = z["meta"]
+        if raw.dtype.kind not in "US" or raw.ndim != 0:
+            raise ValueError(f"{path}: meta must be a 0-d string array holding JSON, got dtype {raw.dtype} "
+                             f"shape {raw.shape}")
+        text = raw[()]
+        text = text.decode() if isinstance(text, bytes) else str(text)
+        try:
+            meta = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}: meta is not valid JSON ({err})") from err
+        tr = RoutingTrace(experts=z["experts"], meta=meta,
+                          weights=z["weights"] if "weights" in names else None,
+                          step=z["step"] if "step" in names else None,
+                          sequence=z["sequence"] if "sequence" in names else None,
+                          source=str(path))
+    return tr.validate()
+
+
+# --- derived views -------------------------------------------------------------------------
+def lookup_arrays(trace: RoutingTrace) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per trace layer: (ids int64 [M], step int64 [M]) -- the engine's lookup order.
+
+    Per step (dense index, see `RoutingTrace.step_ids`) the sorted unique experts of that
+    step's tokens; steps in order. M = lookups of that layer."""
+    E, k = trace.n_experts, trace.top_k
+    out = []
+    if trace.step is None:                   # one token per step: its k distinct ids, sorted
+        steps = np.repeat(np.arange(trace.n_tokens, dtype=np.int64), k)
+        for l in range(trace.n_layers):
+            ids = np.sort(trace.experts[:, l, :], axis=1).reshape(-1).astype(np.int64)   # [N*k]
+            out.append((ids, steps))
+        return out
+    g = trace.step_ids()                                                       # [N]
+    for l in range(trace.n_layers):
+        key = np.unique(g[:, None] * E + trace.experts[:, l, :])              # sorted (step, id) pairs
+        out.append((key % E, key // E))
+    return out
+
+
+def lookup_sequences(trace: RoutingTrace, model_layers: bool = False) -> dict[int, list[int]]:
+    """Per layer, the exact expert lookup order the engine's device cache sees for `trace`.
+
+    Keys are trace layer indices 0..L-1, or the model's layer indices (meta `moe_layers`)
+    with `model_layers=True` -- the form `policy_options={"future": ...}` of an engine needs."""
+    keys = trace.moe_layers if model_layers else range(trace.n_layers)
+    return {key: ids.tolist() for key, (ids, _) in zip(keys, lookup_arrays(trace))}
+
+
+def expert_counts(trace: RoutingTrace) -> np.ndarray:
+    """int64 [L, E]: how many tokens routed to each expert, per trace layer (static's popularity)."""
+    L, E = trace.n_layers, trace.n_experts
+    flat = trace.experts.astype(np.int64) + (np.arange(L, dtype=np.int64) * E)[None, :, None]   # [N, L, k]
+    return np.bincount(flat.reshape(-1), minlength=L * E).reshape(L, E)
+
+
+# --- recording -------------------------------------------------------------------------------
+class TraceRecorder:
+    """Records every forward pass's routing from an engine through `engine.model.on_route`.
+
+    A pass is the calls for the model's MoE layers in order (first MoE layer opens it, the
+    last closes it). Token order inside a pass is row-major over [B, T]; each token gets the
+    pass index as `step` and its batch row as `sequence`. Recording copies ids to the CPU
+    once per layer and pass (a device sync on CUDA), so it is for trace runs, not timed runs.
+    A callback already installed on `on_route` keeps being called.
+
+        rec = TraceRecorder(eng); eng.generate(prompts, 8); tr = rec.trace(); rec.detach()
+    """
+
+    def __init__(self, engine: Any, weights: bool = True) -> None:
+        self.engine = engine
+        self.model = engine.model
+        cfg = engine.cfg
+        self.moe_layers: list[int] = list(cfg.moe_layers)
+        self._index = {layer: i for i, layer in enumerate(self.moe_layers)}
+        self.keep_weights = weights
+        self._ids: list[np.ndarray] = []         # per finished pass: [N, L, k]
+        self._w: list[np.ndarray] = []
+        self._steps: list[np.ndarray] = []
+        self._seqs: list[np.ndarray] = []
+        self._pending: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
+        self._rows = 0
+        self.passes = 0
+        self._batch = 1                          # B of the pass in flight (from the forward's ids [B, T])
+        self._prev = self.model.on_route
+        self.model.on_route = self._on_route
+        self._forward = self.model.forward
+        self._own_forward = "forward" in vars(self.model)    # someone else's wrapper to restore
+        self.model.forward = self._wrapped_forward   # instance attribute; detach() removes it
+        meta: dict[str, Any] = {
+            "n_experts": int(cfg.n_experts), "expert_bytes": int(self.model.store.expert_bytes),
+            "model": cfg.name, "family": cfg.family, "num_layers": int(cfg.num_layers),
+            "moe_layers": self.moe_layers, "top_k": int(cfg.top_k), "hidden_size": int(cfg.hidden_size),
+            "dtype": str(self.model.dtype).replace("torch.", ""), "source": "engine",
+        }
+        options = getattr(engine, "options", {}) or {}
+        if "ubatch" in options:
+            meta["ubatch"] = int(options["ubatch"])
+        self.meta = meta
+
+    def detach(self) -> None:
+        """Restore the callback (and forward) that were installed before this recorder."""
+        if self.model.on_route == self._on_route:
+            self.model.on_route = self._prev
+        if vars(self.model).get("forward") == self._wrapped_forward:
+            if self._own_forward:
+                self.model.forward = self._forward
+            else:
+                del self.model.forward
+
+    def _wrapped_forward(self, ids: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        self._batch = int(ids.shape[0])          # ids [B, T]
+        return self._forward(ids, *args, **kwargs)
+
+    def __enter__(self) -> "TraceRecorder":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.detach()
+
+    def _on_route(self, layer: int, ids: torch.Tensor, weights: torch.Tensor) -> None:
+        if self._prev is not None:
+            self._prev(layer, ids, weights)
+        i = self._index.get(layer)
+        if i is None:
+            raise ValueError(f"on_route called for layer {layer}, which is not an MoE layer of this model "
+                             f"(moe_layers={self.moe_layers})")
+        if i == 0:
+            if self._pending:
+                log.warning("trace recorder: dropping an incomplete forward pass (layers %s of %s seen)",
+                            sorted(self._pending), self.moe_layers)
+            self._pending = {}
+            self._rows = int(ids.shape[0])
+        elif i != len(self._pending) or int(ids.shape[0]) != self._rows:
+            raise RuntimeError(f"trace recorder: MoE layer {layer} routed out of order or with {ids.shape[0]} rows "
+                               f"(expected layer {self.moe_layers[len(self._pending)] if len(self._pending) < len(self.moe_layers) else '?'} "
+                               f"with {self._rows} rows)")
+        w = weights.detach().float().cpu().numpy() if self.keep_weights else None
+        self._pending[i] = (ids.detach().cpu().numpy().astype(np.int32), w)
+        if i == len(self.moe_layers) - 1:
+            self._close_pass()
+
+    def _close_pass(self) -> None:
+        # N=rows of this pass (B*T, row-major over [B, T]), L=MoE layers, k=top-k
+        parts = [self._pending[i] for i in range(len(self.moe_layers))]
+        self._ids.append(np.stack([p[0] for p in parts], axis=1))                      # [N, L, k]
+        if self.keep_weights:
+            self._w.append(np.stack([p[1] for p in parts], axis=1).astype(np.float32))  # [N, L, k]
+        n = self._rows
+        self._steps.append(np.full(n, self.passes, dtype=np.int32))
+        batch = self._batch if n % self._batch == 0 else 1
+        self._seqs.append(np.arange(n, dtype=np.int32) // max(n // batch, 1))            # row b of [B, T]
+        self._pending = {}
+        self.passes += 1
+
+    def trace(self) -> RoutingTrace:
+        """The trace of every complete pass recorded so far (validated)."""
+        k = int(self.engine.cfg.top_k)
+        L = len(self.moe_layers)
+        experts = np.concatenate(self._ids) if self._ids else np.zeros((0, L, k), np.int32)
+        tr = RoutingTrace(
+            experts=experts, meta=dict(self.meta),
+            weights=(np.concatenate(self._w) if self._w else np.zeros((0, L, k), np.float32))
+            if self.keep_weights else None,
+            step=np.concatenate(self._steps) if self._steps else np.zeros(0, np.int32),
+            sequence=np.concatenate(self._seqs) if self._seqs else np.zeros(0, np.int32),
+            source="recorded trace")
+        return tr.validate()

@@ -1,0 +1,117 @@
+"""Routing statistics of a trace: popularity skew, temporal reuse and entropy, per layer.
+
+Owns: `trace_stats` (one tidy row per trace layer) and `format_stats` (a CLI-printable
+report). Does not own: reading traces (`engine.trace`) or generating them
+(`harness.sim.synthetic`, whose presets are calibrated against these numbers).
+
+Definitions (N tokens, E experts, k = top-k; S_t = the set of token t's experts in a layer):
+
+* "previous token" of t is the previous token *of the same sequence* when the trace has a
+  `sequence` array, else the previous row of the trace. Only tokens that have one count.
+* `reuse_rate` = mean over tokens of |S_t ∩ S_prev| / k: the fraction of a token's experts
+  that the previous token also used. Independent uniform routing gives k/E (`reuse_random`).
+* `first_same` = fraction of tokens whose first-choice expert equals the previous token's
+  first choice -- the Mixtral paper's (Jiang et al. 2024, §5, Table 5) "first choice"
+  repetition. The first choice is the highest weight when the trace has weights, else slot 0
+  (the engine records top-k in descending weight). Random: 1/E (12.5% for 8 experts).
+* `any_overlap` = fraction of tokens sharing at least one expert with the previous token --
+  the paper's "first or second choice" column for top-2. Random: 1 - C(E-k, k) / C(E, k)
+  (46.4% for top-2 of 8).
+* popularity: `top_rate` = fraction of tokens routed to the most popular expert (uniform:
+  k/E), `top_share` = its share of all N*k assignments, `max_min` = most / least used count
+  (inf if some expert is never used), `gini` = Gini coefficient of the per-expert counts
+  (0 = perfectly balanced).
+* `entropy_bits` = Shannon entropy of the per-expert assignment shares; `max_entropy_bits`
+  = log2(E), the uniform maximum; `entropy_ratio` = their quotient.
+
+    df = trace_stats(load_trace("run.npz")); print(format_stats(df))
+"""
+from __future__ import annotations
+
+from math import comb, log2
+
+import numpy as np
+import pandas as pd
+
+from engine.trace import RoutingTrace, expert_counts
+
+__all__ = ["trace_stats", "format_stats", "previous_token", "STAT_COLUMNS"]
+
+STAT_COLUMNS = ("layer", "tokens", "n_experts", "top_k", "top_rate", "uniform_rate", "top_share", "max_min",
+                "gini", "entropy_bits", "max_entropy_bits", "entropy_ratio", "reuse_rate", "reuse_random",
+                "first_same", "first_same_random", "any_overlap", "any_overlap_random")
+
+
+def previous_token(trace: RoutingTrace) -> tuple[np.ndarray, np.ndarray]:
+    """(cur, prev) int64 [P]: index pairs of each token that has a previous token and that token."""
+    n = trace.n_tokens
+    if trace.sequence is None:
+        cur = np.arange(1, n, dtype=np.int64)
+        return cur, cur - 1
+    order = np.argsort(trace.sequence, kind="stable")                 # by sequence, trace order within
+    same = trace.sequence[order[1:]] == trace.sequence[order[:-1]]
+    return order[1:][same].astype(np.int64), order[:-1][same].astype(np.int64)
+
+
+def trace_stats(trace: RoutingTrace) -> pd.DataFrame:
+    """One row per trace layer with the columns of STAT_COLUMNS (see the module docstring)."""
+    trace.validate()
+    N, L, k, E = trace.n_tokens, trace.n_layers, trace.top_k, trace.n_experts
+    counts = expert_counts(trace).astype(np.float64)                   # [L, E]
+    cur, prev = previous_token(trace)                                  # [P], [P]
+    if trace.weights is not None:                                      # first choice = heaviest slot
+        first_slot = trace.weights.argmax(axis=2)                      # [N, L]
+        first = np.take_along_axis(trace.experts, first_slot[..., None], axis=2)[..., 0]   # [N, L]
+    else:
+        first = trace.experts[:, :, 0]                                 # [N, L]
+    rows = []
+    for l in range(L):
+        c = counts[l]                                                  # [E]
+        share = c / c.sum() if c.sum() else c
+        nz = share[share > 0]
+        a, b = trace.experts[cur, l, :], trace.experts[prev, l, :]    # [P, k] each
+        common = (a[:, :, None] == b[:, None, :]).any(axis=2).sum(axis=1)   # [P] |S_t ∩ S_prev|
+        P = len(cur)
+        rows.append({
+            "layer": trace.moe_layers[l], "tokens": N, "n_experts": E, "top_k": k,
+            "top_rate": c.max() / N if N else np.nan, "uniform_rate": k / E,
+            "top_share": share.max() if N else np.nan,
+            "max_min": (c.max() / c.min() if c.min() > 0 else np.inf) if N else np.nan,
+            "gini": gini(c),
+            "entropy_bits": float(-(nz * np.log2(nz)).sum()), "max_entropy_bits": log2(E),
+            "entropy_ratio": float(-(nz * np.log2(nz)).sum()) / log2(E) if E > 1 else 1.0,
+            "reuse_rate": common.mean() / k if P else np.nan, "reuse_random": k / E,
+            "first_same": float((first[cur, l] == first[prev, l]).mean()) if P else np.nan,
+            "first_same_random": 1 / E,
+            "any_overlap": float((common > 0).mean()) if P else np.nan,
+            "any_overlap_random": 1 - comb(E - k, k) / comb(E, k),
+        })
+    return pd.DataFrame(rows, columns=list(STAT_COLUMNS))
+
+
+def gini(counts: np.ndarray) -> float:
+    """Gini coefficient of non-negative counts (0: all equal; -> 1: one takes all)."""
+    x = np.sort(np.asarray(counts, dtype=np.float64))
+    n, total = len(x), x.sum()
+    if n == 0 or total == 0:
+        return 0.0
+    return float((2 * np.arange(1, n + 1) - n - 1) @ x / (n * total))
+
+
+def format_stats(df: pd.DataFrame) -> str:
+    """A fixed-width report: one line per layer, rates in percent, random baselines in the header."""
+    if df.empty:
+        return "(empty trace)"
+    r0 = df.iloc[0]
+    head = (f"{int(r0.tokens)} tokens, {int(r0.n_experts)} experts, top-{int(r0.top_k)}; random baselines: "
+            f"reuse {100 * r0.reuse_random:.1f}%, first-choice same {100 * r0.first_same_random:.1f}%, "
+            f"any overlap {100 * r0.any_overlap_random:.1f}%, top-expert rate {100 * r0.uniform_rate:.1f}%, "
+            f"entropy {r0.max_entropy_bits:.2f} bits")
+    cols = {"layer": "layer", "top_rate": "top rate %", "max_min": "max/min", "gini": "gini",
+            "entropy_bits": "entropy b", "reuse_rate": "reuse %", "first_same": "1st same %",
+            "any_overlap": "overlap %"}
+    t = df[list(cols)].copy()
+    for c in ("top_rate", "reuse_rate", "first_same", "any_overlap"):
+        t[c] = 100 * t[c]
+    body = t.rename(columns=cols).to_string(index=False, float_format=lambda v: f"{v:.2f}")
+    return f"{head}\n{body}"
