@@ -182,7 +182,11 @@ class Device:
         if handle is None:
             return
         if handle.future is not None:
-            handle.future.result()
+            if handle.future.done() or not self.instrument.enabled:
+                handle.future.result()
+            else:
+                with self.instrument.span("wait", bytes=handle.nbytes):
+                    handle.future.result()
         else:
             torch.cuda.current_stream(self.torch_device).wait_event(handle.end)
 

@@ -2,7 +2,7 @@
 
 Owns: turning engine spans into NVTX push/pop ranges named after the operation and its
 layer/expert (`expert L3 e5`, `attention L0`, `step prefill`), with event attributes
-built once per name and cached. Off by default: the engine's default instrument is the
+built once per name and cached; whole phases are `moebench:<phase>`. Off by default: the engine's default instrument is the
 no-op `engine.hooks.NULL`; pass `NvtxRanges()` to `Engine.set_instrument` to turn it on.
 Uses the `nvtx` package only -- never `torch.cuda.nvtx`, which raises on CPU builds. With
 no profiler attached, the package's calls are cheap no-ops, so this also runs on a CPU.
@@ -39,6 +39,8 @@ class NvtxRanges(Instrument):
 
     @staticmethod
     def range_name(kind: str, attrs: dict[str, Any]) -> str:
+        if kind == "phase":   # phase ranges carry a prefix the Nsight parser selects by
+            return f"moebench:{attrs['phase']}"
         name = kind
         if "phase" in attrs:
             name += f" {attrs['phase']}"
@@ -57,6 +59,3 @@ class NvtxRanges(Instrument):
         finally:
             self._domain.pop_range()
 
-    def mark_phase(self, phase: str) -> Any:
-        """A context manager for a whole measured phase (`phase prefill_fresh`)."""
-        return self.span("phase", phase=phase)

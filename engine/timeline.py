@@ -27,7 +27,7 @@ import torch
 
 from engine.hooks import Instrument
 
-COMPUTE = ("attention", "router", "expert")   # span kinds that are device compute
+COMPUTE = ("attention", "router", "expert")   # span kinds that are device compute (CUDA: timed by events)
 
 
 @dataclass
@@ -105,6 +105,14 @@ class Timeline(Instrument):
         return [(max(s.t0, t0), min(s.t1, t1)) for s in self.spans
                 if s.kind in kinds and s.t1 > t0 and s.t0 < t1]
 
+    def compute_intervals(self, t0: float = float("-inf"), t1: float = float("inf")) -> list[tuple[float, float]]:
+        """When the device computed. CUDA: the event-timed attention/router/expert spans.
+        Emulated device: the main thread *is* the device's compute stream, so everything it
+        does inside a layer counts (routing bookkeeping included) except waiting for copies."""
+        if self.device_kind == "cuda":
+            return self.intervals(COMPUTE, t0, t1)
+        return subtract(self.intervals("layer", t0, t1), self.intervals("wait", t0, t1))
+
     def copied_bytes(self, t0: float, t1: float) -> int:
         return sum(int(s.attrs.get("bytes", 0)) for s in self.spans if s.kind == "copy" and t0 <= s.t0 < t1)
 
@@ -133,6 +141,32 @@ class Timeline(Instrument):
                            "ts": us(s.t0), "dur": max(0.0, us(s.t1) - us(s.t0)),
                            "args": {k: v for k, v in s.attrs.items() if isinstance(v, (int, float, str, bool))}})
         return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def _merged(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for a, b in sorted(iv):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def subtract(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The parts of the union of `a` not covered by the union of `b`."""
+    out, holes = [], _merged(b)
+    for s0, s1 in _merged(a):
+        cur = s0
+        for h0, h1 in holes:
+            if h1 <= cur or h0 >= s1:
+                continue
+            if h0 > cur:
+                out.append((cur, h0))
+            cur = max(cur, h1)
+        if cur < s1:
+            out.append((cur, s1))
+    return out
 
 
 class Instruments(Instrument):

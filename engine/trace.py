@@ -198,11 +198,11 @@ class RoutingTrace:
             raise ValueError(f"{where}meta expert_bytes must be >= 0, got {meta['expert_bytes']}")
         if "moe_layers" in meta:
             ml = meta["moe_layers"]
-            if not isinstance(ml, (list, tuple)) or len(ml) != shape[1]:
-                n = len(ml) if isinstance(ml, (list, tuple)) else ml
-                raise ValueError(f"{where}meta moe_layers {n if isinstance(n, int) else repr(n)} "
-                                 f"{'entries ' if isinstance(n, int) else ''}does not match experts shape "
-                                 f"{tuple(shape)}: expected one model layer index per trace layer ({shape[1]})")
+            if not isinstance(ml, (list, tuple)):
+                raise ValueError(f"{where}meta moe_layers must be a list of model layer indices, got {ml!r}")
+            if len(ml) != shape[1]:
+                raise ValueError(f"{where}meta moe_layers has {len(ml)} entries, which does not match experts "
+                                 f"shape {tuple(shape)}: expected one model layer index per trace layer ({shape[1]})")
         if "top_k" in meta and int(meta["top_k"]) != shape[2]:
             raise ValueError(f"{where}meta top_k={meta['top_k']} does not match experts shape {tuple(shape)} "
                              f"(top_k axis = {shape[2]})")
@@ -376,9 +376,9 @@ class TraceRecorder:
             self._pending = {}
             self._rows = int(ids.shape[0])
         elif i != len(self._pending) or int(ids.shape[0]) != self._rows:
-            raise RuntimeError(f"trace recorder: MoE layer {layer} routed out of order or with {ids.shape[0]} rows "
-                               f"(expected layer {self.moe_layers[len(self._pending)] if len(self._pending) < len(self.moe_layers) else '?'} "
-                               f"with {self._rows} rows)")
+            raise RuntimeError(f"trace recorder: MoE layer {layer} routed {ids.shape[0]} rows after layers "
+                               f"{[self.moe_layers[j] for j in sorted(self._pending)]} of a pass with {self._rows} "
+                               f"rows; expected the MoE layers {self.moe_layers} in order, once per pass")
         w = weights.detach().float().cpu().numpy() if self.keep_weights else None
         self._pending[i] = (ids.detach().cpu().numpy().astype(np.int32), w)
         if i == len(self.moe_layers) - 1:

@@ -28,7 +28,8 @@ from engine.registry import POLICIES
 WORKLOADS = ("coding_agent", "chat", "long_doc")
 TOKEN_SOURCES = ("text", "random")
 ENGINES = ("moebench", "hf")
-PREFETCH = ("none",)
+PREFETCH = ("none", "next_layer_gate", "trace_oracle")
+PROFILERS = ("none", "torch", "nsys")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 
@@ -104,6 +105,11 @@ class RunConf:
     quiet: bool = False               # no progress bars or summary (CI)
     out: str = "results"              # results root for single runs and sweeps
     sweep_id: Optional[str] = None    # name of the sweep dir; default: a hash of the command-line overrides
+    timeline: bool = True             # one extra instrumented repeat: copy/compute overlap (profiler=timeline rows)
+    trace: bool = False               # write the timeline as Chrome/Perfetto JSON (<job dir>/trace.json)
+    nvtx: bool = False                # NVTX ranges (domain moebench) during the timeline pass
+    ablation: bool = True             # exposed_copy_ablation_s: this placement's phase times minus resident's
+    profiler: str = "none"            # none | torch (torch.profiler pass) | nsys (re-launch under Nsight Systems)
 
 
 @dataclass
@@ -140,7 +146,8 @@ def register_configs() -> None:
     cs.store(group="placement", name="hybrid", node=HybridConf())
     cs.store(group="placement", name="stream", node=StreamConf())
     cs.store(group="cache", name="default", node=CacheConf())
-    cs.store(group="prefetch", name="none", node=PrefetchConf())
+    for p in PREFETCH:
+        cs.store(group="prefetch", name=p, node=PrefetchConf(name=p))
     for w in WORKLOADS:
         cs.store(group="workload", name=w, node=WorkloadConf(name=w))
     cs.store(group="hardware", name="local", node=HardwareConf())
@@ -225,6 +232,7 @@ def validate(cfg: DictConfig) -> RunSpec:
                                 ("workload.tokens", workload.tokens, TOKEN_SOURCES),
                                 ("prefetch.name", c["prefetch"]["name"], PREFETCH),
                                 ("hardware.device", hardware.device, DEVICES),
+                                ("run.profiler", run.profiler, PROFILERS),
                                 ("cache.policy", c["cache"]["policy"], POLICIES.names())):
         if value not in allowed:
             raise _allowed(key, list(allowed), value)
@@ -257,6 +265,9 @@ def validate(cfg: DictConfig) -> RunSpec:
             if not mcfg.top_k <= capacity <= mcfg.n_experts:
                 raise _allowed("cache.capacity", f"an int in [top_k={mcfg.top_k}, n_experts={mcfg.n_experts}] "
                                "or 'auto'", capacity)
+    if c["prefetch"]["name"] != "none" and not uses_cache:
+        raise ConfigError(f"prefetch={c['prefetch']['name']}: needs a placement with a device expert cache "
+                          f"(fetch, or stream with stream_fallback=fetch); got placement={pname}")
     return RunSpec(model=model, placement=pname, placement_options=placement, capacity=capacity,
                    policy=c["cache"]["policy"] if uses_cache else None, prefetch=c["prefetch"]["name"],
                    workload=workload, hardware=hardware, run=run, engine=engine, model_config=mcfg)

@@ -18,6 +18,7 @@ import torch
 
 from engine import Engine
 from engine.export import export_preset
+from engine.hooks import NULL, Instrument
 from harness.config import RunSpec
 
 log = logging.getLogger(__name__)
@@ -53,11 +54,18 @@ class Adapter(ABC):
     def reset(self) -> None:
         """Cold state between repeats (empty expert caches)."""
 
+    instrument: Instrument = NULL
+
+    def set_instrument(self, instrument: Instrument | None) -> bool:
+        """Attach a timeline/NVTX instrument (None detaches); False if this engine has no hook."""
+        return False
+
 
 class MoebenchAdapter(Adapter):
     name = "moebench"
 
-    def __init__(self, spec: RunSpec, placement: str | None = None) -> None:
+    def __init__(self, spec: RunSpec, placement: str | None = None,
+                 prefetch_options: dict[str, Any] | None = None) -> None:
         w = spec.workload
         src = spec.model.path or spec.model.name
         overrides = {"num_layers": spec.model_config.num_layers, "moe_layers": spec.model_config.moe_layers} \
@@ -70,7 +78,8 @@ class MoebenchAdapter(Adapter):
             batch=w.batch, seed=spec.model.seed,
             # the reference is a numerical check, not a measurement: it is not held to the budget
             device_memory=None if resident else spec.hardware.device_memory,
-            model_overrides=overrides, **({} if resident else spec.placement_options))
+            model_overrides=overrides, prefetch="none" if resident else spec.prefetch,
+            prefetch_options=None if resident else prefetch_options, **({} if resident else spec.placement_options))
         dev = self.engine.device
         self.device_kind, self.device_name, self.emulated = dev.kind, dev.name, dev.emulated
         self.resolved_capacity = self.engine.plan.capacity
@@ -98,6 +107,11 @@ class MoebenchAdapter(Adapter):
 
     def reset(self) -> None:
         self.engine.reset()
+
+    def set_instrument(self, instrument: Instrument | None) -> bool:
+        self.engine.set_instrument(instrument)
+        self.instrument = instrument or NULL
+        return True
 
 
 class HFAdapter(Adapter):
@@ -164,12 +178,14 @@ def engine_key(spec: RunSpec, placement: str | None = None) -> tuple:
     if placement == "resident":
         return (*base, "resident", spec.workload.batch, spec.workload.ubatch, context_needed(spec))
     return (*base, spec.placement, tuple(sorted(spec.placement_options.items())), spec.capacity, spec.policy,
+            spec.prefetch,
             spec.workload.batch, spec.workload.ubatch, context_needed(spec))
 
 
-def get_adapter(spec: RunSpec, placement: str | None = None) -> tuple[Adapter, bool]:
+def get_adapter(spec: RunSpec, placement: str | None = None, prefetch_options: dict[str, Any] | None = None,
+                key_extra: tuple = ()) -> tuple[Adapter, bool]:
     """(adapter, loaded_now). Reuses an engine already loaded in this process for the same key."""
-    key = engine_key(spec, placement)
+    key = (*engine_key(spec, placement), *key_extra)
     if key in _CACHE:
         _CACHE.move_to_end(key)
         return _CACHE[key], False
@@ -177,7 +193,8 @@ def get_adapter(spec: RunSpec, placement: str | None = None) -> tuple[Adapter, b
         _CACHE.popitem(last=False)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    adapter = HFAdapter(spec) if spec.engine == "hf" and placement is None else MoebenchAdapter(spec, placement)
+    adapter = (HFAdapter(spec) if spec.engine == "hf" and placement is None
+               else MoebenchAdapter(spec, placement, prefetch_options))
     LOADS.append(key)
     _CACHE[key] = adapter
     return adapter, True

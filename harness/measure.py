@@ -94,12 +94,13 @@ class PhaseProbe:
         self._host = HostPeak()
         self._host.start()
         self._before = self._counters() if self._counters else None
-        self._t0 = time.perf_counter()
+        self._t0 = self.t_start = time.perf_counter()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         sync(self.device_kind)
-        self.time_s = time.perf_counter() - self._t0
+        self.t_end = time.perf_counter()
+        self.time_s = self.t_end - self._t0
         if self._counters is not None:
             after = self._counters()
             self.counters = {k: after[k] - self._before[k] for k in after}

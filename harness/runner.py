@@ -19,13 +19,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from engine.nvtx_ranges import NvtxRanges
 from harness import results
 from harness.config import RunSpec, validate
 from harness.engines import get_adapter
 from harness.manifest import collect_manifest
 from harness.measure import PhaseProbe
+from harness.profiling.passes import (PROFILER_UNITS, CudaProfilerRange, ablation, relaunch_under_nsys,
+                                      timeline_pass, torch_profile_pass, under_nsys)
 from harness.scenario import PREFIX_CACHE, RepeatResult, compare, run_repeat
 from harness.report import Reporter
 from workloads import build as build_workload
@@ -33,6 +37,7 @@ from workloads.tokenize import load_tokenizer
 
 log = logging.getLogger(__name__)
 _REFERENCE: dict[tuple, RepeatResult] = {}
+_STEPS: dict[tuple, dict[int, list[list[int]]]] = {}
 
 
 @dataclass
@@ -60,17 +65,35 @@ def _sample(spec: RunSpec):
     return build_workload(w.name, tok, w.context_tokens, w.turn_tokens, w.batch, w.seed, w.tokens)
 
 
-def _reference(spec: RunSpec, sample, measured) -> RepeatResult:
-    key = (spec.model.name, spec.model.path, spec.model.dtype, spec.model.num_layers, spec.model.seed,
-           spec.hardware.device, spec.workload.gen_tokens,
-           hashlib.sha1(repr((sample.contexts, sample.continuations)).encode()).hexdigest())
+def _prompt_key(spec: RunSpec, sample) -> tuple:
+    return (spec.model.name, spec.model.path, spec.model.dtype, spec.model.num_layers, spec.model.seed,
+            spec.hardware.device, spec.workload.gen_tokens, spec.workload.ubatch,
+            hashlib.sha1(repr((sample.contexts, sample.continuations)).encode()).hexdigest())
+
+
+def _reference(spec: RunSpec, sample, record_steps: bool = False) -> RepeatResult:
+    """The `resident` run of this prompt (cached per model and prompt): logits and tokens for
+    the numerical check, and the per-pass expert sets a trace_oracle prefetcher replays."""
+    key = _prompt_key(spec, sample)
     if key not in _REFERENCE:
-        if spec.engine == "moebench" and spec.placement == "resident":
-            _REFERENCE[key] = measured
-        else:
-            ref, _ = get_adapter(spec, placement="resident")
-            _REFERENCE[key] = run_repeat(ref, sample, spec.workload.gen_tokens, keep_logits=True)
+        ref, _ = get_adapter(spec, placement="resident")
+        ref.engine.model.step_log = {}
+        try:
+            res = run_repeat(ref, sample, spec.workload.gen_tokens, keep_logits=True)
+        finally:
+            res_steps, ref.engine.model.step_log = ref.engine.model.step_log, None
+        _REFERENCE[key] = res
+        _STEPS[key] = res_steps
     return _REFERENCE[key]
+
+
+def _engine_for(spec: RunSpec, sample):
+    """The measured engine; a trace_oracle prefetcher first needs the reference's steps."""
+    if spec.prefetch == "trace_oracle":
+        _reference(spec, sample)
+        return get_adapter(spec, prefetch_options={"steps": _STEPS[_prompt_key(spec, sample)]},
+                           key_extra=_prompt_key(spec, sample))
+    return get_adapter(spec)
 
 
 def run_job(cfg: DictConfig, ctx: JobContext, reporter: Reporter) -> tuple[list[dict], str | None]:
@@ -81,44 +104,84 @@ def run_job(cfg: DictConfig, ctx: JobContext, reporter: Reporter) -> tuple[list[
         spec = validate(cfg)                       # before any model loads
         sample = _sample(spec)
         with PhaseProbe("cuda" if spec.hardware.device == "cuda" else "cpu", None) as load_probe:
-            eng, loaded = get_adapter(spec)
+            eng, loaded = _engine_for(spec, sample)
         device = {"device_kind": eng.device_kind, "device_name": eng.device_name, "emulated": eng.emulated}
         extra = {"ubatch": spec.workload.ubatch, "token_source": sample.token_source,
-                 "resolved_capacity": eng.resolved_capacity, "placement_options": repr(spec.placement_options),
-                 "profiler": "none"}
+                 "resolved_capacity": eng.resolved_capacity, "placement_options": repr(spec.placement_options)}
         rows: list[dict] = []
 
-        def emit(repeat: int, phase: str, metrics: dict, source: str, **more: Any) -> None:
-            rows.extend(results.make_rows(factors, device, ctx.sweep_id, ctx.job_id, repeat, phase, metrics,
-                                          source, extra={**extra, "prefix_cache": PREFIX_CACHE[phase], **more}))
+        def emit(repeat: int | None, phase: str, metrics: dict, source: str, profiler: str = "none",
+                 units: dict | None = None, **more: Any) -> None:
+            rows.extend(results.make_rows(factors, device, ctx.sweep_id, ctx.job_id, repeat, phase, metrics, source,
+                                          units=units, extra={**extra, "profiler": profiler,
+                                                              "prefix_cache": PREFIX_CACHE.get(phase), **more}))
+
+        def emit_repeat(r: int, res: RepeatResult, profiler: str, check: dict | None) -> None:
+            for ph in res.phases:
+                emit(r, ph.phase, ph.client, "client", profiler)
+                engine_metrics = dict(ph.engine)
+                if ph.phase == "decode":
+                    engine_metrics.update(check or {"max_abs_logit_diff": None, "token_agreement": None})
+                emit(r, ph.phase, engine_metrics, "engine", profiler)
 
         load_metrics = {"time_s": load_probe.time_s if loaded else None,
                         "peak_host_rss_bytes": load_probe.peak_host_rss_bytes if loaded else None,
                         "peak_device_bytes": load_probe.peak_device_bytes if loaded else None}
         emit(0, "load", load_metrics, "client", model_load="cold" if loaded else "reused")
+        gen, run_cfg = spec.workload.gen_tokens, spec.run
         # warm-up (excluded); its logits serve the numerical check, so measured repeats copy nothing extra
         check_run = None
-        for i in range(max(spec.run.warmup, 1 if spec.run.check_reference else 0)):
+        for i in range(max(run_cfg.warmup, 1 if run_cfg.check_reference else 0)):
             with reporter.step(f"warm-up {i + 1}"):
-                check_run = run_repeat(eng, sample, spec.workload.gen_tokens, keep_logits=spec.run.check_reference)
+                check_run = run_repeat(eng, sample, gen, keep_logits=run_cfg.check_reference)
         check = None
-        if spec.run.check_reference and check_run is not None:
-            check = compare(check_run, _reference(spec, sample, check_run))
-        for r in range(spec.run.repeats):
-            with reporter.step(f"repeat {r + 1}/{spec.run.repeats}"):
-                res = run_repeat(eng, sample, spec.workload.gen_tokens, keep_logits=False)
-            for ph in res.phases:
-                emit(r, ph.phase, ph.client, "client")
-                engine_metrics = dict(ph.engine)
-                if ph.phase == "decode":
-                    engine_metrics.update(check or {"max_abs_logit_diff": None, "token_agreement": None})
-                emit(r, ph.phase, engine_metrics, "engine")
+        if run_cfg.check_reference and check_run is not None:
+            ref = check_run if spec.engine == "moebench" and spec.placement == "resident" else _reference(spec, sample)
+            check = compare(check_run, ref)
+        measured = []
+        nvtx_child = run_cfg.profiler == "nsys" and under_nsys()
+        with CudaProfilerRange():
+            if nvtx_child:
+                eng.set_instrument(NvtxRanges())
+            for r in range(run_cfg.repeats):
+                with reporter.step(f"repeat {r + 1}/{run_cfg.repeats}"):
+                    measured.append(run_repeat(eng, sample, gen, keep_logits=False))
+            eng.set_instrument(None)
+        for r, res in enumerate(measured):
+            emit_repeat(r, res, "nsys" if nvtx_child else "none", check)
+        _profiling_passes(spec, eng, sample, measured, ctx, emit, emit_repeat, reporter)
         return rows, None
     except Exception as exc:  # noqa: BLE001 -- any failure becomes a failed row; the sweep goes on
         log.error("job %s failed: %s", ctx.job_id, exc)
         log.debug("%s", traceback.format_exc())
         return [results.failed_row(factors, device, ctx.sweep_id, ctx.job_id, f"{type(exc).__name__}: {exc}")], \
             f"{type(exc).__name__}: {exc}"
+
+
+def _profiling_passes(spec: RunSpec, eng, sample, measured: list[RepeatResult], ctx: JobContext, emit, emit_repeat,
+                      reporter: Reporter) -> None:
+    """Everything instrumented, after the speed measurements (their rows carry `profiler`)."""
+    run_cfg, gen = spec.run, spec.workload.gen_tokens
+    if run_cfg.ablation and not (spec.engine == "moebench" and spec.placement == "resident"):
+        ref, _ = get_adapter(spec, placement="resident")
+        with reporter.step("ablation: the same work with every expert resident"):
+            resident = [run_repeat(ref, sample, gen, keep_logits=False) for _ in range(run_cfg.repeats)]
+        for phase, value in ablation(measured, resident).items():
+            emit(None, phase, {"exposed_copy_ablation_s": value}, "client")
+    if run_cfg.timeline or run_cfg.trace:
+        with reporter.step("timeline pass"):
+            res = timeline_pass(eng, sample, gen, run_cfg.nvtx, ctx.job_dir / "trace.json" if run_cfg.trace else None)
+        if res is not None:
+            emit_repeat(0, res, "timeline", None)
+    if run_cfg.profiler == "torch":
+        with reporter.step("torch.profiler pass"):
+            res, summary = torch_profile_pass(eng, sample, gen, ctx.job_dir / "torch_trace.json")
+        emit_repeat(0, res, "torch", None)
+        emit(0, "all", summary, "torch", "torch", units=PROFILER_UNITS)
+    if run_cfg.profiler == "nsys" and not under_nsys():
+        overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+        for r in relaunch_under_nsys(ctx.job_dir, overrides):
+            emit(None, r["scope"], {r["metric"]: r["value"]}, "nsys", "nsys", units={r["metric"]: r["unit"]})
 
 
 def run(cfg: DictConfig, ctx: JobContext, reporter: Reporter) -> str | None:

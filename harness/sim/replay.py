@@ -92,7 +92,6 @@ def replay(trace: RoutingTrace, policies: Sequence[str] | str = ("lru", "lfu", "
     layers = lookup_arrays(trace)                            # per layer: (ids [M], step [M])
     counts = expert_counts(trace)                            # [L, E]
     model_layers = trace.moe_layers
-    refs = [ids.tolist() for ids, _ in layers]
     rows: list[dict[str, Any]] = []
     for name in policies:
         user = dict(options.get(name, {}))
@@ -103,12 +102,13 @@ def replay(trace: RoutingTrace, policies: Sequence[str] | str = ("lru", "lfu", "
                     hidden = oracle_hidden(ids, steps, flags[l][ci], c) if flags is not None else 0
                     rows.append(_row(name, c, pf, model_layers[l], len(ids), int(hits[l, ci]), hidden, trace))
             continue
-        for c in caps:
-            for l, (ids, steps) in enumerate(layers):
-                opts = _default_options(name, refs[l], counts[l])
+        for l, (ids, steps) in enumerate(layers):        # layer-major: one layer's Python list alive at a time
+            ref = ids.tolist()
+            for c in caps:
+                opts = _default_options(name, ref, counts[l])
                 opts.update(user)
                 policy = make_policy(name, c, trace.n_experts, model_layers[l], **opts)
-                flags = np.fromiter(simulate(policy, refs[l]), dtype=bool, count=len(ids))
+                flags = np.fromiter(simulate(policy, ref), dtype=bool, count=len(ids))
                 hidden = oracle_hidden(ids, steps, flags, c) if pf == "oracle" else 0
                 rows.append(_row(name, c, pf, model_layers[l], len(ids), int(flags.sum()), hidden, trace))
     return _with_totals(rows)

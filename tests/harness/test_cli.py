@@ -52,14 +52,22 @@ def test_single_run_defaults(tmp_path):
 
 
 def test_multirun_table(tmp_path):
-    moebench(["-m", "placement=resident,fetch,cpu", "cache.capacity=2,4", "run.repeats=2", *SMALL], tmp_path)
+    moebench(["-m", "placement=resident,fetch,cpu", "cache.capacity=2,4", "run.repeats=3", *SMALL], tmp_path)
     sd = sweep_dir(tmp_path)
-    df = results.load(sd / "results.parquet")
+    everything = results.load(sd / "results.parquet")
     assert (sd / "summary.csv").is_file()
-    assert df.job_id.nunique() == 6 and (df.status == "ok").all()
+    assert everything.job_id.nunique() == 6 and (everything.status == "ok").all()
+    assert set(everything.profiler) == {"none", "timeline"}      # the instrumented pass is labelled
+    df = everything[everything.profiler == "none"]               # the speed table
     # every job x phase x metric that applies
     per_job = df.groupby("job_id").apply(lambda j: set(zip(j.phase, j.metric)), include_groups=False)
-    assert all(s == per_job.iloc[0] for s in per_job) and len(per_job.iloc[0]) >= 60
+    ablation = {(p, "exposed_copy_ablation_s") for p in PHASES - {"load"}}
+    for job, pairs in per_job.items():
+        resident = df[df.job_id == job].placement.iloc[0] == "resident"
+        assert pairs | (ablation if resident else set()) == per_job.iloc[-1], job
+    assert len(per_job.iloc[-1]) >= 80
+    timeline = everything[(everything.profiler == "timeline") & (everything.metric == "copy_busy_s")]
+    assert timeline.value.notna().all() and (timeline[timeline.placement == "fetch"].value > 0).any()
     assert {"ttft_s", "tpot_s_p99", "reused_tokens", "restore_s", "h2d_bytes", "hit_rate", "peak_host_rss_bytes",
             "max_abs_logit_diff", "token_agreement"} <= set(df.metric)
     h2d = df[(df.metric == "h2d_bytes") & (df.phase != "load")]
@@ -107,7 +115,7 @@ def test_killed_sweep_resumes_without_duplicates(tmp_path):
     moebench(args, tmp_path)
     df = results.load(sd / "results.parquet")
     assert df.job_id.nunique() == 9 and (df.status == "ok").all()
-    key = ["job_id", "repeat", "phase", "metric", "source"]
+    key = ["job_id", "repeat", "phase", "metric", "source", "profiler"]
     assert not df.duplicated(key).any()
     for job, mtime in finished_before.items():   # completed jobs were skipped, not re-run
         assert (sd / job / "DONE").stat().st_mtime_ns == mtime

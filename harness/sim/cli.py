@@ -1,0 +1,135 @@
+"""`moebench-sim`: replay a routing trace (recorded or synthetic) through cache policies.
+
+Owns: argument parsing and everything the simulator prints (library modules log instead).
+Does not own: the replay, statistics or generation (harness.sim.replay / stats / synthetic).
+
+    moebench-sim TRACE.npz --policy lru,lfu,fifo,static,belady --capacity 2,4,8
+    moebench-sim TRACE.npz --curve --stats --out sim.parquet
+    moebench-sim --synthetic mixtral-like --tokens 10000 --capacity 2,4 --prefetch oracle
+    moebench-sim --synthetic olmoe-like --tokens 20000 --save-trace olmoe.npz --stats
+
+Without --capacity, --curve or --stats it replays at capacities n_experts/4 and n_experts/2.
+--out (.parquet or .csv) gets the tidy replay (+ curve) rows with a `kind` column
+("replay" | "curve"); with --stats too, the stats table goes to `<out stem>.stats<suffix>`.
+Parquet cannot hold a column mixing ints and "all", so `layer` is written as text there.
+Exit status: 0 on success, 2 on a bad argument or trace (the message says what was wrong).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from engine.trace import RoutingTrace, load_trace, save_trace
+from harness.sim.replay import PREFETCH, lru_curve, replay
+from harness.sim.stats import format_stats, trace_stats
+from harness.sim.synthetic import PRESETS, generate_preset
+
+DEFAULT_POLICIES = "lru,lfu,fifo,static,belady"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="moebench-sim", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("trace", nargs="?", type=Path, help="routing trace .npz (or use --synthetic)")
+    p.add_argument("--synthetic", metavar="PRESET", help=f"generate a trace: {', '.join(sorted(PRESETS))}")
+    p.add_argument("--tokens", type=int, default=10_000, help="tokens of a synthetic trace (default 10000)")
+    p.add_argument("--seed", type=int, default=0, help="seed of a synthetic trace (default 0)")
+    p.add_argument("--save-trace", type=Path, metavar="PATH", help="write the (synthetic) trace as .npz")
+    p.add_argument("--policy", default=DEFAULT_POLICIES, help=f"comma-separated policies (default {DEFAULT_POLICIES})")
+    p.add_argument("--capacity", help="comma-separated cache capacities (slots per layer)")
+    p.add_argument("--prefetch", default="none", help=f"prefetch accounting: {', '.join(PREFETCH)}")
+    p.add_argument("--curve", action="store_true", help="LRU hit rate at every capacity (stack distances)")
+    p.add_argument("--stats", action="store_true", help="routing statistics per layer")
+    p.add_argument("--per-layer", action="store_true", help="print per-layer rows, not just the totals")
+    p.add_argument("--reference", action="store_true",
+                   help="run belady through the engine's class instead of the fast kernel (slow; same counts)")
+    p.add_argument("--out", type=Path, help="write the rows to .parquet or .csv")
+    return p
+
+
+def _ints(text: str, what: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{what} must be comma-separated integers, got {text!r}") from None
+
+
+def _load(args: argparse.Namespace) -> RoutingTrace:
+    if (args.trace is None) == (args.synthetic is None):
+        raise ValueError("give either a TRACE.npz or --synthetic PRESET (exactly one)")
+    if args.synthetic is not None:
+        tr = generate_preset(args.synthetic, args.tokens, args.seed)
+        if args.save_trace:
+            save_trace(args.save_trace, tr)
+            print(f"saved trace: {args.save_trace}")
+        return tr
+    if args.save_trace:
+        raise ValueError("--save-trace is for --synthetic traces; the input trace is already a file")
+    return load_trace(args.trace)
+
+
+def _write(df: pd.DataFrame, path: Path) -> None:
+    if path.suffix == ".parquet":
+        df = df.astype({"layer": str}) if "layer" in df else df
+        df.to_parquet(path, index=False)
+    elif path.suffix == ".csv":
+        df.to_csv(path, index=False)
+    else:
+        raise ValueError(f"--out must end in .parquet or .csv, got {path.name!r}")
+
+
+def _show(df: pd.DataFrame, title: str, per_layer: bool) -> None:
+    rows = df if per_layer else df[df["layer"] == "all"]
+    cols = ["policy", "capacity", "prefetch", "layer", "hit_rate", "hits", "misses", "miss_bytes"]
+    if (rows["prefetch"] != "none").any():
+        cols += ["hidden_misses", "exposed_misses"]
+    t = rows[cols].copy()
+    t["miss_GiB"] = t.pop("miss_bytes") / 2**30
+    print(f"== {title}")
+    print(t.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        tr = _load(args)
+        print(f"trace: {tr.n_tokens} tokens x {tr.n_layers} layers x top-{tr.top_k} of {tr.n_experts} experts, "
+              f"{tr.expert_bytes} B per expert{'' if tr.step is None else f', {int(tr.step_ids()[-1]) + 1} steps'}"
+              if tr.n_tokens else "trace: empty")
+        tables = []
+        stats = trace_stats(tr) if args.stats else None
+        if stats is not None:
+            print("== routing statistics")
+            print(format_stats(stats))
+        caps = _ints(args.capacity, "--capacity") if args.capacity else None
+        if caps is None and not (args.curve or args.stats):
+            caps = sorted({max(1, tr.n_experts // 4), max(1, tr.n_experts // 2)})
+        if caps:
+            policies = [p.strip() for p in args.policy.split(",") if p.strip()]
+            df = replay(tr, policies, caps, prefetch=args.prefetch, fast=not args.reference)
+            _show(df, "replay", args.per_layer)
+            tables.append(df.assign(kind="replay"))
+        if args.curve:
+            curve = lru_curve(tr)
+            _show(curve, "LRU curve (stack distances)", args.per_layer)
+            tables.append(curve.assign(kind="curve"))
+        if args.out:
+            if tables:
+                _write(pd.concat(tables, ignore_index=True), args.out)
+                if stats is not None:
+                    _write(stats, args.out.with_name(f"{args.out.stem}.stats{args.out.suffix}"))
+            elif stats is not None:
+                _write(stats, args.out)
+            print(f"results: {args.out}")
+    except (ValueError, FileNotFoundError, TypeError) as err:
+        print(f"moebench-sim: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""Engine <-> simulator agreement: a trace recorded from the engine, saved and loaded, replays
+to exactly the engine's per-layer hit/miss counts and bytes, for every policy and several
+capacities, with a batch of 2 and a prompt longer than the prefill micro-batch (so steps
+hold many tokens and the per-step sorted-unique lookup order matters)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from engine import Engine
+from engine.trace import RoutingTrace, TraceRecorder, expert_counts, load_trace, lookup_sequences, save_trace
+from harness.sim.replay import replay
+
+MODEL = "tiny-mixtral"                   # 4 layers, 8 experts, top-2, vocab 512
+UBATCH, BATCH, PROMPT, NEW = 8, 2, 20, 6
+CAPACITIES = (2, 3, 5, 8)
+POLICIES = ("lru", "lfu", "fifo", "static", "belady")
+PROMPTS = np.random.default_rng(7).integers(0, 512, size=(BATCH, PROMPT)).tolist()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The model is tiny: intra-op threads only add contention (seconds per run on a busy box)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def build(capacity: int, policy: str, policy_options: dict | None = None, **kw) -> Engine:
+    return Engine.from_pretrained(MODEL, device="cpu", placement="fetch", cache_capacity=capacity,
+                                  cache_policy=policy, policy_options=policy_options, record_lookups=True,
+                                  ubatch=UBATCH, batch=BATCH, **kw)
+
+
+def record(eng: Engine) -> RoutingTrace:
+    with TraceRecorder(eng) as rec:
+        eng.generate(PROMPTS, NEW)
+        return rec.trace()
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory) -> RoutingTrace:
+    tr = record(build(2, "lru"))
+    return load_trace(save_trace(tmp_path_factory.mktemp("trace") / "tiny.npz", tr))
+
+
+def test_recorded_trace_shape_and_steps(trace: RoutingTrace) -> None:
+    prefill_passes = -(-PROMPT // UBATCH)                                 # 8 + 8 + 4 tokens per row
+    assert trace.n_tokens == BATCH * (PROMPT + NEW - 1)
+    assert trace.experts.shape[1:] == (4, 2) and trace.weights is not None
+    assert int(trace.step[-1]) + 1 == prefill_passes + NEW - 1
+    assert np.bincount(trace.step)[:prefill_passes].tolist() == [16, 16, 8]
+    assert trace.sequence[:16].tolist() == [0] * 8 + [1] * 8              # row-major over [B, T]
+    assert trace.meta["model"] == MODEL and trace.meta["moe_layers"] == [0, 1, 2, 3]
+    assert trace.expert_bytes > 0
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_replay_equals_engine_counters(trace: RoutingTrace, policy: str) -> None:
+    options = {"belady": {"future": lookup_sequences(trace, model_layers=True)},
+               "static": {"popularity": dict(zip(trace.moe_layers, expert_counts(trace)))}}.get(policy)
+    sim = replay(trace, [policy], list(CAPACITIES))
+    for c in CAPACITIES:
+        eng = build(c, policy, options)
+        again = record(eng)
+        assert np.array_equal(again.experts, trace.experts)             # same routing every run
+        assert eng.lookup_log == lookup_sequences(trace, model_layers=True)
+        rows = sim[(sim.capacity == c) & (sim.layer != "all")].set_index("layer")
+        for layer, counts in eng.counters_by_layer.items():
+            if layer < 0:
+                continue
+            got = rows.loc[layer]
+            assert (got.hits, got.misses, got.hit_bytes, got.miss_bytes) == (
+                counts["expert_hits"], counts["expert_misses"], counts["expert_hit_bytes"],
+                counts["expert_miss_bytes"]), (policy, c, layer)
+        total = sim[(sim.capacity == c) & (sim.layer == "all")].iloc[0]
+        assert total.miss_bytes == eng.counters["expert_miss_bytes"] == eng.counters["h2d_bytes"]
+
+
+def test_dense_layers_are_skipped(tmp_path: Path) -> None:
+    eng = build(3, "lru", model_overrides={"moe_layers": (1, 3)})
+    tr = load_trace(save_trace(tmp_path / "dense.npz", record(eng)))
+    assert tr.moe_layers == [1, 3] and tr.n_layers == 2
+    sim = replay(tr, ["lru"], [3]).set_index("layer")
+    by_layer = eng.counters_by_layer
+    assert by_layer[0]["expert_misses"] == by_layer[2]["expert_misses"] == 0
+    for layer in (1, 3):
+        assert sim.loc[layer, "misses"] == by_layer[layer]["expert_misses"]
+        assert sim.loc[layer, "hits"] == by_layer[layer]["expert_hits"]
+
+
+def test_recorder_chains_and_detaches() -> None:
+    eng = build(2, "lru")
+    seen: list[int] = []
+    eng.model.on_route = lambda layer, ids, w: seen.append(layer)
+    with TraceRecorder(eng) as rec:
+        eng.generate([[1, 2, 3], [4, 5, 6]], 2)
+    assert seen[:4] == [0, 1, 2, 3] and rec.trace().n_tokens == 2 * 3 + 2
+    assert eng.model.on_route is not rec._on_route and "forward" not in vars(eng.model)
+    eng.generate([[1, 2, 3], [4, 5, 6]], 1)                                # still works after detaching

@@ -1,0 +1,176 @@
+"""Replay simulator: textbook fault counts through replay(), the fast kernels against the
+engine's policy classes, and the properties that make the optimum a bound."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.policies.simulate import count_faults
+from engine.registry import UnknownPluginError
+from engine.trace import RoutingTrace, lookup_arrays
+from harness.sim.kernels import COLD, stack_distances
+from harness.sim.replay import ROW_COLUMNS, lru_curve, oracle_hidden, replay
+
+SILBERSCHATZ = [7, 0, 1, 2, 0, 3, 0, 4, 2, 3, 0, 3, 2, 1, 2, 0, 1, 7, 0, 1]
+ANOMALY = [1, 2, 3, 4, 1, 2, 5, 1, 2, 3, 4, 5]
+POLICIES = ["lru", "lfu", "fifo", "static", "belady"]
+FAST = settings(max_examples=60, deadline=None)
+
+
+def total(df: pd.DataFrame, policy: str, capacity: int, col: str = "misses") -> int:
+    row = df[(df.policy == policy) & (df.capacity == capacity) & (df.layer == "all")]
+    assert len(row) == 1
+    return int(row[col].iloc[0])
+
+
+def random_trace(seed: int, n_experts: int, layers: int, top_k: int, tokens: int, stepped: bool,
+                 skew: float = 1.0) -> RoutingTrace:
+    """Skewed random routing (so caches matter) with optional multi-token steps."""
+    rng = np.random.default_rng(seed)
+    p = rng.dirichlet(np.full(n_experts, skew))
+    ex = np.array([[rng.choice(n_experts, top_k, replace=False, p=p) for _ in range(layers)]
+                   for _ in range(tokens)], dtype=np.int32).reshape(tokens, layers, top_k)   # [N, L, k]
+    step = np.sort(rng.integers(0, max(tokens // 2, 1), tokens)).astype(np.int32) if stepped else None
+    return RoutingTrace(experts=ex.astype(np.int32), meta={"n_experts": n_experts, "expert_bytes": 3},
+                        step=step).validate()
+
+
+traces = st.builds(random_trace, st.integers(0, 2**32 - 1), st.integers(2, 8), st.integers(1, 3),
+                   st.integers(1, 2), st.integers(0, 40), st.booleans())
+
+
+# --- textbook values through replay() --------------------------------------------------------
+@pytest.mark.parametrize("policy, faults", [("fifo", 15), ("lru", 12), ("belady", 9)])
+@pytest.mark.parametrize("fast", [True, False])
+def test_silberschatz_three_frames(policy: str, faults: int, fast: bool) -> None:
+    df = replay(RoutingTrace.from_reference_string(SILBERSCHATZ), [policy], [3], fast=fast)
+    assert total(df, policy, 3) == faults
+    assert total(df, policy, 3, "hits") == len(SILBERSCHATZ) - faults
+
+
+def test_belady_anomaly_fifo() -> None:
+    df = replay(RoutingTrace.from_reference_string(ANOMALY), ["fifo"], [3, 4])
+    assert total(df, "fifo", 3) == 9 and total(df, "fifo", 4) == 10
+
+
+def test_rows_are_tidy_with_bytes() -> None:
+    tr = RoutingTrace.from_reference_string(SILBERSCHATZ, expert_bytes=100)
+    df = replay(tr, ["lru", "belady"], [3, 4])
+    assert list(df.columns) == list(ROW_COLUMNS)
+    assert len(df) == 2 * 2 * 2                            # policies x capacities x (layer 0 + "all")
+    lru3 = df[(df.policy == "lru") & (df.capacity == 3) & (df.layer == 0)].iloc[0]
+    assert (lru3.hits, lru3.misses, lru3.hit_bytes, lru3.miss_bytes) == (8, 12, 800, 1200)
+    assert lru3.hit_rate == pytest.approx(0.4)
+
+
+# --- fast paths == the engine's classes --------------------------------------------------------
+@FAST
+@given(traces)
+def test_fast_belady_equals_engine_class(tr: RoutingTrace) -> None:
+    caps = list(range(1, tr.n_experts + 1))
+    fast = replay(tr, ["belady"], caps, fast=True)
+    ref = replay(tr, ["belady"], caps, fast=False)
+    pd.testing.assert_frame_equal(fast, ref)
+
+
+@FAST
+@given(traces)
+def test_stack_distance_curve_equals_per_capacity_lru(tr: RoutingTrace) -> None:
+    curve = lru_curve(tr)
+    sim = replay(tr, ["lru"], list(range(1, tr.n_experts + 1)))
+    pd.testing.assert_frame_equal(curve, sim)
+
+
+def test_stack_distances_by_hand() -> None:
+    d = stack_distances(np.array([0, 1, 2, 0, 0, 2, 1]), 3)
+    assert d.tolist() == [COLD, COLD, COLD, 3, 1, 2, 3]
+
+
+# --- properties --------------------------------------------------------------------------------
+@FAST
+@given(traces)
+def test_belady_never_misses_more_than_any_policy(tr: RoutingTrace) -> None:
+    caps = list(range(1, tr.n_experts + 1))
+    df = replay(tr, POLICIES, caps)
+    per_layer = df[df.layer != "all"].pivot_table(index=["capacity", "layer"], columns="policy", values="misses")
+    assert (per_layer["belady"].to_numpy()[:, None] <= per_layer.drop(columns="belady").to_numpy()).all()
+
+
+@FAST
+@given(traces)
+def test_misses_non_increasing_with_capacity_for_stack_policies(tr: RoutingTrace) -> None:
+    df = replay(tr, ["lru", "belady"], list(range(1, tr.n_experts + 1)))
+    for (_, _), g in df.groupby(["policy", "layer"]):
+        assert (np.diff(g.sort_values("capacity").misses.to_numpy()) <= 0).all()
+
+
+@FAST
+@given(traces)
+def test_replay_matches_reference_loop(tr: RoutingTrace) -> None:
+    """Per layer, replay's counts equal the engine's reference loop on the lookup sequence."""
+    df = replay(tr, ["lru", "lfu", "fifo"], [2])
+    for l, (ids, _) in enumerate(lookup_arrays(tr)):
+        for p in ("lru", "lfu", "fifo"):
+            got = df[(df.policy == p) & (df.layer == l)].misses.iloc[0]
+            assert got == count_faults(p, ids.tolist(), 2, n_experts=tr.n_experts)
+
+
+# --- oracle prefetch ---------------------------------------------------------------------------
+def slow_oracle_hidden(ids: list[int], steps: list[int], hit: list[bool], capacity: int) -> int:
+    by_step: dict[int, list[tuple[int, bool]]] = {}
+    for e, s, h in zip(ids, steps, hit):
+        by_step.setdefault(s, []).append((e, h))
+    hidden = 0
+    for s in sorted(by_step)[1:]:
+        prev_used = {e for e, _ in by_step.get(s - 1, [])}
+        found = {e for e, h in by_step[s] if h}
+        misses = sum(not h for _, h in by_step[s])
+        hidden += min(misses, max(0, capacity - len(prev_used | found)))
+    return hidden
+
+
+@FAST
+@given(traces, st.integers(1, 8), st.integers(0, 2**32 - 1))
+def test_oracle_hidden_matches_slow_definition(tr: RoutingTrace, capacity: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    for ids, steps in lookup_arrays(tr):
+        hit = rng.random(len(ids)) < 0.5
+        assert oracle_hidden(ids, steps, hit, capacity) == slow_oracle_hidden(ids.tolist(), steps.tolist(),
+                                                                               hit.tolist(), capacity)
+
+
+def test_oracle_prefetch_by_hand() -> None:
+    tr = RoutingTrace.from_reference_string([0, 1, 2, 0, 1, 2])
+    df = replay(tr, ["lru"], [1, 3], prefetch="oracle")
+    # capacity 3: misses at t=0,1,2; t=0 cannot be hidden, t=1 and t=2 find 2 and 1 free slots
+    assert total(df, "lru", 3) == 3 and total(df, "lru", 3, "hidden_misses") == 2
+    assert total(df, "lru", 3, "exposed_misses") == 1
+    # capacity 1: the only slot is busy with the running step, nothing can be hidden
+    assert total(df, "lru", 1, "hidden_misses") == 0
+    none = replay(tr, ["lru"], [3])
+    assert total(none, "lru", 3, "hidden_misses") == 0 and (none.prefetch == "none").all()
+
+
+# --- errors ------------------------------------------------------------------------------------
+def test_errors_name_what_was_wrong() -> None:
+    tr = RoutingTrace.from_reference_string([0, 1, 2])
+    with pytest.raises(ValueError, match=r"capacity must be in \[1, n_experts=3\].*got \[4\]"):
+        replay(tr, ["lru"], [4])
+    with pytest.raises(ValueError, match="next_layer_gate.*router logits.*replayable: none, oracle"):
+        replay(tr, ["lru"], [2], prefetch="next_layer_gate")
+    with pytest.raises(ValueError, match="unknown prefetch 'sometimes'"):
+        replay(tr, ["lru"], [2], prefetch="sometimes")
+    with pytest.raises(UnknownPluginError, match="known: .*belady"):
+        replay(tr, ["lrx"], [2])
+    with pytest.raises(ValueError, match="options given for policies"):
+        replay(tr, ["lru"], [2], options={"static": {"pinned": 1}})
+
+
+def test_policy_options_pass_through() -> None:
+    tr = RoutingTrace.from_reference_string(SILBERSCHATZ)
+    pinned0 = replay(tr, ["static"], [3], options={"static": {"pinned": 0}})
+    fifo = replay(tr, ["fifo"], [3])
+    assert total(pinned0, "static", 3) == total(fifo, "fifo", 3)   # nothing pinned: plain FIFO
