@@ -238,8 +238,9 @@ def load_trace(path: str | Path) -> RoutingTrace:
         names = set(z.files)
         if "experts" not in names or "meta" not in names:
             missing = [n for n in ("experts", "meta") if n not in names]
+            present = ", ".join(sorted(names)) or "none"
             raise ValueError(f"{path}: missing array(s) {', '.join(missing)}; a trace needs experts and meta "
-                             f"(optional: weights, step, sequence); arrays present: {', '.join(sorted(names)) or 'none'}")
+                             f"(optional: weights, step, sequence); arrays present: {present}")
         extra = names - set(ARRAYS) - {"meta"}
         if extra:
             log.warning("%s: ignoring unknown arrays %s", path, sorted(extra))
@@ -304,9 +305,11 @@ class TraceRecorder:
 
     A pass is the calls for the model's MoE layers in order (first MoE layer opens it, the
     last closes it). Token order inside a pass is row-major over [B, T]; each token gets the
-    pass index as `step` and its batch row as `sequence`. Recording copies ids to the CPU
-    once per layer and pass (a device sync on CUDA), so it is for trace runs, not timed runs.
-    A callback already installed on `on_route` keeps being called.
+    pass index as `step` and its batch row as `sequence` (B is read from the ids [B, T] the
+    model's `forward` receives: the recorder wraps `engine.model.forward` with an instance
+    attribute, removed by `detach`). Recording copies ids to the CPU once per layer and pass
+    (a device sync on CUDA), so it is for trace runs, not timed runs. A callback already
+    installed on `on_route` keeps being called.
 
         rec = TraceRecorder(eng); eng.generate(prompts, 8); tr = rec.trace(); rec.detach()
     """

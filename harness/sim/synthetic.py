@@ -36,7 +36,7 @@ Presets (documented sources; see PRESETS for the numbers):
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 

@@ -71,7 +71,8 @@ def test_out_of_range_id_names_its_index() -> None:
     ({"expert_bytes": 1}, "meta n_experts missing"),
     ({"n_experts": 8}, "meta expert_bytes missing"),
     ({"n_experts": "8", "expert_bytes": 1}, "meta n_experts must be an integer"),
-    ({"n_experts": 8, "expert_bytes": 1, "moe_layers": [0, 1, 2]}, "meta moe_layers has 3 entries, which does not match"),
+    ({"n_experts": 8, "expert_bytes": 1, "moe_layers": [0, 1, 2]},
+     "meta moe_layers has 3 entries, which does not match"),
     ({"n_experts": 8, "expert_bytes": 1, "top_k": 4}, "meta top_k=4 does not match experts shape (4, 2, 2)"),
 ])
 def test_bad_meta_gets_clear_errors(meta: dict, message: str) -> None:
