@@ -92,9 +92,24 @@ class WorkloadConf:
 
 @dataclass
 class HardwareConf:
+    """Where a run executes (device, budget) and, for the cost model, what the hardware can
+    do. Profiles in conf/hardware/*.yaml fill the figures; `source` says where they came
+    from ("datasheet" or "measured"); null means unknown."""
+
     name: str = "local"
     device: str = "auto"              # auto | cpu (emulated device) | cuda
     device_memory: Optional[str] = None  # device budget, e.g. "64MiB"; default: free CUDA memory / unlimited on CPU
+    source: Optional[str] = None      # datasheet | measured
+    link: Optional[str] = None        # e.g. "PCIe 4.0 x16"
+    h2d_gbps: Optional[float] = None  # host->device link GB/s (pinned)
+    d2h_gbps: Optional[float] = None
+    device_tflops: Optional[float] = None    # dense matmul TFLOP/s at the profile's dtype
+    device_mem_gbps: Optional[float] = None  # device memory bandwidth GB/s
+    device_memory_gib: Optional[float] = None
+    cpu_gflops: Optional[float] = None       # CPU matmul GFLOP/s (all cores)
+    cpu_mem_gbps: Optional[float] = None     # host RAM bandwidth GB/s
+    dtype: Optional[str] = None              # dtype the FLOP/s figures are for
+    notes: Optional[str] = None
 
 
 @dataclass

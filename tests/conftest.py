@@ -74,3 +74,13 @@ def rewrite_config_old_hub_form(path: Path) -> None:
     if "dtype" in cfg:
         cfg["torch_dtype"] = cfg.pop("dtype")
     (path / "config.json").write_text(json.dumps(cfg, indent=2))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def one_torch_thread():
+    """Tiny models are faster on one thread, and a shared 2-core box stays responsive;
+    subprocess tests (the CLI) keep torch's default."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
