@@ -125,6 +125,7 @@ class RunConf:
     nvtx: bool = False                # NVTX ranges (domain moebench) during the timeline pass
     ablation: bool = True             # exposed_copy_ablation_s: this placement's phase times minus resident's
     profiler: str = "none"            # none | torch (torch.profiler pass) | nsys (re-launch under Nsight Systems)
+    record_trace: bool = False        # save one repeat's routing as <job dir>/routing.npz (DESIGN §3 trace file)
 
 
 @dataclass

@@ -29,7 +29,7 @@ from harness.engines import get_adapter
 from harness.manifest import collect_manifest
 from harness.measure import PhaseProbe
 from harness.profiling.passes import (PROFILER_UNITS, CudaProfilerRange, ablation, relaunch_under_nsys,
-                                      timeline_pass, torch_profile_pass, under_nsys)
+                                      timeline_pass, torch_profile_pass, trace_pass, under_nsys)
 from harness.scenario import PREFIX_CACHE, RepeatResult, compare, run_repeat
 from harness.report import Reporter
 from workloads import build as build_workload
@@ -173,6 +173,11 @@ def _profiling_passes(spec: RunSpec, eng, sample, measured: list[RepeatResult], 
             res = timeline_pass(eng, sample, gen, run_cfg.nvtx, ctx.job_dir / "trace.json" if run_cfg.trace else None)
         if res is not None:
             emit_repeat(0, res, "timeline", None)
+    if run_cfg.record_trace:
+        with reporter.step("routing trace pass"):
+            res = trace_pass(eng, sample, gen, ctx.job_dir / "routing.npz")
+        if res is not None:
+            emit_repeat(0, res, "trace", None)
     if run_cfg.profiler == "torch":
         with reporter.step("torch.profiler pass"):
             res, summary = torch_profile_pass(eng, sample, gen, ctx.job_dir / "torch_trace.json")

@@ -52,6 +52,23 @@ def timeline_pass(eng: Adapter, sample: WorkloadSample, gen_tokens: int, nvtx_on
     return res
 
 
+def trace_pass(eng: Adapter, sample: WorkloadSample, gen_tokens: int, path: Path) -> RepeatResult | None:
+    """One cold repeat with the routing recorder attached; saves the DESIGN §3 trace file.
+    None when the engine exposes no routing (transformers)."""
+    from engine.trace import TraceRecorder, save_trace
+
+    engine = getattr(eng, "engine", None)
+    if engine is None:
+        return None
+    rec = TraceRecorder(engine)
+    try:
+        res = run_repeat(eng, sample, gen_tokens, keep_logits=False)
+    finally:
+        rec.detach()
+    save_trace(path, rec.trace())
+    return res
+
+
 def ablation(measured: list[RepeatResult], resident: list[RepeatResult]) -> dict[str, float]:
     """Per phase: median time with this placement minus median time with experts resident."""
     def medians(runs: list[RepeatResult]) -> dict[str, float]:
