@@ -30,8 +30,10 @@ def test_bash_examples_run(tmp_path):
     cmds = [line for b in blocks("bash") for line in b.strip().splitlines() if line.startswith("moebench")]
     assert len(cmds) >= 3
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    entry = {"moebench": "harness.cli", "moebench-sim": "harness.sim.cli"}    # the console scripts' modules
     for cmd in cmds:
-        argv = [sys.executable, "-m", "harness.cli", *shlex.split(cmd)[1:]]   # `moebench` is this entry point
+        words = shlex.split(cmd)
+        argv = [sys.executable, "-m", entry[words[0]], *words[1:]]
         proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, f"{cmd}\n{proc.stdout}\n{proc.stderr}"
     assert list((tmp_path / "results").rglob("rows.parquet"))

@@ -1,0 +1,319 @@
+"""`moebench calibrate`: measure this machine and write a hardware profile (source: measured).
+
+Owns: the micro-benchmarks -- GEMM and GEMV rates (fp32, and bf16 where the CPU/GPU does
+it), the engine's expert FFN (`engine.layers.expert_ffn`) at real models' expert shapes,
+host RAM bandwidth, and host<->device copies (CUDA: pinned and pageable through torch, and
+through CuPy as an independent check when it is importable; the emulated device: the
+engine's own worker-thread memcpy) -- and assembling them, with the fitted software
+overheads (harness.costmodel.fit), into a profile file. Does not own: the profile format
+(harness.costmodel.profiles) or the fit (harness.costmodel.fit).
+
+    moebench calibrate                       # -> conf/hardware/measured.yaml (+ measured.overheads.json)
+    moebench calibrate --quick --out /tmp/hw/here.yaml      # ~10 s: fewer sizes and repeats
+
+Conventions: a rate is the best of its repeats (what the hardware can do; the engine probes
+use medians instead, being what a run typically sees). RAM and device-memory bandwidth
+count a copy of N bytes as 2N (read + write, STREAM's convention); link figures count N.
+On the CPU-emulated device there is no link and no separate device: device_tflops and
+device_mem_gbps are the CPU's own, and h2d/d2h are memcpy rates of an expert-sized buffer
+(on the engine's copy worker thread for h2d), written with `link: emulated ...` so nobody
+mistakes them for a bus.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from engine.config import preset
+from engine.devices import Device
+from engine.layers import expert_ffn
+from harness.costmodel.profiles import PROFILE_DIR, HardwareProfile, save_profile
+
+log = logging.getLogger(__name__)
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# realistic expert shapes (hidden, intermediate) for the expert-FFN and link benchmarks
+EXPERT_SHAPES = {"qwen3-30b-a3b": (2048, 768), "olmoe-1b-7b": (2048, 1024), "mixtral-8x7b": (4096, 14336)}
+LINK_EXPERT = "qwen3-30b-a3b"
+
+
+def best_time(fn: Callable[[], Any], repeats: int, kind: str = "cpu") -> float:
+    """Fastest of `repeats` timed calls after one warm-up (synchronised on CUDA)."""
+    fn()
+    _sync(kind)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        _sync(kind)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _sync(kind: str) -> None:
+    if kind == "cuda":
+        torch.cuda.synchronize()
+
+
+def _supports(dtype: torch.dtype, device: str) -> bool:
+    try:
+        a = torch.ones(8, 8, dtype=dtype, device=device)
+        (a @ a).sum().item()
+        return True
+    except (RuntimeError, TypeError):
+        return False
+
+
+# --- micro-benchmarks -------------------------------------------------------------------------
+def gemm_rates(device: str, dtypes: list[str], sizes: tuple[int, ...], repeats: int) -> dict[str, float]:
+    """GFLOP/s of square matmuls, per dtype and size: {"float32@1024": ...}."""
+    out = {}
+    for name in dtypes:
+        dt = TORCH_DTYPES[name]
+        if not _supports(dt, device):
+            continue
+        for n in sizes:
+            a, b = torch.randn(n, n, device=device).to(dt), torch.randn(n, n, device=device).to(dt)
+            t = best_time(lambda: a @ b, repeats, device)
+            out[f"{name}@{n}"] = 2 * n ** 3 / t / 1e9
+    return out
+
+
+def gemv_rates(device: str, dtypes: list[str], mib: int, repeats: int) -> dict[str, float]:
+    """Effective GB/s of weight reads in a matrix-vector product over a `mib` MiB matrix."""
+    out = {}
+    for name in dtypes:
+        dt = TORCH_DTYPES[name]
+        if not _supports(dt, device):
+            continue
+        cols = 4096
+        rows = max(1, (mib << 20) // (cols * dt.itemsize))
+        w = torch.randn(rows, cols, device=device).to(dt)
+        x = torch.randn(1, cols, device=device).to(dt)
+        t = best_time(lambda: F.linear(x, w), repeats, device)
+        out[name] = w.numel() * dt.itemsize / t / 1e9
+    return out
+
+
+def expert_rates(device: str, dtype: str, models: list[str], tokens: tuple[int, ...], repeats: int) -> dict[str, float]:
+    """The engine's expert FFN on real expert shapes: GFLOP/s per (model, tokens), and the
+    weight-read GB/s at one token ({"qwen3-30b-a3b@1:GB/s": ...})."""
+    dt = TORCH_DTYPES[dtype]
+    out = {}
+    for m in models:
+        D, I = EXPERT_SHAPES[m]
+        packed = (torch.randn(3 * I * D, device=device) * 0.02).to(dt)
+        for n in tokens:
+            x = torch.randn(n, D, device=device).to(dt)
+            t = best_time(lambda: expert_ffn(x, packed, D, I, "silu"), repeats, device)
+            out[f"{m}@{n}:GFLOP/s"] = 2 * n * 3 * D * I / t / 1e9
+            if n == 1:
+                out[f"{m}@1:GB/s"] = packed.numel() * dt.itemsize / t / 1e9
+    return out
+
+
+def ram_bandwidth(mib: int, repeats: int) -> float:
+    """Host RAM GB/s of a large tensor copy, counting read + write (2N per N copied)."""
+    x = torch.empty((mib << 20) // 4, dtype=torch.float32).fill_(1.0)
+    y = torch.empty_like(x)
+    t = best_time(lambda: y.copy_(x), repeats)
+    return 2 * x.numel() * 4 / t / 1e9
+
+
+def emulated_link(nbytes: int, repeats: int) -> dict[str, float]:
+    """The emulated device's "link": the engine's worker-thread memcpy (h2d) and main-thread
+    copy to host (d2h) of an `nbytes` buffer, GB/s counting N per copy."""
+    dev = Device("cpu")
+    src = torch.empty(nbytes // 4, dtype=torch.float32).fill_(1.0)
+    dst = torch.empty_like(src)
+
+    def h2d() -> None:
+        dev.wait(dev.copy_h2d(dst, src))
+    out = {"h2d": nbytes / best_time(h2d, repeats) / 1e9,
+           "d2h": nbytes / best_time(lambda: dev.to_host(src), repeats) / 1e9}
+    dev.synchronize()
+    return out
+
+
+def cuda_links(nbytes: int, repeats: int) -> dict[str, float]:
+    """CUDA host<->device GB/s through torch, pinned and pageable, timed with CUDA events."""
+    out: dict[str, float] = {}
+    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    for pinned in (True, False):
+        host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
+        tag = "pinned" if pinned else "pageable"
+        for direction, fn in (("h2d", lambda: dev.copy_(host, non_blocking=pinned)),
+                              ("d2h", lambda: host.copy_(dev, non_blocking=pinned))):
+            best = float("inf")
+            fn()
+            for _ in range(repeats):
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                fn()
+                e.record()
+                e.synchronize()
+                best = min(best, s.elapsed_time(e) / 1e3)
+            out[f"{direction}_{tag}"] = nbytes / best / 1e9
+    return out
+
+
+def cupy_links(nbytes: int, repeats: int) -> dict[str, float] | None:
+    """The same pinned copies through CuPy (an independent path), or None without CuPy."""
+    try:
+        import cupy as cp
+        import numpy as np
+    except ImportError:
+        return None
+    mem = cp.cuda.alloc_pinned_memory(nbytes)
+    host = np.frombuffer(mem, dtype=np.uint8, count=nbytes)
+    dev = cp.empty(nbytes, dtype=cp.uint8)
+    out = {}
+    for direction, fn in (("h2d", lambda: dev.set(host)), ("d2h", lambda: dev.get(out=host))):
+        best = float("inf")
+        fn()
+        for _ in range(repeats):
+            s, e = cp.cuda.Event(), cp.cuda.Event()
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            best = min(best, cp.cuda.get_elapsed_time(s, e) / 1e3)
+        out[f"{direction}_pinned"] = nbytes / best / 1e9
+    return out
+
+
+def device_copy_bandwidth(mib: int, repeats: int) -> float:
+    """CUDA device-memory GB/s of a device-to-device copy (read + write)."""
+    x = torch.empty((mib << 20) // 4, dtype=torch.float32, device="cuda").fill_(1.0)
+    y = torch.empty_like(x)
+    return 2 * x.numel() * 4 / best_time(lambda: y.copy_(x), repeats, "cuda") / 1e9
+
+
+# --- the profile --------------------------------------------------------------------------------
+def measure(device: str = "auto", dtype: str = "float32", quick: bool = False, name: str = "measured",
+            fit: bool = True) -> tuple[HardwareProfile, dict[str, Any]]:
+    """Run every benchmark (and the overhead fit); return the profile and the raw figures."""
+    from harness.costmodel.fit import fit_overheads, run_probes
+
+    kind = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    reps = 3 if quick else 10
+    raw: dict[str, Any] = {"torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+                           "cpu": platform.processor() or platform.machine()}
+    dtypes = ["float32", "bfloat16"]
+    raw["cpu_gemm_gflops"] = gemm_rates("cpu", dtypes, (512, 1024) if quick else (256, 512, 1024, 2048), reps)
+    raw["cpu_gemv_gbps"] = gemv_rates("cpu", dtypes, 64 if quick else 256, reps)
+    raw["cpu_expert"] = expert_rates("cpu", dtype, ["qwen3-30b-a3b"] if quick else ["qwen3-30b-a3b", "olmoe-1b-7b"],
+                                     (1, 64, 512), reps)
+    raw["cpu_ram_gbps"] = ram_bandwidth(64 if quick else 512, reps)
+    cpu_rate = _best(raw["cpu_gemm_gflops"], dtype)
+    D, I = EXPERT_SHAPES[LINK_EXPERT]
+    link_bytes = 3 * D * I * TORCH_DTYPES[dtype].itemsize
+    tiny = preset("tiny-mixtral").expert_params * TORCH_DTYPES[dtype].itemsize
+    if kind == "cuda":
+        raw["gpu_gemm_gflops"] = gemm_rates("cuda", dtypes + ["float16"], (2048, 4096) if quick else (1024, 4096, 8192), reps)
+        raw["gpu_mem_gbps"] = device_copy_bandwidth(256 if quick else 1024, reps)
+        raw["cuda_links"] = cuda_links(link_bytes if quick else 256 << 20, reps)
+        raw["cupy_links"] = cupy_links(link_bytes if quick else 256 << 20, reps)
+        props = torch.cuda.get_device_properties(0)
+        profile = HardwareProfile(
+            name=name, source="measured", link=_pcie_link() or "PCIe (generation/width unknown: no NVML)",
+            h2d_gbps=round(raw["cuda_links"]["h2d_pinned"], 2), d2h_gbps=round(raw["cuda_links"]["d2h_pinned"], 2),
+            device_tflops=round(_best(raw["gpu_gemm_gflops"], dtype) / 1e3, 3),
+            device_mem_gbps=round(raw["gpu_mem_gbps"], 1), device_memory_gib=round(props.total_memory / 2**30, 2),
+            cpu_gflops=round(cpu_rate, 1), cpu_mem_gbps=round(raw["cpu_ram_gbps"], 2), dtype=dtype,
+            notes=_notes(raw, kind, dtype, torch.cuda.get_device_name(0)))
+    else:
+        raw["emulated_link_gbps"] = emulated_link(link_bytes, reps * 3)
+        raw["emulated_link_tiny_gbps"] = emulated_link(tiny, reps * 10)
+        profile = HardwareProfile(
+            name=name, source="measured", link="emulated (memcpy on the engine's copy worker thread)",
+            h2d_gbps=round(raw["emulated_link_gbps"]["h2d"], 2), d2h_gbps=round(raw["emulated_link_gbps"]["d2h"], 2),
+            device_tflops=round(cpu_rate / 1e3, 4), device_mem_gbps=round(raw["cpu_ram_gbps"], 2),
+            device_memory_gib=None, cpu_gflops=round(cpu_rate, 1), cpu_mem_gbps=round(raw["cpu_ram_gbps"], 2),
+            dtype=dtype, notes=_notes(raw, kind, dtype, "cpu (emulated device)"))
+    if fit:
+        probes = run_probes(kind, dtype, quick)
+        overheads, report = fit_overheads(probes, profile, dtype)
+        raw["fit"] = report
+        profile = profile.replace(overheads=overheads)
+    return profile, raw
+
+
+def _best(rates: dict[str, float], dtype: str) -> float:
+    vals = [v for k, v in rates.items() if k.startswith(dtype + "@")]
+    if not vals:
+        raise RuntimeError(f"no GEMM rate measured for dtype {dtype!r} (measured: {sorted(rates)})")
+    return max(vals)
+
+
+def _pcie_link() -> str | None:
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        gen, width = pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h), pynvml.nvmlDeviceGetCurrPcieLinkWidth(h)
+        return f"PCIe {gen}.0 x{width} (NVML, current)"
+    except Exception:  # noqa: BLE001 -- NVML is optional; any failure means "unknown"
+        return None
+
+
+def _fmt(d: dict[str, float] | None) -> str:
+    return "n/a" if not d else ", ".join(f"{k} {v:.1f}" for k, v in d.items())
+
+
+def _notes(raw: dict[str, Any], kind: str, dtype: str, device_name: str) -> str:
+    parts = [f"Measured by `moebench calibrate` on {raw['cpu']} ({device_name}), torch {raw['torch']}, "
+             f"{raw['torch_threads']} torch threads; figures are for {dtype}.",
+             f"CPU GEMM GFLOP/s: {_fmt(raw['cpu_gemm_gflops'])}; CPU GEMV weight-read GB/s: {_fmt(raw['cpu_gemv_gbps'])}; "
+             f"engine expert FFN ({dtype}): {_fmt(raw['cpu_expert'])}; RAM copy {raw['cpu_ram_gbps']:.1f} GB/s (read+write)."]
+    if kind == "cuda":
+        parts.append(f"GPU GEMM GFLOP/s: {_fmt(raw['gpu_gemm_gflops'])}; device copy {raw['gpu_mem_gbps']:.0f} GB/s "
+                     f"(read+write); torch links GB/s: {_fmt(raw['cuda_links'])}; CuPy links GB/s: "
+                     f"{_fmt(raw['cupy_links'])}. h2d/d2h = torch pinned (the engine's host store is pinned).")
+    else:
+        parts.append("EMULATED device: no GPU; device_tflops/device_mem_gbps are this CPU's own, and h2d/d2h are "
+                     f"memcpy rates of a {LINK_EXPERT}-sized expert ({dtype}) -- h2d on the engine's copy worker "
+                     f"thread, d2h a main-thread copy -- not a bus: {_fmt(raw['emulated_link_gbps'])}; "
+                     f"tiny-mixtral expert size: {_fmt(raw['emulated_link_tiny_gbps'])}. device_memory_gib is null "
+                     "(the emulated device has no memory of its own).")
+    parts.append("Software overheads fitted on engine probes are in the .overheads.json beside this file.")
+    return " ".join(parts)
+
+
+# --- command line --------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    """`moebench calibrate [--out PATH] [--quick] [--name NAME] [--dtype D] [--device D] [--no-fit]`."""
+    ap = argparse.ArgumentParser(prog="moebench calibrate", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=None, help="profile yaml to write (default: conf/hardware/<name>.yaml)")
+    ap.add_argument("--name", default=None, help="profile name (default: the --out file's stem, else 'measured')")
+    ap.add_argument("--quick", action="store_true", help="fewer sizes and repeats (~10 s; for tests and CI)")
+    ap.add_argument("--dtype", default="float32", choices=sorted(TORCH_DTYPES), help="dtype of the profile's figures")
+    ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    ap.add_argument("--no-fit", action="store_true", help="skip the engine probes and the overhead fit")
+    args = ap.parse_args(argv)
+    name = args.name or (Path(args.out).stem if args.out else "measured")
+    out = Path(args.out) if args.out else PROFILE_DIR / f"{name}.yaml"
+    t0 = time.perf_counter()
+    profile, raw = measure(args.device, args.dtype, args.quick, name, fit=not args.no_fit)
+    path = save_profile(profile, out)
+    print(f"profile {profile.name!r} ({'emulated device' if profile.emulated else profile.link}) written to {path}"
+          f" in {time.perf_counter() - t0:.1f} s")
+    for key in ("h2d_gbps", "d2h_gbps", "device_tflops", "device_mem_gbps", "cpu_gflops", "cpu_mem_gbps"):
+        print(f"  {key:<16} {getattr(profile, key)}")
+    if not args.no_fit:
+        o = profile.overheads
+        print("  overheads (us): " + ", ".join(f"{k} {v * 1e6:.3g}" for k, v in o.as_dict().items()))
+        print(f"  fit: median |rel err| {o.info['fit_median_abs_rel_err']:.1%}, max {o.info['fit_max_abs_rel_err']:.1%} "
+              f"over {o.info['probes']} probes")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,252 @@
+"""Fitting the software overheads: time the real engine on small configurations, subtract what
+the bytes/FLOPs model explains, and solve for the fixed cost of each event.
+
+Owns: the calibration probes (engine runs whose work is read back exactly: experts invoked
+per pass from `step_log`, hits/misses from the engine's counters), and the non-negative,
+relative-error least-squares fit of `Overheads` over them. Does not own: micro-benchmarks
+and the profile file (harness.costmodel.calibrate), the time model (harness.costmodel.predict).
+
+    meas = run_probes(profile, device="cpu", quick=True)   # list[Probe]
+    overheads, report = fit_overheads(meas, profile)
+
+Why a fit: on a tiny model a decode step is ~1 ms of Python dispatch and ~10 us of
+arithmetic, so the hardware terms alone would be off by ~100x. The probes deliberately use
+shapes *other* than the default `tiny-mixtral` (4 layers, top-2): 2 or 6 layers, top-1 or
+top-4, so a validation sweep on the default model tests the fit out of sample.
+"""
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine import Engine
+from engine.config import ModelConfig
+from harness.costmodel.predict import DTYPE_BYTES, phase_events, physical_terms
+from harness.costmodel.profiles import HardwareProfile, Overheads
+from harness.costmodel.work import EVENTS, PassWork, PhaseWork, PlacementSpec
+from harness.measure import sync
+
+log = logging.getLogger(__name__)
+PRESET = "tiny-mixtral"
+
+
+@dataclass
+class Probe:
+    """One timed piece of engine work and exactly what it did."""
+
+    label: str
+    cfg: ModelConfig
+    placement: PlacementSpec
+    work: PhaseWork
+    time_s: float          # median over repeats
+    samples: list[float]
+
+
+# --- probes ---------------------------------------------------------------------------------
+def _engine(layers: int, top_k: int, placement: PlacementSpec, device: str, dtype: str) -> Engine:
+    opts = {}
+    if placement.name == "hybrid":
+        opts["n_cpu_layers"] = placement.n_cpu_layers
+    if placement.name == "stream":
+        opts.update(stream_threshold=placement.stream_threshold, stream_fallback=placement.stream_fallback,
+                    stream_buffers=placement.stream_buffers)
+    eng = Engine.from_pretrained(PRESET, placement=placement.name, cache_capacity=placement.capacity,
+                                 cache_policy=placement.policy, device=device, dtype=dtype, max_context=4096,
+                                 model_overrides={"num_layers": layers, "moe_layers": tuple(range(layers)),
+                                                  "top_k": top_k}, **opts)
+    eng.model.step_log = {}
+    return eng
+
+
+def _prompt(n: int, vocab: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n,), generator=g).tolist()]
+
+
+def _observe(eng: Engine, phase: str, run: Callable[[], list[tuple[int, int]]], kind: str) -> tuple[float, PhaseWork]:
+    """Time `run` (which returns the (T, past) of each pass it made) and read back its work."""
+    cfg = eng.cfg
+    before = eng.counters_by_layer
+    eng.model.step_log.clear()
+    sync(kind)
+    t0 = time.perf_counter()
+    shapes = run()
+    sync(kind)
+    elapsed = time.perf_counter() - t0
+    after = eng.counters_by_layer
+    layers = list(cfg.moe_layers)
+    log_ = eng.model.step_log
+    n_pass = len(shapes)
+    delta = {m: np.array([after[l][m] - before[l][m] for l in layers], dtype=np.float64)
+             for m in ("expert_hits", "expert_misses", "h2d_bytes")}
+    placement = eng.placement
+    on_cpu = np.array([eng.options["placement"] in ("cpu", "hybrid") and not placement.expert_on_device(l)
+                       for l in layers])
+    passes = []
+    for i, (T, past) in enumerate(shapes):
+        unique = np.array([len(log_[l][i]) for l in layers], dtype=np.float64)
+        streaming = eng.options["placement"] == "stream" and T > eng.options.get("stream_threshold", 64)
+        passes.append(PassWork(phase, 1, T, past, unique, delta["expert_hits"] / n_pass, delta["expert_misses"] / n_pass,
+                               unique.copy() if streaming else np.zeros(len(layers)), on_cpu.copy()))
+    tokens = sum(T for T, _ in shapes)
+    return elapsed, PhaseWork(phase, passes, tokens, 0)
+
+
+def _prefill(eng: Engine, T: int, seed: int) -> Callable[[], list[tuple[int, int]]]:
+    prompt = _prompt(T, eng.cfg.vocab_size, seed)
+
+    def run() -> list[tuple[int, int]]:
+        sess = eng.new_session(1)
+        eng.prefill(sess, prompt).argmax(-1).tolist()
+        sess.close()
+        return [(min(eng.ubatch, T - s), s) for s in range(0, T, eng.ubatch)]
+    return run
+
+
+def _measure(label: str, eng: Engine, placement: PlacementSpec, phase: str, repeats: int, kind: str,
+             make: Callable[[], Callable[[], list[tuple[int, int]]]], before: Callable[[], None] | None = None) -> Probe:
+    samples, work = [], None
+    for _ in range(repeats + 1):                               # first: warm-up, dropped
+        eng.reset()
+        if before is not None:
+            before()
+        t, work = _observe(eng, phase, make(), kind)
+        samples.append(t)
+    samples = samples[1:]
+    return Probe(label, eng.cfg, placement, work, statistics.median(samples), samples)
+
+
+def _decode_probe(label: str, eng: Engine, placement: PlacementSpec, past: int, steps: int, repeats: int,
+                  kind: str) -> Probe:
+    state: dict = {}
+
+    def before() -> None:                                      # untimed: the context the steps decode on
+        sess = eng.new_session(1)
+        state["tok"] = eng.prefill(sess, _prompt(past, eng.cfg.vocab_size, 7)).argmax(-1).tolist()
+        state["sess"] = sess
+
+    def make() -> Callable[[], list[tuple[int, int]]]:
+        def run() -> list[tuple[int, int]]:
+            sess, tok = state["sess"], state["tok"]
+            for _ in range(steps):
+                tok = eng.decode_step(sess, tok).argmax(-1).tolist()
+            sess.close()
+            return [(1, past + i) for i in range(steps)]
+        return run
+    return _measure(label, eng, placement, "decode", repeats, kind, make, before)
+
+
+def _restore_probe(label: str, eng: Engine, placement: PlacementSpec, tokens: int, repeats: int, kind: str) -> Probe:
+    samples = []
+    for _ in range(repeats + 1):
+        sess = eng.new_session(1)
+        eng.prefill(sess, _prompt(tokens, eng.cfg.vocab_size, 3))
+        sess.offload()
+        sync(kind)
+        t0 = time.perf_counter()
+        sess.restore()
+        sync(kind)
+        samples.append(time.perf_counter() - t0)
+        sess.close()
+    samples = samples[1:]
+    work = PhaseWork("prefill_restored", [], 0, tokens, restore_tokens=tokens)
+    return Probe(label, eng.cfg, placement, work, statistics.median(samples), samples)
+
+
+def run_probes(device: str = "cpu", dtype: str = "float32", quick: bool = False) -> list[Probe]:
+    """Time the engine on the calibration configurations (module docstring)."""
+    kind = "cuda" if device == "cuda" else "cpu"
+    reps = 3 if quick else 7
+    steps = 6 if quick else 16
+    prefills = (48, 320) if quick else (32, 128, 320, 480)
+    probes: list[Probe] = []
+    resident = PlacementSpec("resident")
+    for L, k in ((2, 1), (2, 4), (6, 1), (6, 4)):
+        eng = _engine(L, k, resident, device, dtype)
+        for T in prefills:
+            probes.append(_measure(f"resident L{L} k{k} prefill {T}", eng, resident, "prefill_fresh", reps, kind,
+                                   lambda T=T: _prefill(eng, T, 11)))
+        probes.append(_decode_probe(f"resident L{L} k{k} decode", eng, resident, 96, steps, reps, kind))
+        if (L, k) == (6, 1):
+            for S in ((256, 2048) if quick else (256, 1024, 3072)):
+                probes.append(_restore_probe(f"restore L{L} {S}", eng, resident, S, reps, kind))
+        eng.close()
+    for L, k, cap in ((2, 2, 2), (6, 1, 8), (6, 4, 4)):
+        fetch = PlacementSpec("fetch", capacity=cap)
+        eng = _engine(L, k, fetch, device, dtype)
+        probes.append(_decode_probe(f"fetch L{L} k{k} c{cap} decode", eng, fetch, 64, steps, reps, kind))
+        probes.append(_measure(f"fetch L{L} k{k} c{cap} prefill 128", eng, fetch, "prefill_fresh", reps, kind,
+                               lambda: _prefill(eng, 128, 13)))
+        eng.close()
+    for L, k in ((2, 2), (6, 1)):
+        cpu = PlacementSpec("cpu")
+        eng = _engine(L, k, cpu, device, dtype)
+        probes.append(_decode_probe(f"cpu L{L} k{k} decode", eng, cpu, 64, steps, reps, kind))
+        probes.append(_measure(f"cpu L{L} k{k} prefill 128", eng, cpu, "prefill_fresh", reps, kind,
+                               lambda: _prefill(eng, 128, 17)))
+        eng.close()
+    for L, k in ((2, 1), (6, 4)):
+        stream = PlacementSpec("stream", capacity=k)
+        eng = _engine(L, k, stream, device, dtype)
+        probes.append(_measure(f"stream L{L} k{k} prefill 256", eng, stream, "prefill_fresh", reps, kind,
+                               lambda: _prefill(eng, 256, 19)))
+        eng.close()
+    return probes
+
+
+# --- the fit ------------------------------------------------------------------------------------
+def fit_overheads(probes: list[Probe], profile: HardwareProfile, dtype: str = "float32") -> tuple[Overheads, list[dict]]:
+    """Non-negative least squares on relative error: for each probe,
+    (measured - physical) / measured = sum_e cost_e * events_e / measured. Returns the
+    overheads and, per probe, measured vs fitted time (the fit's own residuals)."""
+    dt = DTYPE_BYTES[dtype]
+    X, y, phys = [], [], []
+    for p in probes:
+        terms = physical_terms(p.cfg, p.work, profile, dt, p.placement, "auto")
+        ev = phase_events(p.cfg, p.work)
+        X.append([ev[e] for e in EVENTS])
+        y.append(p.time_s)
+        phys.append(terms["physical_s"])
+    A = np.asarray(X) / np.asarray(y)[:, None]
+    b = (np.asarray(y) - np.asarray(phys)) / np.asarray(y)
+    scale = np.where(A.max(axis=0) > 0, A.max(axis=0), 1.0)        # columns to O(1) for conditioning
+    coef = nnls(A / scale, b) / scale
+    fitted = np.asarray(phys) + np.asarray(X) @ coef
+    report = [{"probe": p.label, "measured_s": p.time_s, "physical_s": ph, "fitted_s": f,
+               "rel_err": (f - p.time_s) / p.time_s} for p, ph, f in zip(probes, phys, fitted)]
+    errs = np.abs([r["rel_err"] for r in report])
+    info = {"probes": len(probes), "fit_median_abs_rel_err": float(np.median(errs)),
+            "fit_max_abs_rel_err": float(errs.max()), "torch_threads": torch.get_num_threads(),
+            "fitted_on": f"{PRESET} variants (2/6 layers, top-1/2/4); see harness/costmodel/fit.py"}
+    return Overheads(**{e: float(c) for e, c in zip(EVENTS, coef)}, info=info), report
+
+
+def nnls(A: np.ndarray, b: np.ndarray, iters: int = 200) -> np.ndarray:
+    """min ||Ax - b|| subject to x >= 0 (Lawson-Hanson active set; small problems only)."""
+    n = A.shape[1]
+    x = np.zeros(n)
+    passive = np.zeros(n, dtype=bool)
+    w = A.T @ (b - A @ x)
+    for _ in range(iters):
+        if passive.all() or w[~passive].max(initial=-np.inf) <= 1e-12:
+            break
+        j = int(np.argmax(np.where(passive, -np.inf, w)))
+        passive[j] = True
+        while True:
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(A[:, passive], b, rcond=None)[0]
+            if (z[passive] > 0).all():
+                x = z
+                break
+            neg = passive & (z <= 0)
+            alpha = np.min(x[neg] / (x[neg] - z[neg]))
+            x = x + alpha * (z - x)
+            passive &= x > 1e-15
+        w = A.T @ (b - A @ x)
+    return x

@@ -1,0 +1,282 @@
+"""Predicted time per phase from bytes and FLOPs: a hardware profile applied to a scenario's work.
+
+Owns: the time model -- a roofline per piece of work (max of FLOPs/rate and bytes/bandwidth,
+on the device or the CPU), copies at link speed with an overlap rule, plus the fitted
+software overheads times their event counts -- and turning it into tidy rows with
+`source="model"` (harness.results.make_rows, the same schema as measured rows).
+Does not own: the work itself (harness.costmodel.work), profiles, calibration, validation.
+
+    from harness.costmodel import predict, WorkloadShape
+    p = predict("mixtral-8x7b", "fetch", WorkloadShape(4096, gen_tokens=64), "rtx4090-pcie4-x16",
+                capacity=4, dtype="bfloat16")
+    p.phases["decode"].tok_per_s, p.phases["decode"].exposed_copy_s
+    rows = p.rows(workload="chat")              # tidy, source="model"
+
+Per forward pass (all terms in seconds):
+
+    compute  = roof(dense) + roof(attention) + sum_layers roof(experts on device)      [device rates]
+             + sum_layers roof(experts on CPU)                                          [CPU rates]
+    copies   = misses * expert_bytes / h2d  +  activations (cpu/hybrid) / d2h, h2d  +  streamed experts / h2d
+    exposed  = the part of `copies` not hidden under compute (overlap rule below)
+    overhead = sum over events (pass, layer, expert, row, score, lookup, miss, cpu layer) of count * fitted cost
+    time     = compute + exposed + overhead;     prefill_restored adds kv_bytes / h2d + restore overhead
+
+roof(flops, bytes) = max(flops / FLOP rate, bytes / memory bandwidth). Attention counts the
+full T x S score rectangle the engine's SDPA call computes (mask applied, nothing skipped).
+
+Overlap (`overlap=`): "auto" follows the engine -- fetch copies on demand and waits at once
+(nothing hidden: measured overlap_frac is 0), cpu/hybrid wait for their activations, stream
+pipelines copy i+1 under compute i per layer (with >= 2 buffers); "none" exposes every copy;
+"full" hides copies under the pass's compute (exposed = max(0, copies - compute): the bound
+a perfect prefetcher reaches); a float f in [0, 1] exposes (1 - f) of every copy (e.g. a
+measured overlap_frac).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from engine.config import ModelConfig, preset
+from harness import results
+from harness.costmodel.profiles import HardwareProfile, Overheads, load_profile
+from harness.costmodel.work import (EVENTS, PhaseWork, PlacementSpec, Routing, WorkloadShape, apply_counts,
+                                    expert_bytes, kv_bytes, pass_events, pass_flops, scenario_work)
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+OVERLAP_MODES = ("auto", "none", "full")
+Overlap = str | float
+
+
+@dataclass
+class PhaseEstimate:
+    """The prediction for one phase; metric names follow DESIGN.md §5."""
+
+    phase: str
+    tokens: int
+    reused_tokens: int
+    time_s: float
+    compute_s: float            # roofline compute, device + CPU
+    copy_busy_s: float          # every host<->device copy at link speed (incl. KV restore)
+    exposed_copy_s: float       # the part of copy_busy_s not hidden under compute
+    overhead_s: float           # fitted software overheads
+    restore_s: float | None     # KV restore (prefill_restored)
+    h2d_bytes: float
+    d2h_bytes: float
+    expert_hits: float
+    expert_misses: float
+    expert_bytes: int
+    steps: int                  # forward passes
+    events: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def tok_per_s(self) -> float | None:
+        return self.tokens / self.time_s if self.time_s > 0 else None
+
+    def metrics(self) -> dict[str, float | None]:
+        lookups = self.expert_hits + self.expert_misses
+        m: dict[str, float | None] = {
+            "time_s": self.time_s, "tokens": float(self.tokens), "tok_per_s": self.tok_per_s,
+            "h2d_bytes": self.h2d_bytes, "d2h_bytes": self.d2h_bytes,
+            "expert_hits": self.expert_hits, "expert_misses": self.expert_misses,
+            "expert_hit_bytes": self.expert_hits * self.expert_bytes,
+            "expert_miss_bytes": self.expert_misses * self.expert_bytes,
+            "hit_rate": self.expert_hits / lookups if lookups else None,
+            "byte_hit_rate": self.expert_hits / lookups if lookups else None,
+            "copy_busy_s": self.copy_busy_s, "exposed_copy_s": self.exposed_copy_s,
+            "compute_s": self.compute_s, "overhead_s": self.overhead_s}
+        if self.phase == "decode":
+            m["tpot_s_p50"] = self.time_s / self.steps if self.steps else None
+        else:
+            m["ttft_s"] = self.time_s
+            m["reused_tokens"] = float(self.reused_tokens)
+        if self.phase == "prefill_restored":
+            m["restore_s"] = self.restore_s
+        return m
+
+
+EXTRA_UNITS = {"compute_s": "s", "overhead_s": "s"}
+
+
+@dataclass
+class Prediction:
+    model: str
+    cfg: ModelConfig
+    placement: PlacementSpec
+    shape: WorkloadShape
+    profile: HardwareProfile
+    dtype: str
+    routing: str                 # label: synthetic-uniform | trace:... | measured
+    overlap: Overlap
+    phases: dict[str, PhaseEstimate]
+
+    def factors(self, workload: str = "shape") -> dict[str, Any]:
+        pl, sh = self.placement, self.shape
+        return {"engine": "moebench", "model": self.model, "placement": pl.name,
+                "cache_capacity": str(pl.capacity) if pl.uses_cache else None,
+                "cache_policy": pl.policy if pl.uses_cache else None, "prefetch": "none", "workload": workload,
+                "context_tokens": sh.context_tokens, "gen_tokens": sh.gen_tokens, "batch": sh.batch,
+                "dtype": self.dtype}
+
+    def rows(self, sweep_id: str | None = None, job_id: str | None = None, workload: str = "shape",
+             extra: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Tidy rows (harness.results schema) with source="model", one repeat (null)."""
+        hw = self.profile
+        factors = self.factors(workload)
+        device = {"device_kind": hw.device_kind, "device_name": f"{hw.name} (profile)", "emulated": hw.emulated}
+        job_id = job_id or ":".join(str(factors[k]) for k in ("model", "placement", "cache_capacity", "context_tokens",
+                                                                "gen_tokens", "batch"))
+        cols = {"profiler": "none", "hardware_profile": hw.name, "profile_source": hw.source,
+                "routing": self.routing, "overlap": str(self.overlap), "ubatch": self.shape.ubatch,
+                "resolved_capacity": self.placement.capacity, **(extra or {})}
+        out: list[dict[str, Any]] = []
+        for ph in self.phases.values():
+            out += results.make_rows(factors, device, sweep_id or f"model-{hw.name}", job_id, None, ph.phase,
+                                     ph.metrics(), "model", units=EXTRA_UNITS, extra=cols)
+        return out
+
+    def table(self, **kw: Any) -> pd.DataFrame:
+        return pd.DataFrame(self.rows(**kw))
+
+
+# --- the model ----------------------------------------------------------------------------------
+def predict(model: str | ModelConfig, placement: str | PlacementSpec, shape: WorkloadShape,
+            profile: str | HardwareProfile, *, capacity: int | None = None, policy: str = "lru",
+            placement_options: Mapping[str, Any] | None = None, dtype: str = "float32",
+            routing: Routing | None = None, counts: Mapping[str, Mapping[str, float]] | None = None,
+            overlap: Overlap = "auto", overheads: Overheads | None = None) -> Prediction:
+    """Predict every phase of the scenario for `model` under `placement` on `profile`.
+
+    counts: measured totals per phase ({"decode": {"expert_hits": .., "expert_misses": ..,
+    "streamed": ..}}) that replace the simulated cache traffic; otherwise `routing` (default:
+    uniform synthetic) is replayed through the placement's cache policy. overheads: default
+    the profile's (zero for datasheet profiles)."""
+    cfg = preset(model) if isinstance(model, str) else model
+    name = model if isinstance(model, str) else (cfg.name or "model")
+    spec = placement if isinstance(placement, PlacementSpec) else \
+        PlacementSpec.from_options(placement, capacity, policy, placement_options)
+    hw = load_profile(profile) if not isinstance(profile, HardwareProfile) else profile
+    dt = _dtype_bytes(dtype)
+    _check_overlap(overlap)
+    _require(hw, spec)
+    work = scenario_work(cfg, spec, shape, routing)
+    label = (routing or Routing.synthetic()).label
+    if counts:
+        label = "measured"
+        for phase, c in counts.items():
+            if phase in work:
+                apply_counts(work[phase], c.get("expert_hits"), c.get("expert_misses"), c.get("streamed"))
+    ovh = overheads if overheads is not None else hw.overheads
+    phases = {ph: estimate_phase(cfg, w, hw, dt, spec, overlap, ovh) for ph, w in work.items()}
+    return Prediction(name, cfg, spec, shape, hw, dtype, label, overlap, phases)
+
+
+def estimate_phase(cfg: ModelConfig, work: PhaseWork, hw: HardwareProfile, dtype_bytes: int,
+                   placement: PlacementSpec, overlap: Overlap, overheads: Overheads) -> PhaseEstimate:
+    """Sum the time model over a phase's passes (the module docstring's formula)."""
+    terms = physical_terms(cfg, work, hw, dtype_bytes, placement, overlap)
+    events = phase_events(cfg, work)
+    cost = overheads.as_dict()
+    overhead = sum(cost[e] * n for e, n in events.items())
+    restore = None
+    if work.restore_tokens:
+        restore = terms["restore_copy_s"] + cost["restore_s"]
+    eb = expert_bytes(cfg, dtype_bytes)
+    return PhaseEstimate(
+        phase=work.phase, tokens=work.tokens, reused_tokens=work.reused_tokens,
+        time_s=terms["physical_s"] + overhead, compute_s=terms["compute_s"], copy_busy_s=terms["copy_busy_s"],
+        exposed_copy_s=terms["exposed_copy_s"], overhead_s=overhead, restore_s=restore,
+        h2d_bytes=terms["h2d_bytes"], d2h_bytes=terms["d2h_bytes"], expert_hits=work.total("hits"),
+        expert_misses=work.total("misses"), expert_bytes=eb, steps=len(work.passes), events=events)
+
+
+def phase_events(cfg: ModelConfig, work: PhaseWork) -> dict[str, float]:
+    """Overhead event counts of a phase (what calibration regresses on)."""
+    events = dict.fromkeys(EVENTS, 0.0)
+    for p in work.passes:
+        for e, n in pass_events(cfg, p).items():
+            events[e] += n
+    events["restore_s"] = 1.0 if work.restore_tokens else 0.0
+    return events
+
+
+def physical_terms(cfg: ModelConfig, work: PhaseWork, hw: HardwareProfile, dtype_bytes: int,
+                   placement: PlacementSpec, overlap: Overlap) -> dict[str, float]:
+    """Compute, copy and exposed-copy seconds and bytes moved of a phase, overheads excluded."""
+    dev_rate, dev_bw = _rate(hw.device_tflops, 1e12), _rate(hw.device_mem_gbps, 1e9)
+    cpu_rate, cpu_bw = _rate(hw.cpu_gflops, 1e9), _rate(hw.cpu_mem_gbps, 1e9)
+    h2d, d2h = _rate(hw.h2d_gbps, 1e9), _rate(hw.d2h_gbps, 1e9)
+    compute = copy_busy = exposed = h2d_bytes = d2h_bytes = 0.0
+    for p in work.passes:
+        f = pass_flops(cfg, p, dtype_bytes)
+        dev_experts = np.maximum(f.dev_expert_flops / dev_rate, f.dev_expert_bytes / dev_bw)    # [M]
+        cpu_experts = np.maximum(f.cpu_expert_flops / cpu_rate, f.cpu_expert_bytes / cpu_bw)    # [M]
+        comp = (max(f.dense_flops / dev_rate, f.dense_bytes / dev_bw) + max(f.attn_flops / dev_rate, f.attn_bytes / dev_bw)
+                + dev_experts.sum() + cpu_experts.sum())
+        demand = f.miss_bytes / h2d + f.act_d2h_bytes / d2h + f.act_h2d_bytes / h2d
+        stream = f.stream_bytes / h2d                                                            # [M]
+        copies = demand + stream.sum()
+        if overlap == "auto":
+            exp = demand + _stream_exposed(stream, dev_experts, p.streamed, placement.stream_buffers)
+        elif overlap == "none":
+            exp = copies
+        elif overlap == "full":
+            exp = max(0.0, copies - comp)
+        else:
+            exp = (1.0 - float(overlap)) * copies
+        compute += comp
+        copy_busy += copies
+        exposed += exp
+        h2d_bytes += f.miss_bytes + f.stream_bytes.sum() + f.act_h2d_bytes
+        d2h_bytes += f.act_d2h_bytes
+    restore_copy = 0.0
+    if work.restore_tokens:
+        kv = kv_bytes(cfg, work.restore_tokens, work.passes[0].batch if work.passes else 1, dtype_bytes)
+        restore_copy = kv / h2d
+        copy_busy += restore_copy
+        exposed += restore_copy          # the restore finishes before the turn's prefill starts
+        h2d_bytes += kv
+    return {"compute_s": compute, "copy_busy_s": copy_busy, "exposed_copy_s": exposed,
+            "physical_s": compute + exposed, "restore_copy_s": restore_copy, "h2d_bytes": h2d_bytes,
+            "d2h_bytes": d2h_bytes}
+
+
+def _stream_exposed(copy: np.ndarray, compute: np.ndarray, n: np.ndarray, buffers: int) -> float:
+    """Exposed copy time of streamed layers: with >= 2 buffers copy i+1 runs under compute i,
+    so a layer of n experts (copy c, compute e each) takes max(n*c + e, c + n*e)."""
+    if not copy.any():
+        return 0.0
+    if buffers < 2:
+        return float(copy.sum())
+    m = n > 0
+    c, e = copy[m] / n[m], compute[m] / n[m]
+    layer = np.maximum(copy[m] + e, c + compute[m])
+    return float((layer - compute[m]).sum())
+
+
+def _rate(value: float | None, unit: float) -> float:
+    return float("inf") if value is None else value * unit   # a figure not needed is never None (see _require)
+
+
+def _require(hw: HardwareProfile, spec: PlacementSpec) -> None:
+    why = f"placement={spec.name}"
+    hw.require("device_tflops", "device_mem_gbps", "h2d_gbps", why=why + " (h2d_gbps: KV restore)")
+    if spec.name in ("cpu", "hybrid") or (spec.name == "stream" and spec.stream_fallback == "cpu"):
+        hw.require("cpu_gflops", "cpu_mem_gbps", "d2h_gbps", why=why)
+
+
+def _dtype_bytes(dtype: str) -> int:
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"dtype: allowed {list(DTYPE_BYTES)}, got {dtype!r}")
+    return DTYPE_BYTES[dtype]
+
+
+def _check_overlap(overlap: Overlap) -> None:
+    if isinstance(overlap, str):
+        if overlap not in OVERLAP_MODES:
+            raise ValueError(f"overlap: allowed {list(OVERLAP_MODES)} or a fraction in [0, 1], got {overlap!r}")
+    elif isinstance(overlap, bool) or not isinstance(overlap, (int, float)) or not 0.0 <= overlap <= 1.0:
+        raise ValueError(f"overlap: allowed {list(OVERLAP_MODES)} or a fraction in [0, 1], got {overlap!r}")

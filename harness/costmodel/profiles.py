@@ -1,0 +1,233 @@
+"""Hardware profiles for the cost model: what a machine can do, read from conf/hardware/<name>.yaml.
+
+Owns: the `HardwareProfile` dataclass (the fields of `harness.config.HardwareConf`, the
+Hydra schema of the `hardware` group, plus the fitted software `Overheads` of a measured
+machine), loading a profile by name or path with errors that name the file, the field and
+the profiles available, listing profiles, and writing a profile back (`save_profile`).
+Does not own: measuring (harness.costmodel.calibrate) or predicting (harness.costmodel.predict).
+
+    from harness.costmodel import load_profile, list_profiles
+    list_profiles()                         # ['a100-pcie-40gb', ..., 'rtx5090-pcie5-x16']
+    hw = load_profile("rtx4090-pcie4-x8")   # or a path to any profile yaml
+    hw.h2d_gbps, hw.require("h2d_gbps", "device_tflops", why="fetch")
+
+A profile yaml holds exactly the HardwareConf keys, so it is also a Hydra option
+(`moebench hardware=rtx4090-pcie4-x8`); it describes hardware for prediction and keeps
+`device: auto` / `device_memory: null`, so choosing it does not change where a run executes.
+
+Software overheads (Python dispatch, kernel launches, copy hand-offs: the fixed costs per
+forward pass, layer, expert, lookup, ... that dominate a tiny model) are not hardware and
+not HardwareConf keys. Calibration fits them for the machine it measures and stores them
+beside the yaml as `<name>.overheads.json` (a JSON file, so Hydra never mistakes it for a
+group option). Datasheet profiles have none: predictions with them are the bytes/FLOPs
+bound of the hardware, with zero software overhead.
+
+Units: GB/s and GFLOP/s are decimal (1e9), TFLOP/s 1e12, device_memory_gib binary (2**30).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from harness.config import HardwareConf
+
+PROFILE_DIR = Path(__file__).resolve().parents[2] / "conf" / "hardware"
+OVERHEADS_SUFFIX = ".overheads.json"
+SOURCES = ("datasheet", "measured")
+CONF_FIELDS = tuple(f.name for f in dataclasses.fields(HardwareConf))
+NUMERIC_FIELDS = ("h2d_gbps", "d2h_gbps", "device_tflops", "device_mem_gbps", "device_memory_gib", "cpu_gflops",
+                  "cpu_mem_gbps")
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be found or read, or lacks a figure a computation needs."""
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """Fixed software costs in seconds per event, fitted by calibration (all zero = none).
+
+    Events (counted by harness.costmodel.work for every forward pass):
+      pass_s          one forward pass (embedding, rope, final norm, lm_head call, argmax sync)
+      layer_s         one decoder layer (attention-block ops, norms, router, the expert loop's setup)
+      expert_s        one expert invocation (token gather, expert FFN ops, scatter-add)
+      row_s           one token row through one layer (elementwise work on activations)
+      score_s         one materialised attention score (B*H*T*S of a pass; 0 where attention is fused)
+      lookup_s        one device-cache lookup (fetch bookkeeping and policy)
+      miss_s          one cache miss or streamed expert: issuing a copy and waiting for it, beyond bytes/link
+      cpu_layer_s     one MoE layer run on the CPU (cpu/hybrid: activation hand-off and return)
+      restore_s       one KV restore (prefill_restored), beyond bytes/link
+    """
+
+    pass_s: float = 0.0
+    layer_s: float = 0.0
+    expert_s: float = 0.0
+    row_s: float = 0.0
+    score_s: float = 0.0
+    lookup_s: float = 0.0
+    miss_s: float = 0.0
+    cpu_layer_s: float = 0.0
+    restore_s: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict, compare=False)   # how and where they were fitted
+
+    TERMS = ("pass_s", "layer_s", "expert_s", "row_s", "score_s", "lookup_s", "miss_s", "cpu_layer_s", "restore_s")
+
+    def as_dict(self) -> dict[str, float]:
+        return {t: float(getattr(self, t)) for t in self.TERMS}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], source: str = "overheads") -> "Overheads":
+        unknown = sorted(set(d) - set(cls.TERMS) - {"info"})
+        if unknown:
+            raise ProfileError(f"{source}: unknown overhead term(s) {unknown}; allowed: {list(cls.TERMS)}")
+        values = {}
+        for t in cls.TERMS:
+            v = d.get(t, 0.0)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ProfileError(f"{source}: overhead {t} must be a finite number >= 0 (seconds), got {v!r}")
+            values[t] = float(v)
+        return cls(**values, info=dict(d.get("info") or {}))
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """One machine's figures (HardwareConf's fields) and, when measured, its software overheads."""
+
+    name: str
+    source: str | None = None
+    link: str | None = None
+    h2d_gbps: float | None = None
+    d2h_gbps: float | None = None
+    device_tflops: float | None = None
+    device_mem_gbps: float | None = None
+    device_memory_gib: float | None = None
+    cpu_gflops: float | None = None
+    cpu_mem_gbps: float | None = None
+    dtype: str | None = None
+    notes: str | None = None
+    device: str = "auto"
+    device_memory: str | None = None
+    overheads: Overheads = field(default_factory=Overheads)
+    path: Path | None = field(default=None, compare=False)
+
+    @property
+    def emulated(self) -> bool:
+        """Whether the figures describe moebench's CPU-emulated device (calibration writes
+        `link: emulated ...` there: the "link" is a memcpy, not a bus)."""
+        return (self.link or "").startswith("emulated")
+
+    @property
+    def device_kind(self) -> str:
+        """What a run on this hardware would report as `device_kind`."""
+        return "cpu" if self.emulated else "cuda"
+
+    def require(self, *fields: str, why: str = "") -> None:
+        """Raise ProfileError naming every listed figure this profile lacks (null)."""
+        missing = [f for f in fields if getattr(self, f) is None]
+        if missing:
+            where = f" ({self.path})" if self.path else ""
+            raise ProfileError(f"hardware profile {self.name!r}{where} has no {', '.join(missing)}"
+                               f"{'; ' + why + ' needs it' if why else ''}; set it in the yaml "
+                               f"(fields: {', '.join(NUMERIC_FIELDS)})")
+
+    def conf_dict(self) -> dict[str, Any]:
+        """Exactly the HardwareConf keys, in schema order (what a profile yaml holds)."""
+        return {k: getattr(self, k) for k in CONF_FIELDS}
+
+    def replace(self, **changes: Any) -> "HardwareProfile":
+        return dataclasses.replace(self, **changes)
+
+
+# --- finding and reading -------------------------------------------------------------------
+def list_profiles(directory: str | Path | None = None) -> list[str]:
+    """Names of the profiles (yaml files) in `directory` (default: conf/hardware)."""
+    d = Path(directory) if directory is not None else PROFILE_DIR
+    return sorted(p.stem for p in d.glob("*.yaml"))
+
+
+def profile_path(name: str | Path, directory: str | Path | None = None) -> Path:
+    """The yaml of profile `name` (a name in `directory`, or a path to a yaml file)."""
+    p = Path(name)
+    if p.suffix in (".yaml", ".yml") or p.parent != Path("."):
+        if not p.is_file():
+            raise ProfileError(f"hardware profile file {p} does not exist")
+        return p
+    d = Path(directory) if directory is not None else PROFILE_DIR
+    p = d / f"{name}.yaml"
+    if not p.is_file():
+        raise ProfileError(f"unknown hardware profile {str(name)!r}: no file {p}; available profiles in {d}: "
+                           f"{', '.join(list_profiles(d)) or 'none'} (or pass a path to a profile yaml)")
+    return p
+
+
+def load_profile(name: str | Path, directory: str | Path | None = None) -> HardwareProfile:
+    """Read and check a profile by name (conf/hardware/<name>.yaml) or path; loads its overheads sidecar."""
+    path = profile_path(name, directory)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ProfileError(f"hardware profile {path}: not valid YAML ({err})") from err
+    if not isinstance(raw, dict):
+        raise ProfileError(f"hardware profile {path}: expected a mapping of HardwareConf keys, got {type(raw).__name__}")
+    profile = profile_from_dict(raw, source=str(path))
+    side = overheads_path(path)
+    overheads = Overheads()
+    if side.is_file():
+        try:
+            overheads = Overheads.from_dict(json.loads(side.read_text()), source=str(side))
+        except json.JSONDecodeError as err:
+            raise ProfileError(f"{side}: not valid JSON ({err})") from err
+    return profile.replace(overheads=overheads, path=path)
+
+
+def profile_from_dict(raw: dict[str, Any], source: str = "profile") -> HardwareProfile:
+    """A profile from a mapping of HardwareConf keys; errors name the key and what is allowed."""
+    unknown = sorted(set(raw) - set(CONF_FIELDS))
+    if unknown:
+        raise ProfileError(f"{source}: unknown key(s) {unknown}; a hardware profile holds only the HardwareConf "
+                           f"keys: {list(CONF_FIELDS)}")
+    if not raw.get("name"):
+        raise ProfileError(f"{source}: field 'name' is missing or empty")
+    src = raw.get("source")
+    if src not in SOURCES:
+        raise ProfileError(f"{source}: field 'source' must be one of {list(SOURCES)}, got {src!r}")
+    for key in NUMERIC_FIELDS:
+        v = raw.get(key)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise ProfileError(f"{source}: field {key!r} must be a positive number or null, got {v!r}")
+    for key in ("link", "dtype", "notes", "device", "device_memory"):
+        v = raw.get(key)
+        if v is not None and not isinstance(v, str):
+            raise ProfileError(f"{source}: field {key!r} must be a string or null, got {v!r}")
+    values = {k: raw.get(k) for k in CONF_FIELDS if k in raw}
+    values.update({k: float(values[k]) for k in NUMERIC_FIELDS if values.get(k) is not None})
+    values.setdefault("device", "auto")
+    return HardwareProfile(**values)
+
+
+def overheads_path(yaml_path: str | Path) -> Path:
+    p = Path(yaml_path)
+    return p.with_name(p.stem + OVERHEADS_SUFFIX)
+
+
+# --- writing -----------------------------------------------------------------------------
+def save_profile(profile: HardwareProfile, path: str | Path) -> Path:
+    """Write `profile` as a yaml of HardwareConf keys, plus `<stem>.overheads.json` when it has
+    overheads. The file's stem should equal `profile.name` for Hydra (`hardware=<name>`)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = (f"# Hardware profile {profile.name!r} (source: {profile.source}); keys = harness.config.HardwareConf.\n"
+              "# Written by `moebench calibrate`; fitted software overheads (if any) are in the .overheads.json beside it.\n")
+    path.write_text(header + yaml.safe_dump(profile.conf_dict(), sort_keys=False, width=100))
+    if any(profile.overheads.as_dict().values()):
+        body = {**profile.overheads.as_dict(), "info": profile.overheads.info}
+        overheads_path(path).write_text(json.dumps(body, indent=2, sort_keys=False) + "\n")
+    return path

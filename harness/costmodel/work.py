@@ -1,0 +1,370 @@
+"""What a scenario asks of the hardware, before any hardware is named: forward passes, FLOPs,
+bytes and expert-cache traffic per phase. Hardware-free; `harness.costmodel.predict` turns
+it into time with a profile.
+
+Owns: the phase structure of `harness.scenario` as forward passes (`scenario_work`), where
+routed experts come from (`Routing`: synthetic, or a recorded `RoutingTrace`), the cache
+replay that turns them into hits, misses and streamed experts (the engine's own policy
+classes through `engine.policies.simulate.simulate`, in the engine's lookup order), the
+FLOP/byte arithmetic of one pass (`pass_flops`), and the event counts the fitted software
+overheads multiply (`pass_events`). Does not own: time, profiles, rows.
+
+    shape = WorkloadShape(context_tokens=4096, gen_tokens=64)
+    work = scenario_work(preset("mixtral-8x7b"), PlacementSpec("fetch", capacity=4), shape)
+    work["decode"].passes[0].misses            # per MoE layer, float
+    apply_counts(work["decode"], hits=100, misses=24)    # measured totals replace simulated ones
+
+Dimension legend: B=batch, T=new tokens per sequence, S=past+T, N=B*T rows, D=hidden,
+H/K=query/kv heads, h=head dim, E=experts, k=top-k, I=expert intermediate, V=vocab,
+L=decoder layers, M=MoE layers, U=unique experts a pass invokes in one layer.
+
+Scenario (harness.scenario, one repeat, cache cold at its start):
+  prefill_fresh         the context, in ubatch chunks (past 0, ubatch, ...)
+  decode                gen_tokens-1 passes of one token per sequence
+  prefill_continuation  turn_tokens+1 tokens on top of context+gen-1 (KV on the device)
+  prefill_restored      turn_tokens+1 more, after the whole KV was restored from host RAM
+
+Routing assumption when none is given: uniform, independent top-k per token and layer
+(`Routing.synthetic()`, zipf=0, reuse=0). Under it LRU's steady-state decode hit rate is
+capacity/E; real routers are skewed and reuse experts, so measured hit rates are higher
+(tiny-mixtral on chat text: ~0.27/0.57/0.81 at 2/4/6 of 8 slots vs 0.25/0.50/0.75).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from engine.config import ModelConfig
+from engine.policies import make_policy
+from engine.policies.simulate import simulate
+from engine.trace import RoutingTrace
+
+PHASES = ("prefill_fresh", "decode", "prefill_continuation", "prefill_restored")
+PLACEMENTS = ("resident", "fetch", "cpu", "hybrid", "stream")
+STREAM_FALLBACKS = ("fetch", "cpu")
+
+
+@dataclass(frozen=True)
+class WorkloadShape:
+    """The scenario's sizes (harness.config.WorkloadConf's numeric fields)."""
+
+    context_tokens: int
+    gen_tokens: int = 32
+    batch: int = 1
+    turn_tokens: int = 64
+    ubatch: int = 512
+
+    def __post_init__(self) -> None:
+        for name in ("context_tokens", "gen_tokens", "batch", "turn_tokens", "ubatch"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"WorkloadShape.{name} must be an integer >= 1, got {v!r}")
+
+
+@dataclass(frozen=True)
+class PlacementSpec:
+    """A placement and its options, as the engine takes them."""
+
+    name: str = "resident"
+    capacity: int | None = None       # fetch-cache slots per layer (fetch; stream with fallback fetch)
+    policy: str = "lru"
+    n_cpu_layers: int = 1             # hybrid
+    stream_threshold: int = 64        # stream
+    stream_fallback: str = "fetch"
+    stream_buffers: int = 2
+
+    def __post_init__(self) -> None:
+        if self.name not in PLACEMENTS:
+            raise ValueError(f"placement: allowed {list(PLACEMENTS)}, got {self.name!r}")
+        if self.stream_fallback not in STREAM_FALLBACKS:
+            raise ValueError(f"stream_fallback: allowed {list(STREAM_FALLBACKS)}, got {self.stream_fallback!r}")
+        if self.uses_cache and (self.capacity is None or self.capacity < 1):
+            raise ValueError(f"placement {self.name!r} needs a cache capacity (an int >= 1), got {self.capacity!r}")
+        if self.n_cpu_layers < 0 or self.stream_buffers < 1 or self.stream_threshold < 0:
+            raise ValueError(f"need n_cpu_layers >= 0, stream_buffers >= 1, stream_threshold >= 0; got "
+                             f"{self.n_cpu_layers}, {self.stream_buffers}, {self.stream_threshold}")
+
+    @property
+    def uses_cache(self) -> bool:
+        return self.name == "fetch" or (self.name == "stream" and self.stream_fallback == "fetch")
+
+    @classmethod
+    def from_options(cls, name: str, capacity: int | None = None, policy: str | None = None,
+                     options: Mapping[str, Any] | None = None) -> "PlacementSpec":
+        """From the engine's/Hydra's form: a name, a capacity, a policy and placement options."""
+        allowed = {"n_cpu_layers", "stream_threshold", "stream_fallback", "stream_buffers"}
+        opts = dict(options or {})
+        unknown = sorted(set(opts) - allowed)
+        if unknown:
+            raise ValueError(f"placement {name!r}: unknown option(s) {unknown}; allowed: {sorted(allowed)}")
+        uses_cache = name == "fetch" or (name == "stream" and opts.get("stream_fallback", "fetch") == "fetch")
+        return cls(name=name, capacity=capacity if uses_cache else None, policy=policy or "lru", **opts)
+
+
+# --- routing ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Routing:
+    """Where the routed experts of the scenario's tokens come from.
+
+    `synthetic(zipf, reuse, seed)`: harness.sim.synthetic's generator (uniform and
+    independent by default). `from_trace(trace)`: a recorded trace's tokens in order,
+    wrapping around, re-chunked into the scenario's passes (batch rows of one pass take
+    consecutive trace tokens -- an approximation for batch > 1)."""
+
+    kind: str = "synthetic"
+    zipf: float = 0.0
+    reuse: float = 0.0
+    seed: int = 0
+    trace: RoutingTrace | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def synthetic(cls, zipf: float = 0.0, reuse: float = 0.0, seed: int = 0) -> "Routing":
+        return cls("synthetic", zipf, reuse, seed)
+
+    @classmethod
+    def from_trace(cls, trace: RoutingTrace) -> "Routing":
+        trace.validate()
+        if trace.n_tokens == 0:
+            raise ValueError("routing trace has no tokens")
+        return cls("trace", trace=trace)
+
+    @property
+    def label(self) -> str:
+        if self.kind == "trace":
+            return f"trace:{self.trace.meta.get('model', 'recorded')}"
+        return "synthetic-uniform" if self.zipf == 0 and self.reuse == 0 else \
+            f"synthetic(zipf={self.zipf},reuse={self.reuse})"
+
+    def experts(self, cfg: ModelConfig, n_tokens: int) -> np.ndarray:
+        """int32 [n_tokens, M, k]: routed experts of the scenario's tokens, in order."""
+        M, E, k = cfg.n_moe_layers, cfg.n_experts, cfg.top_k
+        if self.kind == "trace":
+            tr = self.trace
+            if (tr.n_layers, tr.n_experts, tr.top_k) != (M, E, k):
+                raise ValueError(f"routing trace has layers={tr.n_layers}, n_experts={tr.n_experts}, "
+                                 f"top_k={tr.top_k}; the model needs {M}, {E}, {k}")
+            idx = np.arange(n_tokens) % tr.n_tokens
+            return tr.experts[idx]
+        from harness.sim.synthetic import generate
+        return generate(M, E, k, n_tokens, self.zipf, self.reuse, self.seed).experts
+
+
+# --- the scenario as passes -----------------------------------------------------------------------
+@dataclass
+class PassWork:
+    """One forward pass: B sequences x T new tokens on top of `past`; per MoE layer [M] counts."""
+
+    phase: str
+    batch: int
+    new: int
+    past: int
+    unique: np.ndarray                 # float [M]: experts invoked (U)
+    hits: np.ndarray                   # float [M]: device-cache hits
+    misses: np.ndarray                 # float [M]: device-cache misses (one expert copy each)
+    streamed: np.ndarray               # float [M]: experts streamed through stream buffers
+    on_cpu: np.ndarray                 # bool  [M]: layer's experts run on the CPU
+
+    @property
+    def rows(self) -> int:
+        return self.batch * self.new
+
+
+@dataclass
+class PhaseWork:
+    phase: str
+    passes: list[PassWork]
+    tokens: int                        # as harness.scenario counts them
+    reused_tokens: int
+    restore_tokens: int = 0            # KV tokens per sequence restored host->device before the phase
+
+    def total(self, attr: str) -> float:
+        return float(sum(getattr(p, attr).sum() for p in self.passes))
+
+
+def phase_passes(shape: WorkloadShape) -> dict[str, list[tuple[int, int]]]:
+    """Per phase, the (T, past) of each forward pass (harness.scenario + Engine.prefill chunking)."""
+    ctx, gen, turn, ub = shape.context_tokens, shape.gen_tokens, shape.turn_tokens, shape.ubatch
+
+    def chunks(T: int, past: int) -> list[tuple[int, int]]:
+        return [(min(ub, T - s), past + s) for s in range(0, T, ub)]
+
+    after_decode = ctx + gen - 1
+    return {"prefill_fresh": chunks(ctx, 0),
+            "decode": [(1, ctx + i) for i in range(gen - 1)],
+            "prefill_continuation": chunks(turn + 1, after_decode),
+            "prefill_restored": chunks(turn + 1, after_decode + turn + 1)}
+
+
+def scenario_work(cfg: ModelConfig, placement: PlacementSpec, shape: WorkloadShape,
+                  routing: Routing | None = None) -> dict[str, PhaseWork]:
+    """Every phase's passes with expert counts from `routing` replayed through the cache."""
+    routing = routing or Routing.synthetic()
+    if placement.uses_cache and not 1 <= placement.capacity <= cfg.n_experts:
+        raise ValueError(f"cache capacity must be in [1, n_experts={cfg.n_experts}], got {placement.capacity}")
+    B, M, E = shape.batch, cfg.n_moe_layers, cfg.n_experts
+    layout = phase_passes(shape)
+    n_tokens = sum(B * T for passes in layout.values() for T, _ in passes)
+    experts = routing.experts(cfg, n_tokens)                                  # [n, M, k]
+    cpu_layer = np.array([placement.name == "cpu" or (placement.name == "hybrid" and layer < placement.n_cpu_layers)
+                          for layer in cfg.moe_layers], dtype=bool)           # [M]
+    passes: list[PassWork] = []
+    present_all: list[np.ndarray] = []                                        # per pass [M, E] bool
+    start = 0
+    for phase, plist in layout.items():
+        for T, past in plist:
+            rows = experts[start:start + B * T]                               # [N, M, k]
+            start += B * T
+            present = np.zeros((M, E), dtype=bool)
+            present[np.arange(M)[None, :, None], rows] = True                 # [M, E]
+            unique = present.sum(axis=1).astype(np.float64)
+            streaming = placement.name == "stream" and B * T > placement.stream_threshold
+            on_cpu = cpu_layer | (placement.name == "stream" and not streaming and placement.stream_fallback == "cpu")
+            zero = np.zeros(M)
+            passes.append(PassWork(phase, B, T, past, unique, zero.copy(), zero.copy(),
+                                   unique.copy() if streaming else zero.copy(), np.broadcast_to(on_cpu, (M,)).copy()))
+            present_all.append(present)
+    if placement.uses_cache:
+        _replay_cache(passes, present_all, placement, E, list(cfg.moe_layers))
+    out: dict[str, PhaseWork] = {}
+    ctx, gen, turn = shape.context_tokens, shape.gen_tokens, shape.turn_tokens
+    reused = {"prefill_fresh": 0, "decode": 0, "prefill_continuation": ctx + gen - 1,
+              "prefill_restored": ctx + gen - 1 + turn + 1}
+    tokens = {"prefill_fresh": B * ctx, "decode": B * (gen - 1), "prefill_continuation": B * (turn + 1),
+              "prefill_restored": B * (turn + 1)}
+    for phase in PHASES:
+        ps = [p for p in passes if p.phase == phase]
+        if phase == "decode" and not ps:
+            continue
+        out[phase] = PhaseWork(phase, ps, tokens[phase], reused[phase],
+                               restore_tokens=reused[phase] if phase == "prefill_restored" else 0)
+    return out
+
+
+def _replay_cache(passes: list[PassWork], present: list[np.ndarray], placement: PlacementSpec, E: int,
+                  model_layers: list[int]) -> None:
+    """Fill hits/misses of the passes that go through the device cache, per layer, in the
+    engine's lookup order (per pass: the sorted unique experts)."""
+    cached = [i for i, p in enumerate(passes) if not p.streamed.any() and not p.on_cpu.any()]
+    for m, layer in enumerate(model_layers):
+        refs: list[int] = []
+        owner: list[int] = []
+        for i in cached:
+            ids = np.flatnonzero(present[i][m])
+            refs.extend(ids.tolist())
+            owner.extend([i] * len(ids))
+        opts: dict[str, Any] = {}
+        if placement.policy == "belady":
+            opts["future"] = refs
+        elif placement.policy == "static":
+            opts["popularity"] = np.bincount(np.asarray(refs, dtype=np.int64), minlength=E).tolist()
+        policy = make_policy(placement.policy, placement.capacity, E, layer, **opts)
+        flags = np.asarray(simulate(policy, refs), dtype=bool)
+        own = np.asarray(owner, dtype=np.int64)
+        hits = np.bincount(own, weights=flags, minlength=len(passes))
+        misses = np.bincount(own, weights=~flags, minlength=len(passes))
+        for i in cached:
+            passes[i].hits[m], passes[i].misses[m] = hits[i], misses[i]
+
+
+def apply_counts(work: PhaseWork, hits: float | None = None, misses: float | None = None,
+                 streamed: float | None = None) -> PhaseWork:
+    """Replace the simulated totals of a phase with measured ones (e.g. from result rows),
+    keeping how they spread over passes and layers. For fetch, lookups = hits + misses are
+    the experts invoked, so `unique` is rescaled with them."""
+    def scale(attr: str, target: float | None) -> None:
+        if target is None:
+            return
+        cur = work.total(attr)
+        for p in work.passes:
+            arr = getattr(p, attr)
+            if cur > 0:
+                setattr(p, attr, arr * (target / cur))
+            elif target > 0:                       # nothing simulated: spread evenly
+                setattr(p, attr, np.full_like(arr, target / (len(work.passes) * arr.size)))
+    if hits is not None or misses is not None:
+        lookups_before = work.total("hits") + work.total("misses")
+        scale("hits", hits)
+        scale("misses", misses)
+        lookups = work.total("hits") + work.total("misses")
+        if lookups_before > 0 and lookups > 0:
+            for p in work.passes:
+                cached = (p.hits + p.misses) > 0
+                p.unique = np.where(cached, p.hits + p.misses, p.unique)
+    if streamed is not None:
+        scale("streamed", streamed)
+        for p in work.passes:
+            p.unique = np.where(p.streamed > 0, p.streamed, p.unique)
+    return work
+
+
+# --- FLOPs, bytes, events ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class PassFlops:
+    """FLOPs and bytes of one pass, split by where they run and what bounds them."""
+
+    dense_flops: float          # device: attention projections, router, dense/shared MLPs, lm_head
+    dense_bytes: float          # device: their weights and activations
+    attn_flops: float           # device: scores and weighted sum over the KV (full T x S rectangle)
+    attn_bytes: float           # device: KV read
+    dev_expert_flops: np.ndarray    # [M] routed experts run on the device
+    dev_expert_bytes: np.ndarray    # [M] their weights (U experts each)
+    cpu_expert_flops: np.ndarray    # [M] routed experts run on the CPU
+    cpu_expert_bytes: np.ndarray    # [M]
+    act_d2h_bytes: float        # activations device->CPU (cpu/hybrid layers)
+    act_h2d_bytes: float        # results CPU->device
+    miss_bytes: float           # expert copies on cache misses
+    stream_bytes: np.ndarray    # [M] expert copies through stream buffers
+
+
+def expert_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
+    return cfg.expert_params * dtype_bytes
+
+
+def pass_flops(cfg: ModelConfig, p: PassWork, dtype_bytes: int) -> PassFlops:
+    D, H, K, hd, E, k = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.n_experts, cfg.top_k
+    L, V, I = cfg.num_layers, cfg.vocab_size, cfg.moe_intermediate_size
+    B, T = p.batch, p.new
+    N, S = B * T, p.past + T
+    dt = dtype_bytes
+    n_moe = cfg.n_moe_layers
+    n_dense = L - n_moe
+    proj = D * H * hd + 2 * D * K * hd + H * hd * D                          # q, k, v, o weights
+    shared = 3 * D * cfg.shared_expert_intermediate_size + (D if cfg.shared_expert_intermediate_size else 0)
+    dense_w = L * proj + n_moe * (E * D + shared) + n_dense * 3 * D * cfg.intermediate_size + V * D
+    dense_flops = 2.0 * N * (L * proj + n_moe * (E * D + shared) + n_dense * 3 * D * cfg.intermediate_size) \
+        + 2.0 * B * D * V                                                     # lm_head: last position only
+    dense_bytes = float(dense_w * dt + L * 6 * N * D * dt)                    # weights + activations in/out
+    attn_flops = 4.0 * L * B * H * hd * T * S                                 # QK^T and PV
+    attn_bytes = float(L * (2 * B * K * hd * S + 2 * N * H * hd) * dt)
+    ex_flops = 2.0 * N * k * 3 * D * I                                         # per MoE layer
+    ex_bytes = p.unique * expert_bytes(cfg, dt)                               # [M]
+    ex_f = np.full(n_moe, ex_flops)
+    on_cpu = p.on_cpu
+    id_bytes = 8 + (4 if cfg.family == "mixtral" else dt)                     # int64 ids + routing weights per slot
+    n_cpu = int(on_cpu.sum())
+    return PassFlops(
+        dense_flops=dense_flops, dense_bytes=dense_bytes, attn_flops=attn_flops, attn_bytes=attn_bytes,
+        dev_expert_flops=np.where(on_cpu, 0.0, ex_f), dev_expert_bytes=np.where(on_cpu, 0.0, ex_bytes),
+        cpu_expert_flops=np.where(on_cpu, ex_f, 0.0), cpu_expert_bytes=np.where(on_cpu, ex_bytes, 0.0),
+        act_d2h_bytes=float(n_cpu * N * (D * dt + k * id_bytes)), act_h2d_bytes=float(n_cpu * N * D * dt),
+        miss_bytes=float(p.misses.sum() * expert_bytes(cfg, dt)),
+        stream_bytes=p.streamed * expert_bytes(cfg, dt))
+
+
+EVENTS = ("pass_s", "layer_s", "expert_s", "row_s", "score_s", "lookup_s", "miss_s", "cpu_layer_s", "restore_s")
+
+
+def pass_events(cfg: ModelConfig, p: PassWork) -> dict[str, float]:
+    """How many times each fitted overhead (harness.costmodel.profiles.Overheads) is paid in one pass."""
+    L, H = cfg.num_layers, cfg.num_heads
+    return {"pass_s": 1.0, "layer_s": float(L), "expert_s": float(p.unique.sum()), "row_s": float(p.rows * L),
+            "score_s": float(L * p.batch * H * p.new * (p.past + p.new)),
+            "lookup_s": float((p.hits + p.misses).sum()), "miss_s": float(p.misses.sum() + p.streamed.sum()),
+            "cpu_layer_s": float(p.on_cpu.sum()), "restore_s": 0.0}
+
+
+def kv_bytes(cfg: ModelConfig, tokens: int, batch: int, dtype_bytes: int) -> int:
+    return cfg.kv_bytes_per_token(dtype_bytes) * tokens * batch
