@@ -19,6 +19,7 @@ current step). `victim` must return a resident, unprotected expert.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence, Set
 from typing import Any
 
@@ -75,6 +76,29 @@ class EvictionPolicy(ABC):
             f"layer {self.layer}: no evictable expert (resident={sorted(self.resident)}, "
             f"protected={sorted(protected)}); capacity {self.capacity} is too small for one step"
         )
+
+
+class OrderedPolicy(EvictionPolicy):
+    """Shared mechanics of the order-based policies (FIFO, LRU, Static): residents kept in
+    an eviction order, the victim being the first unprotected one. Subclasses decide what
+    moves an expert in that order."""
+
+    def __init__(self, capacity: int, n_experts: int, layer: int = 0) -> None:
+        super().__init__(capacity, n_experts, layer)
+        # OrderedDict, not dict: O(1) move_to_end / delete, and popping the front of a plain
+        # dict leaves dummies that make the next `iter()` scan over them
+        self._order: OrderedDict[int, None] = OrderedDict()
+
+    def on_insert(self, expert: int, t: int) -> None:
+        self.resident.add(expert)
+        self._order[expert] = None
+
+    def on_evict(self, expert: int) -> None:
+        self.resident.discard(expert)
+        self._order.pop(expert, None)
+
+    def victim(self, t: int, protected: Set[int] = frozenset()) -> int:
+        return self._first_unprotected(self._order, protected)
 
 
 def layer_row(value: Any, layer: int, what: str) -> list:

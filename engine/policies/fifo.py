@@ -7,28 +7,8 @@ shows Belady's anomaly).
 """
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Set
-
-from engine.policies.base import EvictionPolicy
+from engine.policies.base import OrderedPolicy
 
 
-class FIFO(EvictionPolicy):
+class FIFO(OrderedPolicy):
     name = "fifo"
-
-    def __init__(self, capacity: int, n_experts: int, layer: int = 0) -> None:
-        super().__init__(capacity, n_experts, layer)
-        # OrderedDict, not dict: popping the front of a plain dict leaves dummies that
-        # make the next `iter()` scan over them
-        self._order: OrderedDict[int, None] = OrderedDict()
-
-    def on_insert(self, expert: int, t: int) -> None:
-        self.resident.add(expert)
-        self._order[expert] = None
-
-    def on_evict(self, expert: int) -> None:
-        self.resident.discard(expert)
-        self._order.pop(expert, None)
-
-    def victim(self, t: int, protected: Set[int] = frozenset()) -> int:
-        return self._first_unprotected(self._order, protected)

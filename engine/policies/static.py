@@ -14,14 +14,13 @@ order, so at least one slot must stay unpinned: `pinned <= capacity - 1`, defaul
 """
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Sequence, Set
+from collections.abc import Sequence
 from typing import Any
 
-from engine.policies.base import EvictionPolicy, layer_row
+from engine.policies.base import OrderedPolicy, layer_row
 
 
-class Static(EvictionPolicy):
+class Static(OrderedPolicy):
     name = "static"
 
     def __init__(
@@ -49,17 +48,10 @@ class Static(EvictionPolicy):
             )
         ranked = sorted(range(n_experts), key=lambda e: (-counts[e], e))
         self.pinned: frozenset[int] = frozenset(ranked[:pinned])
-        # unpinned residents, oldest insertion first
-        self._order: OrderedDict[int, None] = OrderedDict()
 
     def on_insert(self, expert: int, t: int) -> None:
-        self.resident.add(expert)
-        if expert not in self.pinned:
-            self._order[expert] = None
-
-    def on_evict(self, expert: int) -> None:
-        self.resident.discard(expert)
-        self._order.pop(expert, None)
-
-    def victim(self, t: int, protected: Set[int] = frozenset()) -> int:
-        return self._first_unprotected(self._order, protected)
+        """Pinned experts never enter the eviction order: only unpinned ones are victims (FIFO)."""
+        if expert in self.pinned:
+            self.resident.add(expert)
+        else:
+            super().on_insert(expert, t)

@@ -17,7 +17,6 @@ top-4, so a validation sweep on the default model tests the fit out of sample.
 from __future__ import annotations
 
 import logging
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +33,11 @@ from harness.measure import sync
 
 log = logging.getLogger(__name__)
 PRESET = "tiny-mixtral"
+# The statistic of a probe's repeats. The fastest repeat is the engine's own cost; slower ones
+# add whatever else the machine was doing (on a shared 2-core box, other processes can double
+# a timing). Validation reports predictions against both the median and the fastest measured
+# repeat, so the choice is visible there.
+STAT = min
 
 
 @dataclass
@@ -44,7 +48,7 @@ class Probe:
     cfg: ModelConfig
     placement: PlacementSpec
     work: PhaseWork
-    time_s: float          # median over repeats
+    time_s: float          # the fastest repeat (see STAT)
     samples: list[float]
 
 
@@ -119,7 +123,7 @@ def _measure(label: str, eng: Engine, placement: PlacementSpec, phase: str, repe
         t, work = _observe(eng, phase, make(), kind)
         samples.append(t)
     samples = samples[1:]
-    return Probe(label, eng.cfg, placement, work, statistics.median(samples), samples)
+    return Probe(label, eng.cfg, placement, work, STAT(samples), samples)
 
 
 def _decode_probe(label: str, eng: Engine, placement: PlacementSpec, past: int, steps: int, repeats: int,
@@ -156,15 +160,15 @@ def _restore_probe(label: str, eng: Engine, placement: PlacementSpec, tokens: in
         sess.close()
     samples = samples[1:]
     work = PhaseWork("prefill_restored", [], 0, tokens, restore_tokens=tokens)
-    return Probe(label, eng.cfg, placement, work, statistics.median(samples), samples)
+    return Probe(label, eng.cfg, placement, work, STAT(samples), samples)
 
 
 def run_probes(device: str = "cpu", dtype: str = "float32", quick: bool = False) -> list[Probe]:
     """Time the engine on the calibration configurations (module docstring)."""
     kind = "cuda" if device == "cuda" else "cpu"
-    reps = 3 if quick else 7
+    reps = 5 if quick else 9
     steps = 6 if quick else 16
-    prefills = (48, 320) if quick else (32, 128, 320, 480)
+    prefills = (48, 640) if quick else (32, 128, 320, 640, 1024)
     probes: list[Probe] = []
     resident = PlacementSpec("resident")
     for L, k in ((2, 1), (2, 4), (6, 1), (6, 4)):
