@@ -2,6 +2,7 @@
 
     moebench                                   # tiny model, coding-agent workload, one job
     moebench -m placement=resident,fetch cache.capacity=2,4 workload.context_tokens=1024,4096
+    moebench calibrate --out conf/hardware/this-machine.yaml   # the cost model's profile of this machine
 
 A sweep's directory is `<run.out>/sweeps/<run.sweep_id>`; without run.sweep_id it is a hash
 of the command line, so re-running the same command resumes the sweep (completed jobs are
@@ -62,6 +63,9 @@ def _sweep_dir_override(argv: list[str]) -> list[str]:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["calibrate"]:       # `moebench calibrate`: measure this machine, write a profile
+        from harness.costmodel.calibrate import main as calibrate
+        sys.exit(calibrate(sys.argv[2:]))
     sys.argv = [sys.argv[0], *_sweep_dir_override(sys.argv[1:])]
     app()
     if STATE["failed_jobs"]:

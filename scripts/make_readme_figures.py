@@ -39,14 +39,16 @@ def moebench(args: list[str], out: Path) -> None:
 
 
 def timeline_figure(out: Path, dest: Path) -> None:
-    moebench(["placement=fetch", "cache.capacity=4", "prefetch=next_layer_gate", "run.repeats=1",
+    moebench(["placement=fetch", "cache.capacity=2", "prefetch=next_layer_gate", "run.repeats=1",
               "run.trace=true", "run.ablation=false", *COMMON], out)
     job = next((out / "runs").iterdir())
     trace = json.loads((job / "trace.json").read_text())
     ev = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     decode = next(e for e in ev if e["cat"] == "phase" and e["name"] == "decode")
-    t0 = decode["ts"] + decode["dur"] * 0.40
-    t1 = t0 + 3000          # 3 ms of decode
+    mid = decode["ts"] + decode["dur"] * 0.5
+    first_copy = min((e["ts"] for e in ev if e["cat"] == "copy" and e["ts"] >= mid), default=mid)
+    t0 = max(decode["ts"], first_copy - 500)
+    t1 = t0 + 3000          # 3 ms of decode, from just before a copy half-way through
     fig, ax = plt.subplots(figsize=(11, 2.6))
     rows = {"layer": 2.0, "expert": 1.0, "attention": 1.0, "router": 1.0, "copy": 0.0}
     colors = {"layer": "#d9d9f3", "expert": "#f28e2b", "attention": "#59a14f", "router": "#edc948", "copy": "#e15759"}
@@ -59,7 +61,7 @@ def timeline_figure(out: Path, dest: Path) -> None:
     ax.set_yticks([0, 1, 2], ["copies (worker)", "attention / router / expert", "layer"])
     ax.set_xlim(0, (t1 - t0) / 1e3)
     ax.set_xlabel("time (ms), a 3 ms window of the decode phase")
-    ax.set_title("moebench timeline: fetch, 4 slots/layer, next_layer_gate prefetch, tiny-mixtral, "
+    ax.set_title("moebench timeline: fetch, 2 slots/layer, next_layer_gate prefetch, tiny-mixtral, "
                  "emulated device (CPU)", fontsize=9)
     handles = [plt.Rectangle((0, 0), 1, 1, color=colors[k]) for k in ("attention", "router", "expert", "copy")]
     ax.legend(handles, ["attention", "router", "expert", "copy"], loc="upper right", fontsize=7, ncol=4)

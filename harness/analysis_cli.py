@@ -1,0 +1,166 @@
+"""`moebench-plot` and `moebench-compare`: the command lines over `harness.plots` and `harness.compare`.
+
+Owns: arguments, file output (PNGs, the figure provenance file, the markdown report, the
+comparison table) and exit codes. Does not own: what a figure shows (`harness.plots`) or
+how two result sets are judged (`harness.compare`).
+
+    moebench-plot results/samples                      # -> results/samples/figures/*.png
+    moebench-plot results/sweeps/S --out figs/
+    moebench-compare BASE NEW --check decode.tok_per_s:-5% --check prefill_fresh.ttft_s:+10% \
+        --report report.md --table comparison.csv
+    moebench-compare --machine                         # this machine's baseline name
+
+Exit codes: 0 fine, 1 a regression beyond a check's threshold (or, with
+--require-comparable, a check that found nothing comparable), 2 bad arguments or
+unreadable results. Also `python -m harness.analysis_cli plot|compare ...`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+FIGURES_FILE = "figures.json"
+
+
+# ----------------------------------------------------------------------------- moebench-plot
+
+def plot_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="moebench-plot", description="Write the standard figures of a results dir as PNG.")
+    p.add_argument("results", help="a job dir, a sweep dir or a results tree")
+    p.add_argument("--out", help="output dir (default: RESULTS/figures)")
+    p.add_argument("--only", action="append", default=None, metavar="NAME",
+                   help="write only this figure (repeatable); default: all standard figures")
+    p.add_argument("--dpi", type=int, default=110)
+    return p
+
+
+def plot_main(argv: Sequence[str] | None = None) -> int:
+    args = plot_parser().parse_args(argv)
+    from harness import plots, results
+    from harness.compare import read_manifests
+
+    names = args.only or list(plots.STANDARD)
+    unknown = sorted(set(names) - set(plots.STANDARD))
+    if unknown:
+        print(f"moebench-plot: unknown figure(s) {unknown}; known: {list(plots.STANDARD)}", file=sys.stderr)
+        return 2
+    src = Path(args.results)
+    try:
+        df = results.load(src)
+    except (FileNotFoundError, results.ResultsError) as exc:
+        print(f"moebench-plot: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else (src if src.is_dir() else src.parent) / "figures"
+    out.mkdir(parents=True, exist_ok=True)
+    written, skipped = [], {}
+    for name in names:
+        try:
+            fig = plots.STANDARD[name](df)
+        except plots.MissingData as exc:
+            skipped[name] = str(exc)
+            print(f"skipped {name}: {exc}")
+            continue
+        path = out / f"{name}.png"
+        fig.savefig(path, dpi=args.dpi)
+        written.append(path.name)
+        print(f"wrote {path}")
+    man = read_manifests(src)
+    provenance = {  # DESIGN §7.9: every figure reproducible from what sits next to it
+        "created": datetime.now(timezone.utc).isoformat(), "source": str(src.resolve()),
+        "command": ["moebench-plot", *(argv if argv is not None else sys.argv[1:])],
+        "figures": written, "skipped": skipped,
+        "jobs": df[["sweep_id", "job_id"]].drop_duplicates().to_dict("records"),
+        "git_commits": sorted({str(c) for c in man["git_commit"].dropna()}),
+    }
+    (out / FIGURES_FILE).write_text(json.dumps(provenance, indent=2) + "\n")
+    if not written:
+        print("moebench-plot: no figure had its data", file=sys.stderr)
+        return 1
+    return 0
+
+
+# ----------------------------------------------------------------------------- moebench-compare
+
+def compare_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="moebench-compare",
+        description="Compare two result sets per (config, phase, metric); exit 1 on a significant regression "
+                    "beyond a check's threshold. See harness/compare.py for the rules.")
+    p.add_argument("base", nargs="?", help="baseline results (job dir, sweep dir, tree or .parquet)")
+    p.add_argument("new", nargs="?", help="new results")
+    p.add_argument("--check", action="append", default=[], metavar="PHASE.METRIC:±X%",
+                   help="e.g. decode.tok_per_s:-5%% (a decrease beyond 5%% is a regression), "
+                        "prefill_fresh.ttft_s:+10%% (an increase beyond 10%%); repeatable; phase * = any")
+    p.add_argument("--alpha", type=float, default=0.05, help="significance level (default 0.05)")
+    p.add_argument("--report", help="write the markdown report here (e.g. $GITHUB_STEP_SUMMARY)")
+    p.add_argument("--table", help="write the full comparison table here (.csv or .parquet)")
+    p.add_argument("--require-comparable", action="store_true",
+                   help="also fail when a check matched no comparable config (different device, config or version)")
+    p.add_argument("--machine", action="store_true",
+                   help="print this machine's baseline name (results/baselines/<name>/) and exit")
+    return p
+
+
+def compare_main(argv: Sequence[str] | None = None) -> int:
+    parser = compare_parser()
+    args = parser.parse_args(argv)
+    from harness import compare
+
+    if args.machine:
+        print(compare.machine_name())
+        return 0
+    if not args.base or not args.new:
+        parser.error("BASE and NEW are required (or --machine)")
+    try:
+        checks = [compare.Check.parse(c) for c in args.check]
+        cmp = compare.compare_paths(args.base, args.new, checks, alpha=args.alpha,
+                                    require_comparable=args.require_comparable)
+    except compare.CompareError as exc:
+        print(f"moebench-compare: {exc}", file=sys.stderr)
+        return 2
+    report = cmp.markdown()
+    if args.report:
+        Path(args.report).parent.mkdir(parents=True, exist_ok=True)
+        with open(args.report, "a" if args.report.endswith("GITHUB_STEP_SUMMARY") else "w") as f:
+            f.write(report + "\n")
+    if args.table:
+        Path(args.table).parent.mkdir(parents=True, exist_ok=True)
+        if args.table.endswith(".parquet"):
+            cmp.table.to_parquet(args.table, index=False)
+        else:
+            cmp.table.to_csv(args.table, index=False)
+    t = cmp.table
+    n_nc = int((t["verdict"] == "not comparable").sum())
+    print(f"compared {len(t) - n_nc} (config, phase, metric, source) pairs, {n_nc} not comparable, "
+          f"{int(t['significant'].sum())} significant changes, {len(cmp.regressions)} regression(s)")
+    for _, r in cmp.regressions.iterrows():
+        p = "" if r["p_value"] is None or r["p_value"] != r["p_value"] else f" p={r['p_value']:.3g}"
+        print(f"REGRESSION {r['config']} {r['phase']}.{r['metric']} ({r['source']}): {r['median_base']:.4g} -> "
+              f"{r['median_new']:.4g} {r['unit']} (x{r['ratio']:.3f}, {r['test']}{p}) check {r['check']}")
+    for c in cmp.unmatched_checks:
+        print(f"{'FAIL' if args.require_comparable else 'warning'}: check {c} matched no comparable config")
+    if not args.report:
+        print(report)
+    return 1 if cmp.failed else 0
+
+
+# ----------------------------------------------------------------------------- python -m
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = {"plot": plot_main, "compare": compare_main}
+    if not argv or argv[0] not in commands:
+        print(f"usage: python -m harness.analysis_cli {{{'|'.join(commands)}}} ...", file=sys.stderr)
+        return 2
+    return commands[argv[0]](argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
