@@ -23,8 +23,21 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+# Micro-benchmarks (benchmarks/micro, pytest-benchmark; not part of `make test`). Each run is saved
+# under $(BENCH_STORAGE) (machine-local, git-ignored) and compared with the previous saved run;
+# it fails when a benchmark got slower than $(BENCH_FAIL) (the fastest round: other processes on a
+# shared machine only ever add time, so min is the stablest statistic). The first run only saves.
+# Engine vs transformers: `python benchmarks/bench_vs_transformers.py`.
+BENCH_STORAGE ?= .benchmarks
+BENCH_FAIL    ?= min:25%
 bench: $(STAMP)
-	$(PY) benchmarks/bench_vs_transformers.py
+	@if ls $(BENCH_STORAGE)/*/*.json >/dev/null 2>&1; then \
+	  cmp="--benchmark-compare --benchmark-compare-fail=$(BENCH_FAIL)"; \
+	else \
+	  cmp=""; echo "bench: no saved run under $(BENCH_STORAGE)/ yet: this run is saved as the baseline"; \
+	fi; \
+	$(PY) -m pytest benchmarks/micro -q --benchmark-enable --benchmark-autosave \
+	  --benchmark-storage=file://$(BENCH_STORAGE) --benchmark-columns=min,median,iqr,rounds $$cmp
 
 clean:
 	rm -rf $(VENV) .pytest_cache .benchmarks

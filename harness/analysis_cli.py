@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
+import os
 import sys
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-
-log = logging.getLogger(__name__)
 
 FIGURES_FILE = "figures.json"
 
@@ -128,7 +126,8 @@ def compare_main(argv: Sequence[str] | None = None) -> int:
     report = cmp.markdown()
     if args.report:
         Path(args.report).parent.mkdir(parents=True, exist_ok=True)
-        with open(args.report, "a" if args.report.endswith("GITHUB_STEP_SUMMARY") else "w") as f:
+        summary = os.environ.get("GITHUB_STEP_SUMMARY")      # a CI job summary is appended to, never replaced
+        with open(args.report, "a" if summary and Path(args.report) == Path(summary) else "w") as f:
             f.write(report + "\n")
     if args.table:
         Path(args.table).parent.mkdir(parents=True, exist_ok=True)

@@ -64,7 +64,7 @@ from harness.results import FACTOR_COLUMNS, MANIFEST_FILE
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Check", "Comparison", "CONFIG_COLUMNS", "compare", "compare_paths", "difference",
+__all__ = ["Check", "Comparison", "CompareError", "CONFIG_COLUMNS", "compare", "compare_paths", "difference", "min_mwu_p",
            "read_manifests", "machine_name", "speed_samples"]
 
 ALPHA = 0.05
@@ -202,10 +202,11 @@ def machine_name(manifest: Mapping[str, Any] | None = None) -> str:
     else:
         system, arch, cpu = str(manifest.get("platform") or "").split("-")[0], manifest.get("arch"), manifest.get("cpu_model")
         cores, gpu_name = manifest.get("cpu_cores"), manifest.get("gpu_name")
-    parts = [system or "unknown-os", arch or "unknown-arch", _cpu_slug(cpu)]
-    if cores:
+    known = lambda v: v is not None and not (isinstance(v, float) and math.isnan(v)) and v != ""  # noqa: E731
+    parts = [system or "unknown-os", arch if known(arch) else "unknown-arch", _cpu_slug(cpu if known(cpu) else None)]
+    if known(cores) and cores:
         parts.append(f"{int(cores)}c")
-    if gpu_name:
+    if known(gpu_name):
         parts.append(str(gpu_name))
     return "-".join(p for p in (_slug(p) for p in parts) if p)
 
@@ -328,7 +329,8 @@ def _side(df: pd.DataFrame, manifests: pd.DataFrame | None) -> pd.DataFrame:
         if c in df.columns:
             df[c] = df[c].astype("string").fillna("<na>")
     man = manifests if manifests is not None and len(manifests) else None
-    if man is not None:
+    if man is not None:   # a fact the rows already carry (e.g. a `host` column) wins over the manifest's
+        man = man.drop(columns=[c for c in man.columns if c in df.columns and c not in ("sweep_id", "job_id")])
         df = df.merge(man, on=["sweep_id", "job_id"], how="left")
     for c in ("cpu_model", "cpu_cores", "gpu_name", "git_commit", "git_dirty", "schema_version", "moebench_version",
               "transformers_version", "torch_version", "host"):

@@ -126,6 +126,8 @@ class RunConf:
     ablation: bool = True             # exposed_copy_ablation_s: this placement's phase times minus resident's
     profiler: str = "none"            # none | torch (torch.profiler pass) | nsys (re-launch under Nsight Systems)
     record_trace: bool = False        # save one repeat's routing as <job dir>/routing.npz (DESIGN §3 trace file)
+    threads: Optional[int] = None     # torch CPU threads (default: torch's own); 1 avoids oversubscription
+                                      # when several jobs share a small machine
 
 
 @dataclass
@@ -257,6 +259,8 @@ def validate(cfg: DictConfig) -> RunSpec:
             raise ConfigError(f"workload.{key}: must be >= 1, got {getattr(workload, key)}")
     if workload.turn_tokens < 1:
         raise ConfigError(f"workload.turn_tokens: must be >= 1, got {workload.turn_tokens}")
+    if run.threads is not None and run.threads < 1:
+        raise ConfigError(f"run.threads: must be >= 1 or null, got {run.threads}")
     if run.repeats < 1 or run.warmup < 0:
         raise ConfigError(f"run.repeats must be >= 1 and run.warmup >= 0, got {run.repeats}, {run.warmup}")
     # the whole session -- context, replies and two more turns -- must fit the model

@@ -28,7 +28,7 @@ from matplotlib.figure import Figure
 from harness.results import FACTOR_COLUMNS
 
 __all__ = ["MissingData", "STANDARD", "capacity_sweep", "ttft_by_prefix_state", "bytes_per_token", "overlap",
-           "memory_peaks", "hit_rate_curves", "measured_hit_rates", "speed_rows"]
+           "memory_peaks", "hit_rate_curves", "measured_hit_rates", "speed_rows", "what_if"]
 
 PREFILL_PHASES = ("prefill_fresh", "prefill_continuation", "prefill_restored")
 PHASES = ("load", "prefill_fresh", "decode", "prefill_continuation", "prefill_restored")
@@ -106,9 +106,23 @@ def _mark_emulated(fig: Figure, df: pd.DataFrame, title: str) -> None:
     elif emulated.fillna(False).any():
         title += "  [some runs on an emulated device]"
     devices = sorted({str(d) for d in df.get("device_name", pd.Series(dtype=object)).dropna().unique()})
-    fig.suptitle(title, fontsize=10)
-    if devices:
-        fig.text(0.005, 0.005, "device: " + ", ".join(devices) + f"  ({SPREAD})", fontsize=7, color="0.35")
+    sub = ("device: " + ", ".join(devices) + "; " if devices else "") + SPREAD
+    fig.suptitle(f"{title}\n{sub}", fontsize=10)
+
+
+def _colors(labels: Sequence[str]) -> dict[str, tuple]:
+    """A stable colour per label: tab10 up to 10 labels, tab20 beyond."""
+    from matplotlib import colormaps
+    labels = sorted(set(labels))
+    cmap = colormaps["tab10" if len(labels) <= 10 else "tab20"]
+    return {lab: cmap(i % cmap.N) for i, lab in enumerate(labels)}
+
+
+def _auto_log(ax: Axes, values: Sequence[float]) -> None:
+    """Log scale only when the values span more than 20x."""
+    v = np.asarray([x for x in values if x is not None and np.isfinite(x) and x > 0], dtype=float)
+    if len(v) and v.max() / v.min() > 20:
+        ax.set_yscale("log")
 
 
 def _errorbar(ax: Axes, x: Sequence[float], s: pd.DataFrame, label: str, **kw) -> None:
@@ -153,6 +167,7 @@ def capacity_sweep(df: pd.DataFrame) -> Figure:
     contexts = sorted(rows["context_tokens"].dropna().unique()) or [None]
     cols = _config_columns(rows, exclude=("cache_capacity", "context_tokens"))
     rows = _with_label(rows, cols)
+    colors = _colors(rows["config"])
     fig = Figure(figsize=(4.2 * len(contexts) + 2.5, 6.5), layout="constrained")
     axes = fig.subplots(2, len(contexts), squeeze=False, sharex=True)
     panels = (("decode", "tok_per_s", "decode tok/s (higher is better)"),
@@ -162,8 +177,8 @@ def capacity_sweep(df: pd.DataFrame) -> Figure:
         for i, (phase, metric, ylabel) in enumerate(panels):
             ax = axes[i, j]
             sub = at_ctx[(at_ctx["phase"] == phase) & (at_ctx["metric"] == metric)]
-            for n, (label, g) in enumerate(sub.groupby("config", sort=True)):
-                color = f"C{sorted(rows['config'].unique()).index(label) % 10}"
+            for label, g in sub.groupby("config", sort=True):
+                color = colors[label]
                 if g["capacity"].notna().any():
                     s = _stats(g, ["capacity"])
                     _errorbar(ax, s["capacity"], s, label, color=color)
@@ -177,7 +192,7 @@ def capacity_sweep(df: pd.DataFrame) -> Figure:
                 ax.set_title(f"context {ctx} tokens" if ctx is not None else "")
             if i == 1:
                 ax.set_xlabel("expert-cache capacity (slots per layer)")
-                ax.set_yscale("log")
+                _auto_log(ax, sub["value"])
     _legend(fig, axes.ravel())
     _mark_emulated(fig, rows, "Decode rate and TTFT vs expert-cache capacity")
     return fig
@@ -205,7 +220,6 @@ def ttft_by_prefix_state(df: pd.DataFrame) -> Figure:
             if len(s):
                 _errorbar(ax, s["context_tokens"].astype(float), s, PHASE_LABELS[phase], color=f"C{k}")
         ax.set_title(label, fontsize=9)
-        ax.set_yscale("log")
         ax.grid(alpha=0.3)
     for ax in axes[-1]:
         ax.set_xlabel("context length (tokens)")
@@ -213,6 +227,7 @@ def ttft_by_prefix_state(df: pd.DataFrame) -> Figure:
         ax.set_ylabel("TTFT (s)")
     for ax in axes.ravel()[len(configs):]:
         ax.set_visible(False)
+    _auto_log(axes[0, 0], rows["value"])      # shared y: one call sets every panel
     _legend(fig, axes.ravel())
     _mark_emulated(fig, rows, "TTFT: fresh prefill vs prefix-cache continuation vs restored session")
     return fig
@@ -240,11 +255,14 @@ def bytes_per_token(df: pd.DataFrame) -> Figure:
     fig = Figure(figsize=(3.3 * len(phases) + 2.5, 0.32 * len(configs) + 2.0), layout="constrained")
     axes = fig.subplots(1, len(phases), squeeze=False, sharey=True)[0]
     y = np.arange(len(configs))
+    placement_of = per.drop_duplicates("config").set_index("config")["placement"]
+    by_placement = _colors(placement_of.astype(str))
+    bar_colors = [by_placement[str(placement_of[c])] for c in configs]
     for ax, phase in zip(axes, phases):
         s = _stats(per[per["phase"] == phase], ["config"]).set_index("config").reindex(configs)
         med = s["median"].to_numpy(dtype=float) / scale
         err = np.vstack([med - s["lo"].to_numpy(dtype=float) / scale, s["hi"].to_numpy(dtype=float) / scale - med])
-        ax.barh(y, med, xerr=err, color="C0", capsize=2)
+        ax.barh(y, med, xerr=err, color=bar_colors, capsize=2)
         ax.set_title(PHASE_LABELS.get(phase, phase), fontsize=9)
         ax.set_xlabel(f"h2d {unit} per token")
         ax.grid(alpha=0.3, axis="x")
@@ -307,6 +325,7 @@ def memory_peaks(df: pd.DataFrame) -> Figure:
     cols = _config_columns(rows)
     rows = _with_label(rows, cols)
     phases = [p for p in PHASES if p in set(rows["phase"])]
+    colors = _colors(rows["config"])
     fig = Figure(figsize=(11, 4.2), layout="constrained")
     axes = fig.subplots(1, 2, squeeze=False)[0]
     x = np.arange(len(phases))
@@ -315,12 +334,13 @@ def memory_peaks(df: pd.DataFrame) -> Figure:
         if sub.empty:
             ax.text(0.5, 0.5, f"peak {what}: not measured\n(null on an emulated device, never 0)",
                     ha="center", va="center", transform=ax.transAxes)
+            ax.set_yticks([])
             ax.set_xticks(x, [PHASE_LABELS[p] for p in phases], rotation=30, ha="right", fontsize=8)
             ax.set_title(f"peak {what}")
             continue
         for label, g in sub.groupby("config", sort=True):
             s = _stats(g, ["phase"]).set_index("phase").reindex(phases)
-            color = f"C{sorted(rows['config'].unique()).index(label) % 10}"
+            color = colors[label]
             _errorbar(ax, x, s.assign(**{k: s[k] / _MIB for k in ("median", "lo", "hi")}), label, color=color)
         ax.set_xticks(x, [PHASE_LABELS[p] for p in phases], rotation=30, ha="right", fontsize=8)
         ax.set_ylabel(f"peak {what} (MiB)")
@@ -390,6 +410,56 @@ def hit_rate_curves(sim: pd.DataFrame, measured: pd.DataFrame | None = None, *, 
         title += "  [engine points from an emulated device; hit rates do not depend on it]"
     fig.suptitle(title, fontsize=10)
     return fig
+
+
+# ----------------------------------------------------------------------------- cost model
+
+def what_if(predicted: pd.DataFrame, panels: Sequence[tuple[str, str]] = (("decode", "tok_per_s"),
+                                                                           ("prefill_fresh", "ttft_s"))) -> Figure:
+    """Cost-model predictions (rows with source="model" and a `hardware_profile` column, e.g.
+    `harness.costmodel.predict(...).table()` concatenated over profiles) per hardware profile,
+    one bar per config; configs whose planned device memory does not fit the profile
+    (`fits_device_memory` False) are hatched and faded."""
+    rows = predicted[(predicted["source"] == "model") & predicted["value"].notna()] \
+        if "source" in predicted.columns else predicted
+    if rows.empty or "hardware_profile" not in rows.columns:
+        raise MissingData("what-if: no predicted rows (source='model') with a hardware_profile column")
+    cols = _config_columns(rows)
+    rows = _with_label(rows, cols)
+    profiles = list(dict.fromkeys(rows["hardware_profile"]))
+    configs = sorted(rows["config"].unique())
+    colors = _colors(configs)
+    height = 1.0 / (len(configs) + 1)
+    fig = Figure(figsize=(5.2 * len(panels) + 2.5, 0.55 * len(profiles) * max(1.0, len(configs) / 3) + 1.8),
+                 layout="constrained")
+    axes = fig.subplots(1, len(panels), squeeze=False, sharey=True)[0]
+    y = np.arange(len(profiles))
+    for ax, (phase, metric) in zip(axes, panels):
+        sub = rows[(rows["phase"] == phase) & (rows["metric"] == metric)]
+        for k, cfg in enumerate(configs):
+            c = sub[sub["config"] == cfg].set_index("hardware_profile").reindex(profiles)
+            fits = c["fits_device_memory"] if "fits_device_memory" in c.columns else pd.Series(True, index=c.index)
+            for yi, (prof, r) in zip(y, c.iterrows()):
+                if pd.isna(r["value"]):
+                    continue
+                no = fits.get(prof) is False or (isinstance(fits.get(prof), (bool, np.bool_)) and not fits.get(prof))
+                ax.barh(yi + (k - (len(configs) - 1) / 2) * height, r["value"], height=height, color=colors[cfg],
+                        alpha=0.35 if no else 1.0, hatch="//" if no else None)
+            ax.barh([], [], color=colors[cfg], label=cfg)            # legend entry, unhatched
+        unit = _UNITS.get(metric, "")
+        ax.set_xlabel(f"predicted {PHASE_LABELS.get(phase, phase)} {metric} ({unit})")
+        ax.set_xscale("log")
+        ax.grid(alpha=0.3, axis="x")
+    axes[0].set_yticks(y, profiles, fontsize=8)
+    axes[0].invert_yaxis()
+    _legend(fig, axes)
+    model = ", ".join(sorted(rows["model"].dropna().astype(str).unique())) if "model" in rows.columns else ""
+    fig.suptitle(f"What-if: cost-model predictions for {model} per hardware profile (source=model, not measured)\n"
+                 "hatched: does not fit the profile's device memory", fontsize=10)
+    return fig
+
+
+_UNITS = {"tok_per_s": "tok/s", "ttft_s": "s", "time_s": "s", "tpot_s_p50": "s"}
 
 
 STANDARD: dict[str, Callable[[pd.DataFrame], Figure]] = {

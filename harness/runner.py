@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import socket
 import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
@@ -102,11 +104,13 @@ def run_job(cfg: DictConfig, ctx: JobContext, reporter: Reporter) -> tuple[list[
     device = {"device_kind": None, "device_name": None, "emulated": None}
     try:
         spec = validate(cfg)                       # before any model loads
+        if spec.run.threads is not None:
+            torch.set_num_threads(spec.run.threads)
         sample = _sample(spec)
         with PhaseProbe("cuda" if spec.hardware.device == "cuda" else "cpu", None) as load_probe:
             eng, loaded = _engine_for(spec, sample)
         device = {"device_kind": eng.device_kind, "device_name": eng.device_name, "emulated": eng.emulated}
-        extra = {"ubatch": spec.workload.ubatch, "token_source": sample.token_source,
+        extra = {"host": socket.gethostname(), "ubatch": spec.workload.ubatch, "token_source": sample.token_source,
                  "resolved_capacity": eng.resolved_capacity, "placement_options": repr(spec.placement_options)}
         rows: list[dict] = []
 

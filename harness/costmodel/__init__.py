@@ -17,10 +17,10 @@ What-if over profiles: run `predict` with each of `list_profiles()`; datasheet p
 the hardware bound (no software overhead), a calibrated profile adds this engine's fitted
 overheads.
 """
-from harness.costmodel.predict import PhaseEstimate, Prediction, predict
+from harness.costmodel.predict import PhaseEstimate, Prediction, predict, what_if
 from harness.costmodel.profiles import (HardwareProfile, Overheads, ProfileError, list_profiles, load_profile,
                                         save_profile)
 from harness.costmodel.work import PlacementSpec, Routing, WorkloadShape
 
-__all__ = ["predict", "Prediction", "PhaseEstimate", "HardwareProfile", "Overheads", "ProfileError",
+__all__ = ["predict", "what_if", "Prediction", "PhaseEstimate", "HardwareProfile", "Overheads", "ProfileError",
            "list_profiles", "load_profile", "save_profile", "PlacementSpec", "Routing", "WorkloadShape"]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import platform
 import time
 from collections.abc import Callable
@@ -36,6 +37,7 @@ from engine.config import preset
 from engine.devices import Device
 from engine.layers import expert_ffn
 from harness.costmodel.profiles import PROFILE_DIR, HardwareProfile, save_profile
+from harness.manifest import cpu_model
 
 log = logging.getLogger(__name__)
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -203,9 +205,10 @@ def measure(device: str = "auto", dtype: str = "float32", quick: bool = False, n
     from harness.costmodel.fit import fit_overheads, run_probes
 
     kind = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
-    reps = 3 if quick else 10
+    reps = 5 if quick else 10
     raw: dict[str, Any] = {"torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-                           "cpu": platform.processor() or platform.machine()}
+                           "cpu": cpu_model() or platform.processor() or platform.machine(),
+                           "cores": os.cpu_count()}
     dtypes = ["float32", "bfloat16"]
     raw["cpu_gemm_gflops"] = gemm_rates("cpu", dtypes, (512, 1024) if quick else (256, 512, 1024, 2048), reps)
     raw["cpu_gemv_gbps"] = gemv_rates("cpu", dtypes, 64 if quick else 256, reps)
@@ -254,14 +257,14 @@ def _best(rates: dict[str, float], dtype: str) -> float:
 
 
 def _pcie_link() -> str | None:
-    try:
-        import pynvml
-        pynvml.nvmlInit()
-        h = pynvml.nvmlDeviceGetHandleByIndex(0)
-        gen, width = pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h), pynvml.nvmlDeviceGetCurrPcieLinkWidth(h)
-        return f"PCIe {gen}.0 x{width} (NVML, current)"
-    except Exception:  # noqa: BLE001 -- NVML is optional; any failure means "unknown"
+    """The GPU's PCIe link from NVML (harness.manifest), or None. Max is what the slot and
+    card negotiate under load; an idle link may sit at a lower current generation."""
+    from harness.manifest import nvml_info
+    n = nvml_info(None, 0)
+    if n["pcie_gen_max"] is None:
         return None
+    return (f"PCIe {n['pcie_gen_max']}.0 x{n['pcie_width_max']} (NVML max; current gen {n['pcie_gen_current']} "
+            f"x{n['pcie_width_current']})")
 
 
 def _fmt(d: dict[str, float] | None) -> str:
@@ -269,7 +272,8 @@ def _fmt(d: dict[str, float] | None) -> str:
 
 
 def _notes(raw: dict[str, Any], kind: str, dtype: str, device_name: str) -> str:
-    parts = [f"Measured by `moebench calibrate` on {raw['cpu']} ({device_name}), torch {raw['torch']}, "
+    parts = [f"Measured by `moebench calibrate` on {raw['cpu']} ({raw['cores']} logical CPUs; {device_name}), "
+             f"torch {raw['torch']}, "
              f"{raw['torch_threads']} torch threads; figures are for {dtype}.",
              f"CPU GEMM GFLOP/s: {_fmt(raw['cpu_gemm_gflops'])}; CPU GEMV weight-read GB/s: {_fmt(raw['cpu_gemv_gbps'])}; "
              f"engine expert FFN ({dtype}): {_fmt(raw['cpu_expert'])}; RAM copy {raw['cpu_ram_gbps']:.1f} GB/s (read+write)."]
@@ -309,9 +313,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {key:<16} {getattr(profile, key)}")
     if not args.no_fit:
         o = profile.overheads
-        print("  overheads (us): " + ", ".join(f"{k} {v * 1e6:.3g}" for k, v in o.as_dict().items()))
+        print(f"  compute_scale {o.compute_scale:.3g}; overheads (us): "
+              + ", ".join(f"{k} {v * 1e6:.3g}" for k, v in o.as_dict().items()))
+        if o.info["fit_median_abs_rel_err"] > 0.15:
+            print("  WARNING: the overhead fit is poor -- other processes were probably competing for the CPU; "
+                  "rerun on a quieter machine (or with fewer torch threads, e.g. OMP_NUM_THREADS=1)")
         print(f"  fit: median |rel err| {o.info['fit_median_abs_rel_err']:.1%}, max {o.info['fit_max_abs_rel_err']:.1%} "
-              f"over {o.info['probes']} probes")
+              f"over {o.info['probes'] - len(o.info['excluded'])} probes"
+              + (f" (excluded as outliers: {', '.join(o.info['excluded'])})" if o.info["excluded"] else ""))
     return 0
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -113,10 +113,27 @@ def _prefill(eng: Engine, T: int, seed: int) -> Callable[[], list[tuple[int, int
     return run
 
 
-def _measure(label: str, eng: Engine, placement: PlacementSpec, phase: str, repeats: int, kind: str,
+@dataclass(frozen=True)
+class Repeats:
+    """A warm-up round plus `n` measured rounds, cut short once a probe has spent `budget_s`
+    (and has one measured round): on a contended machine one slow probe must not stall
+    calibration."""
+
+    n: int
+    budget_s: float
+
+    def __iter__(self) -> Iterator[int]:
+        t0 = time.perf_counter()
+        for i in range(self.n + 1):
+            if i >= 2 and time.perf_counter() - t0 > self.budget_s:
+                return
+            yield i
+
+
+def _measure(label: str, eng: Engine, placement: PlacementSpec, phase: str, repeats: Repeats, kind: str,
              make: Callable[[], Callable[[], list[tuple[int, int]]]], before: Callable[[], None] | None = None) -> Probe:
     samples, work = [], None
-    for _ in range(repeats + 1):                               # first: warm-up, dropped
+    for _ in repeats:                                 # first: warm-up, dropped
         eng.reset()
         if before is not None:
             before()
@@ -126,7 +143,7 @@ def _measure(label: str, eng: Engine, placement: PlacementSpec, phase: str, repe
     return Probe(label, eng.cfg, placement, work, STAT(samples), samples)
 
 
-def _decode_probe(label: str, eng: Engine, placement: PlacementSpec, past: int, steps: int, repeats: int,
+def _decode_probe(label: str, eng: Engine, placement: PlacementSpec, past: int, steps: int, repeats: Repeats,
                   kind: str) -> Probe:
     state: dict = {}
 
@@ -146,9 +163,30 @@ def _decode_probe(label: str, eng: Engine, placement: PlacementSpec, past: int, 
     return _measure(label, eng, placement, "decode", repeats, kind, make, before)
 
 
-def _restore_probe(label: str, eng: Engine, placement: PlacementSpec, tokens: int, repeats: int, kind: str) -> Probe:
+def _continuation_probe(label: str, eng: Engine, placement: PlacementSpec, past: int, T: int, repeats: Repeats,
+                        kind: str) -> Probe:
+    """A turn of T tokens on top of `past` tokens of KV (masked attention over a prefix)."""
+    state: dict = {}
+
+    def before() -> None:
+        state["sess"] = sess = eng.new_session(1)
+        eng.prefill(sess, _prompt(past, eng.cfg.vocab_size, 5))
+
+    def make() -> Callable[[], list[tuple[int, int]]]:
+        prompt = _prompt(T, eng.cfg.vocab_size, 23)
+
+        def run() -> list[tuple[int, int]]:
+            sess = state["sess"]
+            eng.prefill(sess, prompt).argmax(-1).tolist()
+            sess.close()
+            return [(min(eng.ubatch, T - s), past + s) for s in range(0, T, eng.ubatch)]
+        return run
+    return _measure(label, eng, placement, "prefill_continuation", repeats, kind, make, before)
+
+
+def _restore_probe(label: str, eng: Engine, placement: PlacementSpec, tokens: int, repeats: Repeats, kind: str) -> Probe:
     samples = []
-    for _ in range(repeats + 1):
+    for _ in repeats:
         sess = eng.new_session(1)
         eng.prefill(sess, _prompt(tokens, eng.cfg.vocab_size, 3))
         sess.offload()
@@ -166,7 +204,7 @@ def _restore_probe(label: str, eng: Engine, placement: PlacementSpec, tokens: in
 def run_probes(device: str = "cpu", dtype: str = "float32", quick: bool = False) -> list[Probe]:
     """Time the engine on the calibration configurations (module docstring)."""
     kind = "cuda" if device == "cuda" else "cpu"
-    reps = 5 if quick else 9
+    reps = Repeats(5, 0.4) if quick else Repeats(9, 1.5)
     steps = 6 if quick else 16
     prefills = (48, 640) if quick else (32, 128, 320, 640, 1024)
     probes: list[Probe] = []
@@ -177,6 +215,11 @@ def run_probes(device: str = "cpu", dtype: str = "float32", quick: bool = False)
             probes.append(_measure(f"resident L{L} k{k} prefill {T}", eng, resident, "prefill_fresh", reps, kind,
                                    lambda T=T: _prefill(eng, T, 11)))
         probes.append(_decode_probe(f"resident L{L} k{k} decode", eng, resident, 96, steps, reps, kind))
+        if (L, k) in ((2, 4), (6, 1)):                          # long contexts: KV-bound decode, masked prefixes
+            probes.append(_decode_probe(f"resident L{L} k{k} decode @2048", eng, resident, 2048, steps, reps, kind))
+            for past in ((1024,) if quick else (512, 1536, 3072)):
+                probes.append(_continuation_probe(f"resident L{L} k{k} turn 65 @{past}", eng, resident, past, 65,
+                                                  reps, kind))
         if (L, k) == (6, 1):
             for S in ((256, 2048) if quick else (256, 1024, 3072)):
                 probes.append(_restore_probe(f"restore L{L} {S}", eng, resident, S, reps, kind))
@@ -207,43 +250,45 @@ def run_probes(device: str = "cpu", dtype: str = "float32", quick: bool = False)
 # --- the fit ------------------------------------------------------------------------------------
 def fit_overheads(probes: list[Probe], profile: HardwareProfile, dtype: str = "float32") -> tuple[Overheads, list[dict]]:
     """Non-negative least squares on relative error: for each probe,
-    (measured - physical) / measured = sum_e cost_e * events_e / measured.
+    measured = compute_scale * compute + exposed copies + sum_e cost_e * events_e,
+    divided through by measured, with compute and copies from the profile's rates.
 
     One refit drops outliers -- probes off by more than max(25%, 3x the median error), which
     on a shared machine are repeats that all met a busy moment -- and reports them. Returns
     the overheads and, per probe, measured vs fitted time (the fit's own residuals)."""
     dt = DTYPE_BYTES[dtype]
-    X, y, phys = [], [], []
+    X, y, copies = [], [], []
     for p in probes:
         terms = physical_terms(p.cfg, p.work, profile, dt, p.placement, "auto")
         ev = phase_events(p.cfg, p.work)
-        X.append([ev[e] for e in EVENTS])
+        X.append([terms["compute_s"], *[ev[e] for e in EVENTS]])
         y.append(p.time_s)
-        phys.append(terms["physical_s"])
-    X_, y_, phys_ = np.asarray(X), np.asarray(y), np.asarray(phys)
+        copies.append(terms["exposed_copy_s"])
+    X_, y_, c_ = np.asarray(X), np.asarray(y), np.asarray(copies)
     keep = np.ones(len(y_), dtype=bool)
     for _ in range(2):
-        coef = _solve(X_[keep], y_[keep], phys_[keep])
-        err = np.abs(phys_ + X_ @ coef - y_) / y_
+        coef = _solve(X_[keep], y_[keep], c_[keep])
+        err = np.abs(c_ + X_ @ coef - y_) / y_
         outlier = err > max(0.25, 3 * float(np.median(err[keep])))
         if not outlier.any() or outlier.sum() > len(y_) // 4 or (keep == ~outlier).all():
             break
         keep = ~outlier
-    fitted = phys_ + X_ @ coef
-    report = [{"probe": p.label, "measured_s": p.time_s, "physical_s": ph, "fitted_s": f,
+    fitted = c_ + X_ @ coef
+    report = [{"probe": p.label, "measured_s": p.time_s, "compute_s": x[0] * coef[0], "fitted_s": f,
                "rel_err": (f - p.time_s) / p.time_s, "used": bool(k)}
-              for p, ph, f, k in zip(probes, phys, fitted, keep)]
+              for p, x, f, k in zip(probes, X_, fitted, keep)]
     errs = np.abs([r["rel_err"] for r in report])
     info = {"probes": len(probes), "excluded": [r["probe"] for r in report if not r["used"]],
             "fit_median_abs_rel_err": float(np.median(errs[keep])), "fit_max_abs_rel_err": float(errs[keep].max()),
             "torch_threads": torch.get_num_threads(), "statistic": "fastest of the repeats",
             "fitted_on": f"{PRESET} variants (2/6 layers, top-1/2/4); see harness/costmodel/fit.py"}
-    return Overheads(**{e: float(c) for e, c in zip(EVENTS, coef)}, info=info), report
+    scale = float(coef[0]) if coef[0] > 0 else 1.0     # no compute signal at all: keep the profile's rates
+    return Overheads(compute_scale=scale, **{e: float(c) for e, c in zip(EVENTS, coef[1:])}, info=info), report
 
 
-def _solve(X: np.ndarray, y: np.ndarray, phys: np.ndarray) -> np.ndarray:
+def _solve(X: np.ndarray, y: np.ndarray, copies: np.ndarray) -> np.ndarray:
     A = X / y[:, None]
-    b = (y - phys) / y
+    b = (y - copies) / y
     scale = np.where(A.max(axis=0) > 0, A.max(axis=0), 1.0)        # columns to O(1) for conditioning
     return nnls(A / scale, b) / scale
 

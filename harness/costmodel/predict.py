@@ -14,8 +14,8 @@ Does not own: the work itself (harness.costmodel.work), profiles, calibration, v
 
 Per forward pass (all terms in seconds):
 
-    compute  = roof(dense) + roof(attention) + sum_layers roof(experts on device)      [device rates]
-             + sum_layers roof(experts on CPU)                                          [CPU rates]
+    compute  = s * [roof(dense) + roof(attention) + sum_layers roof(experts on device)  [device rates]
+                    + sum_layers roof(experts on CPU)]                                  [CPU rates]
     copies   = misses * expert_bytes / h2d  +  activations (cpu/hybrid) / d2h, h2d  +  streamed experts / h2d
     exposed  = the part of `copies` not hidden under compute (overlap rule below)
     overhead = sum over events (pass, layer, expert, row, score, lookup, miss, cpu layer) of count * fitted cost
@@ -23,6 +23,8 @@ Per forward pass (all terms in seconds):
 
 roof(flops, bytes) = max(flops / FLOP rate, bytes / memory bandwidth). Attention counts the
 full T x S score rectangle the engine's SDPA call computes (mask applied, nothing skipped).
+s is the fitted `Overheads.compute_scale`: 1 for a datasheet profile (peak rates), the
+achieved/peak ratio at the engine's shapes for a calibrated one.
 
 Overlap (`overlap=`): "auto" follows the engine -- fetch copies on demand and waits at once
 (nothing hidden: measured overlap_frac is 0), cpu/hybrid wait for their activations, stream
@@ -35,16 +37,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from engine.config import ModelConfig, preset
+from engine.planner import plan_memory
 from harness import results
 from harness.costmodel.profiles import HardwareProfile, Overheads, load_profile
 from harness.costmodel.work import (EVENTS, PhaseWork, PlacementSpec, Routing, WorkloadShape, apply_counts,
-                                    expert_bytes, kv_bytes, pass_events, pass_flops, scenario_work)
+                                    apply_hit_rate, expert_bytes, kv_bytes, pass_events, pass_flops, scenario_work)
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 OVERLAP_MODES = ("auto", "none", "full")
@@ -112,6 +116,8 @@ class Prediction:
     routing: str                 # label: synthetic-uniform | trace:... | measured
     overlap: Overlap
     phases: dict[str, PhaseEstimate]
+    planned_device_bytes: int | None = None     # engine.planner's total for this placement and context
+    fits_device_memory: bool | None = None      # vs the profile's device_memory_gib (None: unknown)
 
     def factors(self, workload: str = "shape") -> dict[str, Any]:
         pl, sh = self.placement, self.shape
@@ -131,7 +137,8 @@ class Prediction:
                                                                 "gen_tokens", "batch"))
         cols = {"profiler": "none", "hardware_profile": hw.name, "profile_source": hw.source,
                 "routing": self.routing, "overlap": str(self.overlap), "ubatch": self.shape.ubatch,
-                "resolved_capacity": self.placement.capacity, **(extra or {})}
+                "resolved_capacity": self.placement.capacity, "planned_device_bytes": self.planned_device_bytes,
+                "fits_device_memory": self.fits_device_memory, **(extra or {})}
         out: list[dict[str, Any]] = []
         for ph in self.phases.values():
             out += results.make_rows(factors, device, sweep_id or f"model-{hw.name}", job_id, None, ph.phase,
@@ -147,15 +154,18 @@ def predict(model: str | ModelConfig, placement: str | PlacementSpec, shape: Wor
             profile: str | HardwareProfile, *, capacity: int | None = None, policy: str = "lru",
             placement_options: Mapping[str, Any] | None = None, dtype: str = "float32",
             routing: Routing | None = None, counts: Mapping[str, Mapping[str, float]] | None = None,
-            overlap: Overlap = "auto", overheads: Overheads | None = None) -> Prediction:
-    """Predict every phase of the scenario for `model` under `placement` on `profile`.
+            hit_rate: float | Mapping[str, float] | None = None, overlap: Overlap = "auto",
+            overheads: Overheads | None = None) -> Prediction:
+    """Predict every phase of the scenario for `model` (a preset name, a checkpoint directory
+    or a ModelConfig) under `placement` on `profile` (a name, a yaml path or a HardwareProfile).
 
-    counts: measured totals per phase ({"decode": {"expert_hits": .., "expert_misses": ..,
-    "streamed": ..}}) that replace the simulated cache traffic; otherwise `routing` (default:
-    uniform synthetic) is replayed through the placement's cache policy. overheads: default
-    the profile's (zero for datasheet profiles)."""
-    cfg = preset(model) if isinstance(model, str) else model
-    name = model if isinstance(model, str) else (cfg.name or "model")
+    Cache traffic comes from `routing` (default: uniform synthetic) replayed through the
+    placement's cache policy, unless `counts` gives measured totals per phase ({"decode":
+    {"expert_hits": .., "expert_misses": .., "streamed": ..}}) or `hit_rate` (one number, or
+    per phase) splits the simulated lookups at a chosen rate. overheads: default the
+    profile's (zero for datasheet profiles)."""
+    cfg = _model_config(model)
+    name = model if isinstance(model, str) and not Path(model, "config.json").is_file() else (cfg.name or "model")
     spec = placement if isinstance(placement, PlacementSpec) else \
         PlacementSpec.from_options(placement, capacity, policy, placement_options)
     hw = load_profile(profile) if not isinstance(profile, HardwareProfile) else profile
@@ -169,18 +179,56 @@ def predict(model: str | ModelConfig, placement: str | PlacementSpec, shape: Wor
         for phase, c in counts.items():
             if phase in work:
                 apply_counts(work[phase], c.get("expert_hits"), c.get("expert_misses"), c.get("streamed"))
+    if hit_rate is not None:
+        rates = hit_rate if isinstance(hit_rate, Mapping) else dict.fromkeys(work, hit_rate)
+        label = f"{label}, hit_rate={hit_rate}"
+        for phase, h in rates.items():
+            if phase in work:
+                apply_hit_rate(work[phase], float(h))
     ovh = overheads if overheads is not None else hw.overheads
     phases = {ph: estimate_phase(cfg, w, hw, dt, spec, overlap, ovh) for ph, w in work.items()}
-    return Prediction(name, cfg, spec, shape, hw, dtype, label, overlap, phases)
+    planned = planned_bytes(cfg, spec, shape, dt)
+    fits = None if hw.device_memory_gib is None else planned <= hw.device_memory_gib * 2**30
+    return Prediction(name, cfg, spec, shape, hw, dtype, label, overlap, phases, planned, fits)
+
+
+def planned_bytes(cfg: ModelConfig, spec: PlacementSpec, shape: WorkloadShape, dtype_bytes: int) -> int:
+    """Device bytes the engine's planner would reserve for this run (no budget, no reserve)."""
+    options: dict[str, Any] = {}
+    if spec.name == "hybrid":
+        options["n_cpu_layers"] = spec.n_cpu_layers
+    elif spec.name == "stream":
+        options = {"stream_threshold": spec.stream_threshold, "stream_fallback": spec.stream_fallback,
+                   "stream_buffers": spec.stream_buffers}
+    context = shape.context_tokens + shape.gen_tokens + 2 * (shape.turn_tokens + 1)   # harness.engines.context_needed
+    plan = plan_memory(cfg, spec.name, spec.capacity if spec.uses_cache else None, None, context, shape.batch,
+                       shape.ubatch, dtype_bytes, options)
+    return plan.total
+
+
+def what_if(model: str | ModelConfig, placement: str | PlacementSpec, shape: WorkloadShape,
+            profiles: list[str | HardwareProfile] | None = None, **kw: Any) -> pd.DataFrame:
+    """The same prediction on several profiles (default: every conf/hardware profile): one
+    row per profile and phase with time, tok/s and its compute / exposed copy / overhead split."""
+    from harness.costmodel.profiles import list_profiles
+    out = []
+    for prof in profiles if profiles is not None else list_profiles():
+        p = predict(model, placement, shape, prof, **kw)
+        for ph in p.phases.values():
+            out.append({"profile": p.profile.name, "link": p.profile.link, "phase": ph.phase, "time_s": ph.time_s,
+                        "tok_per_s": ph.tok_per_s, "compute_s": ph.compute_s, "exposed_copy_s": ph.exposed_copy_s,
+                        "overhead_s": ph.overhead_s, "h2d_GB": ph.h2d_bytes / 1e9,
+                        "fits_device_memory": p.fits_device_memory})
+    return pd.DataFrame(out)
 
 
 def estimate_phase(cfg: ModelConfig, work: PhaseWork, hw: HardwareProfile, dtype_bytes: int,
                    placement: PlacementSpec, overlap: Overlap, overheads: Overheads) -> PhaseEstimate:
     """Sum the time model over a phase's passes (the module docstring's formula)."""
-    terms = physical_terms(cfg, work, hw, dtype_bytes, placement, overlap)
+    terms = physical_terms(cfg, work, hw, dtype_bytes, placement, overlap, overheads.compute_scale)
     events = phase_events(cfg, work)
     cost = overheads.as_dict()
-    overhead = sum(cost[e] * n for e, n in events.items())
+    overhead = float(sum(cost[e] * n for e, n in events.items()))
     restore = None
     if work.restore_tokens:
         restore = terms["restore_copy_s"] + cost["restore_s"]
@@ -204,7 +252,7 @@ def phase_events(cfg: ModelConfig, work: PhaseWork) -> dict[str, float]:
 
 
 def physical_terms(cfg: ModelConfig, work: PhaseWork, hw: HardwareProfile, dtype_bytes: int,
-                   placement: PlacementSpec, overlap: Overlap) -> dict[str, float]:
+                   placement: PlacementSpec, overlap: Overlap, compute_scale: float = 1.0) -> dict[str, float]:
     """Compute, copy and exposed-copy seconds and bytes moved of a phase, overheads excluded."""
     dev_rate, dev_bw = _rate(hw.device_tflops, 1e12), _rate(hw.device_mem_gbps, 1e9)
     cpu_rate, cpu_bw = _rate(hw.cpu_gflops, 1e9), _rate(hw.cpu_mem_gbps, 1e9)
@@ -212,9 +260,10 @@ def physical_terms(cfg: ModelConfig, work: PhaseWork, hw: HardwareProfile, dtype
     compute = copy_busy = exposed = h2d_bytes = d2h_bytes = 0.0
     for p in work.passes:
         f = pass_flops(cfg, p, dtype_bytes)
-        dev_experts = np.maximum(f.dev_expert_flops / dev_rate, f.dev_expert_bytes / dev_bw)    # [M]
-        cpu_experts = np.maximum(f.cpu_expert_flops / cpu_rate, f.cpu_expert_bytes / cpu_bw)    # [M]
-        comp = (max(f.dense_flops / dev_rate, f.dense_bytes / dev_bw) + max(f.attn_flops / dev_rate, f.attn_bytes / dev_bw)
+        dev_experts = compute_scale * np.maximum(f.dev_expert_flops / dev_rate, f.dev_expert_bytes / dev_bw)  # [M]
+        cpu_experts = compute_scale * np.maximum(f.cpu_expert_flops / cpu_rate, f.cpu_expert_bytes / cpu_bw)  # [M]
+        comp = (compute_scale * (max(f.dense_flops / dev_rate, f.dense_bytes / dev_bw)
+                                 + max(f.attn_flops / dev_rate, f.attn_bytes / dev_bw))
                 + dev_experts.sum() + cpu_experts.sum())
         demand = f.miss_bytes / h2d + f.act_d2h_bytes / d2h + f.act_h2d_bytes / h2d
         stream = f.stream_bytes / h2d                                                            # [M]
@@ -239,9 +288,9 @@ def physical_terms(cfg: ModelConfig, work: PhaseWork, hw: HardwareProfile, dtype
         copy_busy += restore_copy
         exposed += restore_copy          # the restore finishes before the turn's prefill starts
         h2d_bytes += kv
-    return {"compute_s": compute, "copy_busy_s": copy_busy, "exposed_copy_s": exposed,
-            "physical_s": compute + exposed, "restore_copy_s": restore_copy, "h2d_bytes": h2d_bytes,
-            "d2h_bytes": d2h_bytes}
+    out = {"compute_s": compute, "copy_busy_s": copy_busy, "exposed_copy_s": exposed, "physical_s": compute + exposed,
+           "restore_copy_s": restore_copy, "h2d_bytes": h2d_bytes, "d2h_bytes": d2h_bytes}
+    return {k: float(v) for k, v in out.items()}
 
 
 def _stream_exposed(copy: np.ndarray, compute: np.ndarray, n: np.ndarray, buffers: int) -> float:
@@ -266,6 +315,15 @@ def _require(hw: HardwareProfile, spec: PlacementSpec) -> None:
     hw.require("device_tflops", "device_mem_gbps", "h2d_gbps", why=why + " (h2d_gbps: KV restore)")
     if spec.name in ("cpu", "hybrid") or (spec.name == "stream" and spec.stream_fallback == "cpu"):
         hw.require("cpu_gflops", "cpu_mem_gbps", "d2h_gbps", why=why)
+
+
+def _model_config(model: str | ModelConfig) -> ModelConfig:
+    """A preset name, a Hugging Face checkpoint directory (its config.json) or a ModelConfig."""
+    if isinstance(model, ModelConfig):
+        return model
+    if Path(model, "config.json").is_file():
+        return ModelConfig.from_hf_dir(model)
+    return preset(model)
 
 
 def _dtype_bytes(dtype: str) -> int:

@@ -51,13 +51,16 @@ class ProfileError(ValueError):
 
 @dataclass(frozen=True)
 class Overheads:
-    """Fixed software costs in seconds per event, fitted by calibration (all zero = none).
+    """Fitted software terms: fixed costs in seconds per event (all zero = none), and the
+    compute scale (1 = the profile's peak rates; a calibrated machine's achieved/peak ratio at
+    the engine's small, oddly shaped matmuls, attention and elementwise work).
 
     Events (counted by harness.costmodel.work for every forward pass):
       pass_s          one forward pass (embedding, rope, final norm, lm_head call, argmax sync)
       layer_s         one decoder layer (attention-block ops, norms, router, the expert loop's setup)
       expert_s        one expert invocation (token gather, expert FFN ops, scatter-add)
       row_s           one token row through one layer (elementwise work on activations)
+      slot_s          one routed (token, expert) slot: gather, routing-weight multiply, scatter-add of a row
       score_s         one materialised attention score (B*H*T*S of a pass; 0 where attention is fused)
       lookup_s        one device-cache lookup (fetch bookkeeping and policy)
       miss_s          one cache miss or streamed expert: issuing a copy and waiting for it, beyond bytes/link
@@ -65,10 +68,12 @@ class Overheads:
       restore_s       one KV restore (prefill_restored), beyond bytes/link
     """
 
+    compute_scale: float = 1.0
     pass_s: float = 0.0
     layer_s: float = 0.0
     expert_s: float = 0.0
     row_s: float = 0.0
+    slot_s: float = 0.0
     score_s: float = 0.0
     lookup_s: float = 0.0
     miss_s: float = 0.0
@@ -76,17 +81,27 @@ class Overheads:
     restore_s: float = 0.0
     info: dict[str, Any] = field(default_factory=dict, compare=False)   # how and where they were fitted
 
-    TERMS = ("pass_s", "layer_s", "expert_s", "row_s", "score_s", "lookup_s", "miss_s", "cpu_layer_s", "restore_s")
+    TERMS = ("pass_s", "layer_s", "expert_s", "row_s", "slot_s", "score_s", "lookup_s", "miss_s", "cpu_layer_s",
+             "restore_s")
 
     def as_dict(self) -> dict[str, float]:
+        """The per-event costs (not compute_scale)."""
         return {t: float(getattr(self, t)) for t in self.TERMS}
+
+    @property
+    def fitted(self) -> bool:
+        return self.compute_scale != 1.0 or any(self.as_dict().values())
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], source: str = "overheads") -> "Overheads":
-        unknown = sorted(set(d) - set(cls.TERMS) - {"info"})
+        unknown = sorted(set(d) - set(cls.TERMS) - {"info", "compute_scale"})
         if unknown:
-            raise ProfileError(f"{source}: unknown overhead term(s) {unknown}; allowed: {list(cls.TERMS)}")
-        values = {}
+            raise ProfileError(f"{source}: unknown overhead term(s) {unknown}; allowed: "
+                               f"{[*cls.TERMS, 'compute_scale']}")
+        scale = d.get("compute_scale", 1.0)
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+            raise ProfileError(f"{source}: compute_scale must be a finite number > 0, got {scale!r}")
+        values: dict[str, float] = {"compute_scale": float(scale)}
         for t in cls.TERMS:
             v = d.get(t, 0.0)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
@@ -227,7 +242,8 @@ def save_profile(profile: HardwareProfile, path: str | Path) -> Path:
     header = (f"# Hardware profile {profile.name!r} (source: {profile.source}); keys = harness.config.HardwareConf.\n"
               "# Written by `moebench calibrate`; fitted software overheads (if any) are in the .overheads.json beside it.\n")
     path.write_text(header + yaml.safe_dump(profile.conf_dict(), sort_keys=False, width=100))
-    if any(profile.overheads.as_dict().values()):
-        body = {**profile.overheads.as_dict(), "info": profile.overheads.info}
+    if profile.overheads.fitted:
+        o = profile.overheads
+        body = {"compute_scale": o.compute_scale, **o.as_dict(), "info": o.info}
         overheads_path(path).write_text(json.dumps(body, indent=2, sort_keys=False) + "\n")
     return path

@@ -285,18 +285,25 @@ def apply_counts(work: PhaseWork, hits: float | None = None, misses: float | Non
             elif target > 0:                       # nothing simulated: spread evenly
                 setattr(p, attr, np.full_like(arr, target / (len(work.passes) * arr.size)))
     if hits is not None or misses is not None:
-        lookups_before = work.total("hits") + work.total("misses")
         scale("hits", hits)
         scale("misses", misses)
-        lookups = work.total("hits") + work.total("misses")
-        if lookups_before > 0 and lookups > 0:
-            for p in work.passes:
-                cached = (p.hits + p.misses) > 0
-                p.unique = np.where(cached, p.hits + p.misses, p.unique)
+        for p in work.passes:
+            cached = (p.hits + p.misses) > 0
+            p.unique = np.where(cached, p.hits + p.misses, p.unique)
     if streamed is not None:
         scale("streamed", streamed)
         for p in work.passes:
             p.unique = np.where(p.streamed > 0, p.streamed, p.unique)
+    return work
+
+
+def apply_hit_rate(work: PhaseWork, hit_rate: float) -> PhaseWork:
+    """Keep the simulated lookups of a phase but split them at `hit_rate` (a what-if knob)."""
+    if not 0.0 <= hit_rate <= 1.0:
+        raise ValueError(f"hit_rate must be in [0, 1], got {hit_rate!r}")
+    for p in work.passes:
+        lookups = p.hits + p.misses
+        p.hits, p.misses = lookups * hit_rate, lookups * (1.0 - hit_rate)
     return work
 
 
@@ -338,7 +345,10 @@ def pass_flops(cfg: ModelConfig, p: PassWork, dtype_bytes: int) -> PassFlops:
         + 2.0 * B * D * V                                                     # lm_head: last position only
     dense_bytes = float(dense_w * dt + L * 6 * N * D * dt)                    # weights + activations in/out
     attn_flops = 4.0 * L * B * H * hd * T * S                                 # QK^T and PV
-    attn_bytes = float(L * (2 * B * K * hd * S + 2 * N * H * hd) * dt)
+    # KV read at H heads; with grouped-query attention the engine first materialises the
+    # repeated K/V (expand + reshape: read K heads, write H heads), every layer, every pass
+    kv_heads = H + (K + H if H > K else 0)
+    attn_bytes = float(L * (2 * B * kv_heads * hd * S + 2 * N * H * hd) * dt)
     ex_flops = 2.0 * N * k * 3 * D * I                                         # per MoE layer
     ex_bytes = p.unique * expert_bytes(cfg, dt)                               # [M]
     ex_f = np.full(n_moe, ex_flops)
@@ -354,13 +364,15 @@ def pass_flops(cfg: ModelConfig, p: PassWork, dtype_bytes: int) -> PassFlops:
         stream_bytes=p.streamed * expert_bytes(cfg, dt))
 
 
-EVENTS = ("pass_s", "layer_s", "expert_s", "row_s", "score_s", "lookup_s", "miss_s", "cpu_layer_s", "restore_s")
+EVENTS = ("pass_s", "layer_s", "expert_s", "row_s", "slot_s", "score_s", "lookup_s", "miss_s", "cpu_layer_s",
+          "restore_s")
 
 
 def pass_events(cfg: ModelConfig, p: PassWork) -> dict[str, float]:
     """How many times each fitted overhead (harness.costmodel.profiles.Overheads) is paid in one pass."""
     L, H = cfg.num_layers, cfg.num_heads
     return {"pass_s": 1.0, "layer_s": float(L), "expert_s": float(p.unique.sum()), "row_s": float(p.rows * L),
+            "slot_s": float(p.rows * cfg.top_k * cfg.n_moe_layers),
             "score_s": float(L * p.batch * H * p.new * (p.past + p.new)),
             "lookup_s": float((p.hits + p.misses).sum()), "miss_s": float(p.misses.sum() + p.streamed.sum()),
             "cpu_layer_s": float(p.on_cpu.sum()), "restore_s": 0.0}

@@ -1,0 +1,102 @@
+"""harness.plots and `moebench-plot` on the committed sample results: every standard figure is
+written as a real PNG, emulated runs are marked, and figures whose data is absent are skipped
+with a message naming what was missing."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from matplotlib.figure import Figure
+
+from harness import plots
+from harness import results as R
+from harness.analysis_cli import plot_main
+
+SAMPLES = Path(__file__).resolve().parents[2] / "results" / "samples"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def samples() -> pd.DataFrame:
+    return R.load(SAMPLES)
+
+
+def test_samples_hold_every_kind_of_row(samples: pd.DataFrame) -> None:
+    """The committed samples are what the notebooks need: speed rows, the timeline pass, the
+    trace pass with its routing.npz, several capacities, placements and context lengths."""
+    assert {"none", "timeline", "trace"} <= set(samples["profiler"].dropna())
+    assert {"resident", "fetch", "cpu", "hybrid"} <= set(samples["placement"])
+    assert samples["cache_capacity"].dropna().nunique() >= 3 and samples["context_tokens"].nunique() >= 2
+    assert len(list(SAMPLES.rglob("routing.npz"))) >= 1
+    assert (samples["status"] == "ok").all()
+    size = sum(p.stat().st_size for p in SAMPLES.rglob("*") if p.is_file())
+    assert size < 600_000, f"results/samples is {size} bytes; keep it small"
+
+
+def test_moebench_plot_writes_every_standard_figure(tmp_path: Path, capsys) -> None:
+    assert plot_main([str(SAMPLES), "--out", str(tmp_path), "--dpi", "60"]) == 0
+    for name in plots.STANDARD:
+        png = tmp_path / f"{name}.png"
+        assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 5_000, name
+    prov = json.loads((tmp_path / "figures.json").read_text())
+    assert sorted(prov["figures"]) == sorted(f"{n}.png" for n in plots.STANDARD) and not prov["skipped"]
+    assert len(prov["jobs"]) == 21 and prov["git_commits"]
+
+
+def test_figures_skip_with_a_message_when_their_data_is_absent(tmp_path: Path, samples: pd.DataFrame,
+                                                                capsys) -> None:
+    """A results dir without the timeline pass and without any cache placement: those two
+    figures are skipped and say why; the others are still written."""
+    keep = samples[(samples["profiler"] == "none") & samples["placement"].isin(["resident", "cpu"])]
+    job = tmp_path / "results" / "job"
+    R.write_job(job, [{k: (None if pd.isna(v) else v) for k, v in r.items()}
+                      for r in keep.assign(sweep_id="s", job_id="j").to_dict("records")],
+                {"sweep_id": "s", "job_id": "j"})
+    assert plot_main([str(job), "--out", str(tmp_path / "figs"), "--dpi", "50"]) == 0
+    out = capsys.readouterr().out
+    assert "skipped overlap: overlap: no profiler=timeline rows" in out
+    assert "skipped capacity_sweep" in out and "expert cache" in out
+    assert (tmp_path / "figs" / "bytes_per_token.png").exists()
+    assert not (tmp_path / "figs" / "overlap.png").exists()
+    assert plot_main([str(job), "--only", "nosuchfigure"]) == 2
+
+
+def test_emulated_runs_are_marked_and_axes_carry_units(samples: pd.DataFrame) -> None:
+    fig = plots.capacity_sweep(samples)
+    assert isinstance(fig, Figure) and "emulated device" in fig._suptitle.get_text()
+    labels = [ax.get_ylabel() for ax in fig.axes if ax.get_ylabel()]
+    assert any("tok/s" in lab for lab in labels) and any(", s" in lab for lab in labels)
+    mem = plots.memory_peaks(samples)
+    texts = [t.get_text() for ax in mem.axes for t in ax.texts]
+    assert any("not measured" in t for t in texts)             # device peak is null on the CPU, never 0
+    assert any("MiB" in ax.get_ylabel() for ax in mem.axes)
+    real = samples.assign(emulated=False, device_name="NVIDIA H200")
+    assert "emulated" not in plots.capacity_sweep(real)._suptitle.get_text()
+
+
+def test_speed_figures_ignore_instrumented_rows(samples: pd.DataFrame) -> None:
+    """Inflating every instrumented row does not move a speed figure's data."""
+    noisy = samples.copy()
+    noisy.loc[noisy["profiler"] != "none", "value"] *= 1000
+    a = plots.bytes_per_token(samples).axes[0].patches
+    b = plots.bytes_per_token(noisy).axes[0].patches
+    assert [p.get_width() for p in a] == [p.get_width() for p in b]
+
+
+def test_measured_hit_rates_match_the_trace_replay(samples: pd.DataFrame) -> None:
+    from engine.trace import load_trace
+    from harness.sim.replay import replay
+
+    measured = plots.measured_hit_rates(samples)
+    for path in SAMPLES.rglob("routing.npz"):
+        ctx = int(R.load(path.parent)["context_tokens"].iloc[0])
+        sim = replay(load_trace(path), ["lru"], [2, 4, 6, 8])
+        sim = sim[sim["layer"] == "all"].set_index("capacity")["hit_rate"]
+        m = measured[measured["context_tokens"] == ctx].set_index("capacity")["hit_rate"]
+        assert len(m) == 4
+        pd.testing.assert_series_equal(m.sort_index(), sim.sort_index().rename_axis("capacity"), check_names=False,
+                                       check_index_type=False)
+    assert isinstance(plots.hit_rate_curves(replay(load_trace(path), ["lru", "belady"], [1, 2, 4, 8]), measured),
+                      Figure)

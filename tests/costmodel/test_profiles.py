@@ -1,0 +1,97 @@
+"""Hardware profiles: every conf/hardware yaml loads, composes as a Hydra option and validates;
+datasheet profiles say so; `moebench calibrate --quick` writes a loadable measured profile."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+
+import harness.cli  # noqa: F401 -- registers the ConfigStore schemas
+from harness.cli import CONF_DIR
+from harness.config import HardwareConf, validate
+from harness.costmodel import ProfileError, list_profiles, load_profile
+from harness.costmodel.calibrate import main as calibrate_main
+from harness.costmodel.profiles import CONF_FIELDS, NUMERIC_FIELDS, PROFILE_DIR, profile_from_dict
+
+PROFILES = list_profiles()
+# the coverage the cost model's what-ifs rely on
+REQUIRED = ("pcie3-x8", "pcie3-x16", "pcie4-x16", "pcie4-x8", "pcie5-x16", "a100", "h100", "h200")
+
+
+def test_profile_dir_is_the_hydra_group():
+    assert PROFILE_DIR == Path(CONF_DIR) / "hardware"
+    assert PROFILES
+    for token in REQUIRED:
+        assert any(token in name for name in PROFILES), f"no profile covers {token!r}: {PROFILES}"
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_profile_loads_and_composes(name):
+    hw = load_profile(name)
+    assert hw.name == name
+    raw = yaml.safe_load((PROFILE_DIR / f"{name}.yaml").read_text())
+    assert set(raw) <= set(CONF_FIELDS)
+    assert raw["device"] == "auto" and raw["device_memory"] is None   # describes hardware, does not move a run
+    for key in NUMERIC_FIELDS:
+        assert getattr(hw, key) is None or getattr(hw, key) > 0
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        cfg = compose(config_name="config", overrides=[f"hardware={name}"])
+    spec = validate(cfg)
+    assert spec.hardware.name == name and spec.hardware.h2d_gbps == hw.h2d_gbps
+    assert isinstance(spec.hardware, HardwareConf)
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_shipped_profiles_are_datasheet_figures_with_sources(name):
+    hw = load_profile(name)
+    if hw.source == "measured":          # a user's `moebench calibrate` output
+        pytest.skip("measured profile")
+    assert hw.source == "datasheet"
+    assert "datasheet" in hw.notes and "GB/s" in hw.notes and "achievable" in hw.notes
+    assert hw.link and hw.link.startswith("PCIe")
+    assert not any(hw.overheads.as_dict().values())   # no software overheads for a datasheet figure
+    assert hw.h2d_gbps < {"3.0": 15.76, "4.0": 31.51, "5.0": 63.01}[hw.link.split()[1]] * int(hw.link.split("x")[-1]) / 16
+
+
+def test_unknown_profile_lists_the_available_ones():
+    with pytest.raises(ProfileError, match="available profiles.*rtx4090-pcie4-x16"):
+        load_profile("no-such-gpu")
+    with pytest.raises(ProfileError, match="does not exist"):
+        load_profile("/nonexistent/dir/x.yaml")
+
+
+@pytest.mark.parametrize("raw, match", [
+    ({"name": "x", "source": "datasheet", "pcie_lanes": 16}, "unknown key.*pcie_lanes"),
+    ({"source": "datasheet"}, "'name' is missing"),
+    ({"name": "x", "source": "guess"}, "'source' must be one of"),
+    ({"name": "x", "source": "datasheet", "h2d_gbps": -3}, "'h2d_gbps' must be a positive number"),
+    ({"name": "x", "source": "datasheet", "h2d_gbps": "fast"}, "'h2d_gbps' must be a positive number"),
+])
+def test_bad_profile_fields_are_named(raw, match):
+    with pytest.raises(ProfileError, match=match):
+        profile_from_dict(raw, source="bad.yaml")
+
+
+def test_missing_figure_is_named_when_needed():
+    hw = profile_from_dict({"name": "x", "source": "datasheet", "device_tflops": 1.0, "device_mem_gbps": 1.0})
+    with pytest.raises(ProfileError, match="has no h2d_gbps"):
+        hw.require("h2d_gbps", why="placement=fetch")
+
+
+def test_calibrate_quick_writes_a_loadable_measured_profile(tmp_path):
+    out = tmp_path / "here.yaml"
+    assert calibrate_main(["--quick", "--out", str(out)]) == 0
+    hw = load_profile(out)
+    assert hw.name == "here" and hw.source == "measured"
+    raw = yaml.safe_load(out.read_text())
+    assert set(raw) <= set(CONF_FIELDS)
+    for key in ("h2d_gbps", "d2h_gbps", "device_tflops", "device_mem_gbps", "cpu_gflops", "cpu_mem_gbps"):
+        assert getattr(hw, key) > 0, key
+    assert hw.emulated and hw.device_memory_gib is None and "EMULATED" in hw.notes
+    o = hw.overheads
+    assert (out.parent / "here.overheads.json").is_file()
+    assert all(v >= 0 for v in o.as_dict().values())
+    assert o.layer_s > 0 and o.expert_s > 0               # a Python engine always pays these
+    assert o.info["probes"] > 10
