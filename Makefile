@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # The CPU build of torch; GPU machines bring their own torch and run from the checkout.
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: setup run test test-all bench clean
+.PHONY: setup run test bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,8 +20,10 @@ setup: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/moebench
 
+# One intra-op thread: the tests check correctness, not speed, and tiny models on a small shared
+# machine run faster and steadier without OpenMP threads spinning against other processes.
 test: $(STAMP)
-	$(PY) -m pytest -q
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) -m pytest -q
 
 # Micro-benchmarks (benchmarks/micro, pytest-benchmark; not part of `make test`). Each run is saved
 # under $(BENCH_STORAGE) (machine-local, git-ignored) and compared with the previous saved run;

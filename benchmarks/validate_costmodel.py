@@ -13,7 +13,10 @@
 Run: `python benchmarks/validate_costmodel.py [--quick] [--threads N] [--repeats 5] [--out DIR]`
 (not a test; ~1-3 min on 2 cores; re-running with the same --out reuses the measured sweep,
 which Hydra resumes, and recalibrates). `--threads N` pins torch's intra-op threads for both the
-calibration and the sweep (OMP_NUM_THREADS): on a shared machine one thread is steadier.
+calibration and the sweep (OMP_NUM_THREADS). The default is 1: on a shared 2-core machine two
+intra-op threads stall for seconds whenever another process takes a core (a 128-token
+prefill was seen taking 1.6 s instead of 3 ms), which no model of this engine can predict;
+`--threads 0` keeps torch's default.
 Target: median |error| of time_s <= 25%.
 """
 from __future__ import annotations
@@ -50,7 +53,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=None, help="output dir (default results/costmodel/<timestamp>)")
     ap.add_argument("--quick", action="store_true", help="quick calibration (default: full, ~20 s)")
-    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads for calibration and sweep")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch intra-op threads for calibration and sweep (default 1; 0 = torch's default)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--placements", default="resident,fetch,cpu,hybrid,stream")
     ap.add_argument("--capacities", default="2,4,6")

@@ -293,7 +293,7 @@ def _notes(raw: dict[str, Any], kind: str, dtype: str, device_name: str) -> str:
 
 # --- command line --------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    """`moebench calibrate [--out PATH] [--quick] [--name NAME] [--dtype D] [--device D] [--no-fit]`."""
+    """`moebench calibrate [--out PATH] [--quick] [--name NAME] [--dtype D] [--device D] [--threads N] [--no-fit]`."""
     ap = argparse.ArgumentParser(prog="moebench calibrate", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=None, help="profile yaml to write (default: conf/hardware/<name>.yaml)")
     ap.add_argument("--name", default=None, help="profile name (default: the --out file's stem, else 'measured')")
@@ -301,7 +301,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="float32", choices=sorted(TORCH_DTYPES), help="dtype of the profile's figures")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     ap.add_argument("--no-fit", action="store_true", help="skip the engine probes and the overhead fit")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch intra-op threads while measuring (default: torch's); the profile is for that setting")
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     name = args.name or (Path(args.out).stem if args.out else "measured")
     out = Path(args.out) if args.out else PROFILE_DIR / f"{name}.yaml"
     t0 = time.perf_counter()
