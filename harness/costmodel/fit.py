@@ -6,19 +6,22 @@ per pass from `step_log`, hits/misses from the engine's counters), and the non-n
 relative-error least-squares fit of `Overheads` over them. Does not own: micro-benchmarks
 and the profile file (harness.costmodel.calibrate), the time model (harness.costmodel.predict).
 
-    meas = run_probes(profile, device="cpu", quick=True)   # list[Probe]
-    overheads, report = fit_overheads(meas, profile)
+    probes = run_probes(device="cpu", dtype="float32", quick=True)   # list[Probe]
+    overheads, report = fit_overheads(probes, profile)               # profile: the micro-benchmarks' figures
 
 Why a fit: on a tiny model a decode step is ~1 ms of Python dispatch and ~10 us of
 arithmetic, so the hardware terms alone would be off by ~100x. The probes deliberately use
-shapes *other* than the default `tiny-mixtral` (4 layers, top-2): 2 or 6 layers, top-1 or
-top-4, so a validation sweep on the default model tests the fit out of sample.
+shapes *other* than the default `tiny-mixtral` (4 layers, top-2): 2 or 6 layers, top-1, -2 or
+-4, so a validation sweep on the default model tests the fit out of sample. The fitted
+`compute_scale` is a degree of freedom of the fit, not a measured efficiency: where the
+engine's small matmuls are cheap per FLOP or dear, it and the per-row/slot/score costs share
+that out between them.
 """
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -102,7 +105,18 @@ def _observe(eng: Engine, phase: str, run: Callable[[], list[tuple[int, int]]], 
     return elapsed, PhaseWork(phase, passes, tokens, 0)
 
 
-def _prefill(eng: Engine, T: int, seed: int) -> Callable[[], list[tuple[int, int]]]:
+@dataclass
+class _Task:
+    """One probe: `once()` sets up (untimed), runs the timed part and returns (seconds, work)."""
+
+    label: str
+    eng: Engine
+    placement: PlacementSpec
+    once: Callable[[], tuple[float, PhaseWork]]
+
+
+def _prefill_task(label: str, eng: Engine, placement: PlacementSpec, T: int, seed: int, kind: str) -> _Task:
+    """A fresh prompt of T tokens (cold expert cache)."""
     prompt = _prompt(T, eng.cfg.vocab_size, seed)
 
     def run() -> list[tuple[int, int]]:
@@ -110,139 +124,128 @@ def _prefill(eng: Engine, T: int, seed: int) -> Callable[[], list[tuple[int, int
         eng.prefill(sess, prompt).argmax(-1).tolist()
         sess.close()
         return [(min(eng.ubatch, T - s), s) for s in range(0, T, eng.ubatch)]
-    return run
 
-
-@dataclass(frozen=True)
-class Repeats:
-    """A warm-up round plus `n` measured rounds, cut short once a probe has spent `budget_s`
-    (and has one measured round): on a contended machine one slow probe must not stall
-    calibration."""
-
-    n: int
-    budget_s: float
-
-    def __iter__(self) -> Iterator[int]:
-        t0 = time.perf_counter()
-        for i in range(self.n + 1):
-            if i >= 2 and time.perf_counter() - t0 > self.budget_s:
-                return
-            yield i
-
-
-def _measure(label: str, eng: Engine, placement: PlacementSpec, phase: str, repeats: Repeats, kind: str,
-             make: Callable[[], Callable[[], list[tuple[int, int]]]], before: Callable[[], None] | None = None) -> Probe:
-    samples, work = [], None
-    for _ in repeats:                                 # first: warm-up, dropped
+    def once() -> tuple[float, PhaseWork]:
         eng.reset()
-        if before is not None:
-            before()
-        t, work = _observe(eng, phase, make(), kind)
-        samples.append(t)
-    samples = samples[1:]
-    return Probe(label, eng.cfg, placement, work, STAT(samples), samples)
+        return _observe(eng, "prefill_fresh", run, kind)
+    return _Task(label, eng, placement, once)
 
 
-def _decode_probe(label: str, eng: Engine, placement: PlacementSpec, past: int, steps: int, repeats: Repeats,
-                  kind: str) -> Probe:
-    state: dict = {}
+def _decode_task(label: str, eng: Engine, placement: PlacementSpec, past: int, steps: int, kind: str) -> _Task:
+    """`steps` greedy decode steps on top of `past` tokens (their prefill untimed)."""
+    context = _prompt(past, eng.cfg.vocab_size, 7)
 
-    def before() -> None:                                      # untimed: the context the steps decode on
+    def once() -> tuple[float, PhaseWork]:
+        eng.reset()
         sess = eng.new_session(1)
-        state["tok"] = eng.prefill(sess, _prompt(past, eng.cfg.vocab_size, 7)).argmax(-1).tolist()
-        state["sess"] = sess
+        tok = eng.prefill(sess, context).argmax(-1).tolist()
 
-    def make() -> Callable[[], list[tuple[int, int]]]:
         def run() -> list[tuple[int, int]]:
-            sess, tok = state["sess"], state["tok"]
+            nonlocal tok
             for _ in range(steps):
                 tok = eng.decode_step(sess, tok).argmax(-1).tolist()
-            sess.close()
             return [(1, past + i) for i in range(steps)]
-        return run
-    return _measure(label, eng, placement, "decode", repeats, kind, make, before)
+        try:
+            return _observe(eng, "decode", run, kind)
+        finally:
+            sess.close()
+    return _Task(label, eng, placement, once)
 
 
-def _continuation_probe(label: str, eng: Engine, placement: PlacementSpec, past: int, T: int, repeats: Repeats,
-                        kind: str) -> Probe:
+def _continuation_task(label: str, eng: Engine, placement: PlacementSpec, past: int, T: int, kind: str) -> _Task:
     """A turn of T tokens on top of `past` tokens of KV (masked attention over a prefix)."""
-    state: dict = {}
+    context, turn = _prompt(past, eng.cfg.vocab_size, 5), _prompt(T, eng.cfg.vocab_size, 23)
 
-    def before() -> None:
-        state["sess"] = sess = eng.new_session(1)
-        eng.prefill(sess, _prompt(past, eng.cfg.vocab_size, 5))
-
-    def make() -> Callable[[], list[tuple[int, int]]]:
-        prompt = _prompt(T, eng.cfg.vocab_size, 23)
+    def once() -> tuple[float, PhaseWork]:
+        eng.reset()
+        sess = eng.new_session(1)
+        eng.prefill(sess, context)
 
         def run() -> list[tuple[int, int]]:
-            sess = state["sess"]
-            eng.prefill(sess, prompt).argmax(-1).tolist()
-            sess.close()
+            eng.prefill(sess, turn).argmax(-1).tolist()
             return [(min(eng.ubatch, T - s), past + s) for s in range(0, T, eng.ubatch)]
-        return run
-    return _measure(label, eng, placement, "prefill_continuation", repeats, kind, make, before)
+        try:
+            return _observe(eng, "prefill_continuation", run, kind)
+        finally:
+            sess.close()
+    return _Task(label, eng, placement, once)
 
 
-def _restore_probe(label: str, eng: Engine, placement: PlacementSpec, tokens: int, repeats: Repeats, kind: str) -> Probe:
-    samples = []
-    for _ in repeats:
+def _restore_task(label: str, eng: Engine, placement: PlacementSpec, tokens: int, kind: str) -> _Task:
+    """Bringing `tokens` of offloaded KV back to the device."""
+    context = _prompt(tokens, eng.cfg.vocab_size, 3)
+
+    def once() -> tuple[float, PhaseWork]:
         sess = eng.new_session(1)
-        eng.prefill(sess, _prompt(tokens, eng.cfg.vocab_size, 3))
+        eng.prefill(sess, context)
         sess.offload()
         sync(kind)
         t0 = time.perf_counter()
         sess.restore()
         sync(kind)
-        samples.append(time.perf_counter() - t0)
+        elapsed = time.perf_counter() - t0
         sess.close()
-    samples = samples[1:]
-    work = PhaseWork("prefill_restored", [], 0, tokens, restore_tokens=tokens)
-    return Probe(label, eng.cfg, placement, work, STAT(samples), samples)
+        return elapsed, PhaseWork("prefill_restored", [], 0, tokens, restore_tokens=tokens)
+    return _Task(label, eng, placement, once)
 
 
-def run_probes(device: str = "cpu", dtype: str = "float32", quick: bool = False) -> list[Probe]:
-    """Time the engine on the calibration configurations (module docstring)."""
+def _tasks(device: str, dtype: str, quick: bool) -> list[_Task]:
     kind = "cuda" if device == "cuda" else "cpu"
-    reps = Repeats(5, 0.4) if quick else Repeats(9, 1.5)
     steps = 6 if quick else 16
     prefills = (48, 640) if quick else (32, 128, 320, 640, 1024)
-    probes: list[Probe] = []
+    tasks: list[_Task] = []
     resident = PlacementSpec("resident")
     for L, k in ((2, 1), (2, 4), (6, 1), (6, 4)):
         eng = _engine(L, k, resident, device, dtype)
-        for T in prefills:
-            probes.append(_measure(f"resident L{L} k{k} prefill {T}", eng, resident, "prefill_fresh", reps, kind,
-                                   lambda T=T: _prefill(eng, T, 11)))
-        probes.append(_decode_probe(f"resident L{L} k{k} decode", eng, resident, 96, steps, reps, kind))
+        tasks += [_prefill_task(f"resident L{L} k{k} prefill {T}", eng, resident, T, 11, kind) for T in prefills]
+        tasks.append(_decode_task(f"resident L{L} k{k} decode", eng, resident, 96, steps, kind))
         if (L, k) in ((2, 4), (6, 1)):                          # long contexts: KV-bound decode, masked prefixes
-            probes.append(_decode_probe(f"resident L{L} k{k} decode @2048", eng, resident, 2048, steps, reps, kind))
-            for past in ((1024,) if quick else (512, 1536, 3072)):
-                probes.append(_continuation_probe(f"resident L{L} k{k} turn 65 @{past}", eng, resident, past, 65,
-                                                  reps, kind))
+            tasks.append(_decode_task(f"resident L{L} k{k} decode @2048", eng, resident, 2048, steps, kind))
+            tasks += [_continuation_task(f"resident L{L} k{k} turn 65 @{past}", eng, resident, past, 65, kind)
+                      for past in ((1024,) if quick else (512, 1536, 3072))]
         if (L, k) == (6, 1):
-            for S in ((256, 2048) if quick else (256, 1024, 3072)):
-                probes.append(_restore_probe(f"restore L{L} {S}", eng, resident, S, reps, kind))
-        eng.close()
+            tasks += [_restore_task(f"restore L{L} {S}", eng, resident, S, kind)
+                      for S in ((256, 2048) if quick else (256, 1024, 3072))]
     for L, k, cap in ((2, 2, 2), (6, 1, 8), (6, 4, 4)):
         fetch = PlacementSpec("fetch", capacity=cap)
         eng = _engine(L, k, fetch, device, dtype)
-        probes.append(_decode_probe(f"fetch L{L} k{k} c{cap} decode", eng, fetch, 64, steps, reps, kind))
-        probes.append(_measure(f"fetch L{L} k{k} c{cap} prefill 128", eng, fetch, "prefill_fresh", reps, kind,
-                               lambda: _prefill(eng, 128, 13)))
-        eng.close()
+        tasks.append(_decode_task(f"fetch L{L} k{k} c{cap} decode", eng, fetch, 64, steps, kind))
+        tasks.append(_prefill_task(f"fetch L{L} k{k} c{cap} prefill 128", eng, fetch, 128, 13, kind))
     for L, k in ((2, 2), (6, 1)):
         cpu = PlacementSpec("cpu")
         eng = _engine(L, k, cpu, device, dtype)
-        probes.append(_decode_probe(f"cpu L{L} k{k} decode", eng, cpu, 64, steps, reps, kind))
-        probes.append(_measure(f"cpu L{L} k{k} prefill 128", eng, cpu, "prefill_fresh", reps, kind,
-                               lambda: _prefill(eng, 128, 17)))
-        eng.close()
+        tasks.append(_decode_task(f"cpu L{L} k{k} decode", eng, cpu, 64, steps, kind))
+        tasks.append(_prefill_task(f"cpu L{L} k{k} prefill 128", eng, cpu, 128, 17, kind))
     for L, k in ((2, 1), (6, 4)):
         stream = PlacementSpec("stream", capacity=k)
         eng = _engine(L, k, stream, device, dtype)
-        probes.append(_measure(f"stream L{L} k{k} prefill 256", eng, stream, "prefill_fresh", reps, kind,
-                               lambda: _prefill(eng, 256, 19)))
+        tasks.append(_prefill_task(f"stream L{L} k{k} prefill 256", eng, stream, 256, 19, kind))
+    return tasks
+
+
+def run_probes(device: str = "cpu", dtype: str = "float32", quick: bool = False) -> list[Probe]:
+    """Time the engine on the calibration configurations (module docstring).
+
+    Rounds go round-robin over all probes -- one run of every probe per round, the first
+    round a warm-up -- so a busy spell of the machine costs each probe one round instead of
+    all the repeats of a few probes, and the fastest round (STAT) of each is a quiet one.
+    A probe stops repeating once it has spent its time budget (0.4 s quick, 1.5 s full)."""
+    rounds, budget = (5, 0.4) if quick else (9, 1.5)
+    tasks = _tasks(device, dtype, quick)
+    samples: list[list[float]] = [[] for _ in tasks]
+    works: list[PhaseWork | None] = [None] * len(tasks)
+    spent = [0.0] * len(tasks)
+    for r in range(rounds + 1):
+        for i, task in enumerate(tasks):
+            if r >= 2 and spent[i] > budget:
+                continue
+            t0 = time.perf_counter()
+            t, works[i] = task.once()
+            spent[i] += time.perf_counter() - t0
+            if r > 0:
+                samples[i].append(t)
+    probes = [Probe(t.label, t.eng.cfg, t.placement, w, STAT(s), s) for t, w, s in zip(tasks, works, samples)]
+    for eng in {id(t.eng): t.eng for t in tasks}.values():
         eng.close()
     return probes
 
@@ -268,6 +271,8 @@ def fit_overheads(probes: list[Probe], profile: HardwareProfile, dtype: str = "f
     keep = np.ones(len(y_), dtype=bool)
     for _ in range(2):
         coef = _solve(X_[keep], y_[keep], c_[keep])
+        if coef[0] <= 1e-3:      # no separable compute signal: keep the profile's rates (scale 1), refit the rest
+            coef = np.concatenate([[1.0], _solve(X_[keep, 1:], y_[keep], c_[keep] + X_[keep, 0])])
         err = np.abs(c_ + X_ @ coef - y_) / y_
         outlier = err > max(0.25, 3 * float(np.median(err[keep])))
         if not outlier.any() or outlier.sum() > len(y_) // 4 or (keep == ~outlier).all():
@@ -278,12 +283,14 @@ def fit_overheads(probes: list[Probe], profile: HardwareProfile, dtype: str = "f
                "rel_err": (f - p.time_s) / p.time_s, "used": bool(k)}
               for p, x, f, k in zip(probes, X_, fitted, keep)]
     errs = np.abs([r["rel_err"] for r in report])
+    if not keep.all():
+        log.info("overhead fit: excluded outlying probes %s", [r["probe"] for r in report if not r["used"]])
     info = {"probes": len(probes), "excluded": [r["probe"] for r in report if not r["used"]],
             "fit_median_abs_rel_err": float(np.median(errs[keep])), "fit_max_abs_rel_err": float(errs[keep].max()),
             "torch_threads": torch.get_num_threads(), "statistic": "fastest of the repeats",
             "fitted_on": f"{PRESET} variants (2/6 layers, top-1/2/4); see harness/costmodel/fit.py"}
-    scale = float(coef[0]) if coef[0] > 0 else 1.0     # no compute signal at all: keep the profile's rates
-    return Overheads(compute_scale=scale, **{e: float(c) for e, c in zip(EVENTS, coef[1:])}, info=info), report
+    return Overheads(compute_scale=float(coef[0]), **{e: float(c) for e, c in zip(EVENTS, coef[1:])},
+                     info=info), report
 
 
 def _solve(X: np.ndarray, y: np.ndarray, copies: np.ndarray) -> np.ndarray:

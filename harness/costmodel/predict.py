@@ -18,13 +18,14 @@ Per forward pass (all terms in seconds):
                     + sum_layers roof(experts on CPU)]                                  [CPU rates]
     copies   = misses * expert_bytes / h2d  +  activations (cpu/hybrid) / d2h, h2d  +  streamed experts / h2d
     exposed  = the part of `copies` not hidden under compute (overlap rule below)
-    overhead = sum over events (pass, layer, expert, row, score, lookup, miss, cpu layer) of count * fitted cost
+    overhead = sum over events (pass, layer, expert, row, slot, score, lookup, miss, cpu layer) of count * fitted cost
     time     = compute + exposed + overhead;     prefill_restored adds kv_bytes / h2d + restore overhead
 
 roof(flops, bytes) = max(flops / FLOP rate, bytes / memory bandwidth). Attention counts the
 full T x S score rectangle the engine's SDPA call computes (mask applied, nothing skipped).
-s is the fitted `Overheads.compute_scale`: 1 for a datasheet profile (peak rates), the
-achieved/peak ratio at the engine's shapes for a calibrated one.
+s is `Overheads.compute_scale`: 1 for a datasheet profile (peak rates); for a calibrated one
+a fitted scale that, with the per-row/slot/score costs, accounts for how far the engine's
+small matmuls and elementwise work are from the profile's large-GEMM rate.
 
 Overlap (`overlap=`): "auto" follows the engine -- fetch copies on demand and waits at once
 (nothing hidden: measured overlap_frac is 0), cpu/hybrid wait for their activations, stream
