@@ -47,7 +47,7 @@ def main() -> None:
     passes.run_repeat = _timed(passes.run_repeat)
     out = Path(tempfile.mkdtemp())
     workloads = ("chat", "long_doc", "coding_agent", "chat", "long_doc", "coding_agent")
-    walls, loads_s = [], []
+    walls = []
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         for i, w in enumerate(workloads):
             cfg = compose(config_name="config", overrides=[f"workload={w}", "workload.context_tokens=3000",

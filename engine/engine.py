@@ -127,7 +127,7 @@ class Engine:
                 if strategy.cache is not None:
                     strategy.cache.lookup_log = {}
         except BaseException:
-            del model
+            model = strategy = None   # drop the half-built weights before the error propagates
             dev.ledger.held.clear()
             if dev.kind == "cuda":
                 torch.cuda.empty_cache()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from engine import Engine
 from engine.trace import TraceRecorder
@@ -17,13 +16,6 @@ from engine.config import preset
 
 MIXTRAL = WorkloadShape(context_tokens=1024, gen_tokens=16, turn_tokens=32)
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _fetch_decode(profile: str, **kw):

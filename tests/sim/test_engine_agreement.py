@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from engine import Engine
 from engine.trace import RoutingTrace, TraceRecorder, expert_counts, load_trace, lookup_sequences, save_trace
@@ -20,14 +19,6 @@ CAPACITIES = (2, 3, 5, 8)
 POLICIES = ("lru", "lfu", "fifo", "static", "belady")
 PROMPTS = np.random.default_rng(7).integers(0, 512, size=(BATCH, PROMPT)).tolist()
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The model is tiny: intra-op threads only add contention (seconds per run on a busy box)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def build(capacity: int, policy: str, policy_options: dict | None = None, **kw) -> Engine:
