@@ -64,11 +64,9 @@ def causal_mask(T: int, past: int, window: int | None, device: torch.device) -> 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """q [B, H, T, h], k/v [B, K, S, h] -> [B, T, H*h]."""
     B, H, T, hd = q.shape
-    rep = H // k.shape[1]
-    if rep > 1:  # grouped-query attention: share each kv head across `rep` query heads
-        k = k[:, :, None].expand(B, k.shape[1], rep, k.shape[2], hd).reshape(B, H, k.shape[2], hd)  # [B, H, S, h]
-        v = v[:, :, None].expand(B, v.shape[1], rep, v.shape[2], hd).reshape(B, H, v.shape[2], hd)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=hd ** -0.5)  # [B, H, T, h]
+    # grouped-query attention without materialising repeated K/V (a copy of the whole cache per layer per step)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=hd ** -0.5,
+                                         enable_gqa=H != k.shape[1])                   # [B, H, T, h]
     return out.transpose(1, 2).reshape(B, T, H * hd)
 
 
