@@ -113,9 +113,6 @@ class Timeline(Instrument):
             return self.intervals(COMPUTE, t0, t1)
         return subtract(self.intervals("layer", t0, t1), self.intervals("wait", t0, t1))
 
-    def copied_bytes(self, t0: float, t1: float) -> int:
-        return sum(int(s.attrs.get("bytes", 0)) for s in self.spans if s.kind == "copy" and t0 <= s.t0 < t1)
-
     def clear(self) -> None:
         with self._lock:
             self.spans.clear()

@@ -23,6 +23,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from engine.config import PRESETS, ModelConfig, preset
+from engine.placements import needs_cache
 from engine.registry import POLICIES
 
 WORKLOADS = ("coding_agent", "chat", "long_doc")
@@ -271,7 +272,7 @@ def validate(cfg: DictConfig) -> RunSpec:
             f"{workload.turn_tokens}) = {needed} tokens is longer than the model allows "
             f"(max_position_embeddings {mcfg.max_position_embeddings} for {mcfg.name or model.name!r})")
     capacity: int | str | None = None
-    uses_cache = pname == "fetch" or (pname == "stream" and placement.get("stream_fallback", "fetch") == "fetch")
+    uses_cache = needs_cache(pname, placement)
     if uses_cache:
         raw = str(c["cache"]["capacity"])
         if raw == "auto":

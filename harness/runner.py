@@ -25,6 +25,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from engine.nvtx_ranges import NvtxRanges
+from engine.placements import needs_cache
 from harness import results
 from harness.config import RunSpec, validate
 from harness.engines import get_adapter
@@ -53,7 +54,11 @@ def factors_of(cfg: DictConfig) -> dict[str, Any]:
     """The swept factors, read leniently so even an invalid config gets a failed row."""
     g = lambda key, default=None: OmegaConf.select(cfg, key, default=default)  # noqa: E731
     placement = g("placement.name")
-    uses_cache = placement == "fetch" or (placement == "stream" and g("placement.stream_fallback") == "fetch")
+    options = {k: v for k, v in (g("placement") or {}).items() if k != "name"}
+    try:
+        uses_cache = needs_cache(placement, options)
+    except (TypeError, ValueError):   # invalid options: validate() reports them; the row still gets factors
+        uses_cache = False
     return {"engine": g("engine.name"), "model": g("model.name"), "placement": placement,
             "cache_capacity": str(g("cache.capacity")) if uses_cache else None,
             "cache_policy": g("cache.policy") if uses_cache else None, "prefetch": g("prefetch.name"),

@@ -2,6 +2,22 @@
 
 Look them up by name through engine.registry.PLACEMENTS.
 """
+from collections.abc import Mapping
+from typing import Any
+
 from engine.placements.base import Placement, PlacementContext
 
-__all__ = ["Placement", "PlacementContext"]
+
+def needs_cache(name: str, options: Mapping[str, Any] | None = None) -> bool:
+    """Whether placement `name` with these options keeps a device expert cache (and so takes a
+    capacity and a policy): asks the plugin itself. False for an unknown name."""
+    from engine.registry import PLACEMENTS, UnknownPluginError
+
+    try:
+        cls = PLACEMENTS.get(name)
+    except UnknownPluginError:
+        return False
+    return cls.uses_cache(dict(options or {}))
+
+
+__all__ = ["Placement", "PlacementContext", "needs_cache"]

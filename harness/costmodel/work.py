@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from engine.config import ModelConfig
+from engine.placements import needs_cache
 from engine.policies import make_policy
 from engine.policies.simulate import simulate
 from engine.trace import RoutingTrace
@@ -89,7 +90,8 @@ class PlacementSpec:
 
     @property
     def uses_cache(self) -> bool:
-        return self.name == "fetch" or (self.name == "stream" and self.stream_fallback == "fetch")
+        options = {"stream_fallback": self.stream_fallback} if self.name == "stream" else {}
+        return needs_cache(self.name, options)
 
     @classmethod
     def from_options(cls, name: str, capacity: int | None = None, policy: str | None = None,
@@ -100,8 +102,9 @@ class PlacementSpec:
         unknown = sorted(set(opts) - allowed)
         if unknown:
             raise ValueError(f"placement {name!r}: unknown option(s) {unknown}; allowed: {sorted(allowed)}")
-        uses_cache = name == "fetch" or (name == "stream" and opts.get("stream_fallback", "fetch") == "fetch")
-        return cls(name=name, capacity=capacity if uses_cache else None, policy=policy or "lru", **opts)
+        fallback = {"stream_fallback": opts["stream_fallback"]} if name == "stream" and "stream_fallback" in opts else {}
+        return cls(name=name, capacity=capacity if needs_cache(name, fallback) else None, policy=policy or "lru",
+                   **opts)
 
 
 # --- routing ----------------------------------------------------------------------------------
