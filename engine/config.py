@@ -186,7 +186,18 @@ class ModelConfig:
         p = Path(path) / "config.json"
         if not p.is_file():
             raise FileNotFoundError(f"no config.json in {path}: expected a Hugging Face checkpoint directory")
-        return cls.from_hf_dict(json.loads(p.read_text()), name=Path(path).name)
+        try:
+            d = json.loads(p.read_text())
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{p}: cannot read it ({exc})") from exc
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{p}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from exc
+        if not isinstance(d, dict):
+            raise ValueError(f"{p}: expected a JSON object, got {type(d).__name__}")
+        try:
+            return cls.from_hf_dict(d, name=Path(path).name)
+        except KeyError as exc:
+            raise ValueError(f"{p}: missing key {exc} that the {d.get('model_type')!r} family needs") from None
 
 
 def _rope(d: dict[str, Any]) -> tuple[float, float]:

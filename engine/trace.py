@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import json
 import logging
+import zipfile
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -228,37 +230,48 @@ def save_trace(path: str | Path, trace: RoutingTrace, compress: bool = True) -> 
 def load_trace(path: str | Path) -> RoutingTrace:
     """Read and validate a trace file; ValueError names the file and what is wrong."""
     path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"trace file {path} does not exist")
+    if path.stat().st_size == 0:
+        raise ValueError(f"{path}: empty file, not an .npz trace (a trace is written by run.record_trace=true "
+                         "or engine.trace.save_trace)")
     try:
         z = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as err:
-        if not path.exists():
-            raise FileNotFoundError(f"trace file {path} does not exist") from err
-        raise ValueError(f"{path}: not a readable .npz trace file ({err})") from err
-    with z:
-        names = set(z.files)
-        if "experts" not in names or "meta" not in names:
-            missing = [n for n in ("experts", "meta") if n not in names]
-            present = ", ".join(sorted(names)) or "none"
-            raise ValueError(f"{path}: missing array(s) {', '.join(missing)}; a trace needs experts and meta "
-                             f"(optional: weights, step, sequence); arrays present: {present}")
-        extra = names - set(ARRAYS) - {"meta"}
-        if extra:
-            log.warning("%s: ignoring unknown arrays %s", path, sorted(extra))
-        raw = z["meta"]
-        if raw.dtype.kind not in "US" or raw.ndim != 0:
-            raise ValueError(f"{path}: meta must be a 0-d string array holding JSON, got dtype {raw.dtype} "
-                             f"shape {raw.shape}")
-        text = raw[()]
-        text = text.decode() if isinstance(text, bytes) else str(text)
-        try:
-            meta = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}: meta is not valid JSON ({err})") from err
-        tr = RoutingTrace(experts=z["experts"], meta=meta,
-                          weights=z["weights"] if "weights" in names else None,
-                          step=z["step"] if "step" in names else None,
-                          sequence=z["sequence"] if "sequence" in names else None,
-                          source=str(path))
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+        raise ValueError(f"{path}: not a readable .npz trace file ({type(err).__name__}: {err}); "
+                         "truncated or not written by save_trace") from err
+    try:
+        with z:
+            return _read_arrays(path, z)
+    except (zipfile.BadZipFile, EOFError, OSError, zlib.error) as err:   # damaged member: bad CRC, cut short
+        raise ValueError(f"{path}: damaged .npz trace file ({type(err).__name__}: {err})") from err
+
+
+def _read_arrays(path: Path, z: "np.lib.npyio.NpzFile") -> RoutingTrace:
+    names = set(z.files)
+    if "experts" not in names or "meta" not in names:
+        missing = [n for n in ("experts", "meta") if n not in names]
+        present = ", ".join(sorted(names)) or "none"
+        raise ValueError(f"{path}: missing array(s) {', '.join(missing)}; a trace needs experts and meta "
+                         f"(optional: weights, step, sequence); arrays present: {present}")
+    extra = names - set(ARRAYS) - {"meta"}
+    if extra:
+        log.warning("%s: ignoring unknown arrays %s", path, sorted(extra))
+    raw = z["meta"]
+    if raw.dtype.kind not in "US" or raw.ndim != 0:
+        raise ValueError(f"{path}: meta must be a 0-d string array holding JSON, got dtype {raw.dtype} "
+                         f"shape {raw.shape}")
+    text = raw[()]
+    text = text.decode() if isinstance(text, bytes) else str(text)
+    try:
+        meta = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: meta is not valid JSON ({err})") from err
+    tr = RoutingTrace(experts=z["experts"], meta=meta,
+                      weights=z["weights"] if "weights" in names else None,
+                      step=z["step"] if "step" in names else None,
+                      sequence=z["sequence"] if "sequence" in names else None,
+                      source=str(path))
     return tr.validate()
 
 

@@ -1,8 +1,11 @@
 """Hydra callback: at the end of a multirun, join every job into the sweep table.
 
-Owns: writing `<sweep dir>/results.parquet` + `summary.csv` (harness.results.write_sweep)
-after the last job, whatever happened to the others, and flagging failures so the CLI
-exits non-zero. Works for any launcher: it reads the job dirs, not process memory.
+Owns: writing `<sweep dir>/results.parquet`, `results_steps.parquet` and `summary.csv`
+(harness.results.write_sweep) after the last job, whatever happened to the others -- with the
+failed rows of jobs whose own files could not be written, held in memory (`STATE["unwritten"]`;
+in-process launchers only) -- and flagging failures so the CLI exits non-zero: a failed job, or a
+table that could not be written (the CLI prints `STATE["table_error"]` as one line). Works for
+any launcher: it reads the job dirs, not process memory, for everything that was written.
 """
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
@@ -17,21 +21,34 @@ from harness import results
 from harness.report import Reporter
 
 log = logging.getLogger(__name__)
-STATE = {"failed_jobs": 0, "sweep_dir": None}
+STATE: dict[str, Any] = {"failed_jobs": 0, "sweep_dir": None, "unwritten": [], "table_error": None}
+
+
+def write_sweep_table(sweep_dir: Path, quiet: bool) -> pd.DataFrame | None:
+    """Write the sweep's tables; None (with STATE["table_error"] set) when that is impossible."""
+    try:
+        df = results.write_sweep(sweep_dir, extra_rows=STATE["unwritten"])
+    except results.ResultsError as exc:
+        if "no jobs under" in str(exc):
+            return None
+        STATE["table_error"] = f"cannot write the sweep table for {sweep_dir}: {exc}"
+        return None
+    except OSError as exc:
+        STATE["table_error"] = str(exc) if str(sweep_dir) in str(exc) else f"cannot write the sweep table in {sweep_dir}: {exc}"
+        return None
+    STATE["sweep_dir"] = str(sweep_dir)
+    return df
 
 
 class SweepTable(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        reporter = Reporter(quiet=bool(config.run.quiet))
-        try:
-            df = results.write_sweep(sweep_dir)
-        except results.ResultsError as exc:
-            log.error("could not write the sweep table for %s: %s", sweep_dir, exc)
-            STATE["failed_jobs"] += 1
+        quiet = bool(config.run.quiet)
+        df = write_sweep_table(sweep_dir, quiet)
+        if df is None:
             return
         failed = df[df["status"] == "failed"]["job_id"].nunique()
-        STATE["failed_jobs"], STATE["sweep_dir"] = int(failed), str(sweep_dir)
-        reporter.summary(df, f"sweep {sweep_dir.name}")
-        print(f"sweep table: {sweep_dir / 'results.parquet'} ({df['job_id'].nunique()} jobs, {failed} failed); "
-              f"summary: {sweep_dir / 'summary.csv'}")
+        STATE["failed_jobs"] = int(failed)
+        Reporter(quiet=quiet).summary(df, f"sweep {sweep_dir.name}")
+        print(f"sweep table: {sweep_dir / results.SWEEP_TABLE} ({df['job_id'].nunique()} jobs, {failed} failed); "
+              f"summary: {sweep_dir / results.SUMMARY_FILE}")

@@ -1,12 +1,17 @@
-"""`moebench`: the Hydra app. A thin shim over harness.runner.run.
+"""`moebench`: the Hydra app -- a thin shim over harness.runner.run -- and its sub-commands.
 
     moebench                                   # tiny model, coding-agent workload, one job
     moebench -m placement=resident,fetch cache.capacity=2,4 workload.context_tokens=1024,4096
+    moebench rerun results/sweeps/<id>/<job>   # the same job again, from its manifest
     moebench calibrate --out conf/hardware/this-machine.yaml   # the cost model's profile of this machine
 
-A sweep's directory is `<run.out>/sweeps/<run.sweep_id>`; without run.sweep_id it is a hash
-of the command line, so re-running the same command resumes the sweep (completed jobs are
-skipped). The process exits non-zero if any job failed, after the table is written.
+A sweep's directory is `<run.out>/sweeps/<run.sweep_id>`; without run.sweep_id it is a hash of
+the command line's measurement overrides, so re-running the same command resumes the sweep:
+a job is skipped only when its recorded config hash matches, failed jobs run again
+(run.retry_failed=false keeps them), and a dir holding a different sweep is refused
+(run.resume=add|replace). One process writes a sweep dir at a time. SIGTERM or Ctrl-C ends
+the sweep after writing the table of the jobs completed so far (exit 143 / 130). The process
+exits non-zero if any job failed or a table could not be written, after the table is written.
 """
 from __future__ import annotations
 
@@ -16,15 +21,20 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from harness.callbacks import STATE
+from harness.callbacks import STATE, write_sweep_table
 from harness.config import register_configs
+from harness.contract import COSMETIC_KEYS
 from harness.report import Reporter
 from harness.runner import JobContext, run
+from harness.sweep import (Interrupted, SweepError, SweepLock, claim_sweep, handle_signals, job_dirname,
+                           signals_deferred, sweep_overrides)
 
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 register_configs()
+if not OmegaConf.has_resolver("moebench_job_dir"):
+    OmegaConf.register_new_resolver("moebench_job_dir", job_dirname)
 
 
 def _job_context() -> JobContext:
@@ -33,43 +43,112 @@ def _job_context() -> JobContext:
     job_dir = Path(hc.runtime.output_dir)
     sweep_id = Path(hc.sweep.dir).name if multirun else f"run-{job_dir.name}"
     job_id = (hc.job.override_dirname or "default") if multirun else "run"
-    return JobContext(job_dir, sweep_id, f"{hc.job.num}:{job_id}" if multirun else job_id)
+    return JobContext(job_dir, sweep_id, job_id, overrides=list(hc.overrides.task))
 
 
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")
 def app(cfg: DictConfig) -> None:
     ctx = _job_context()
-    error = run(cfg, ctx, Reporter(bool(cfg.run.quiet)))
+    quiet = bool(cfg.run.quiet)
+    outcome = run(cfg, ctx, Reporter(quiet))
+    if outcome.error:
+        STATE["failed_jobs"] += 1
+    if outcome.unwritten:
+        STATE["unwritten"].extend(outcome.rows)
     if HydraConfig.get().mode.name != "MULTIRUN":
-        _finish_single(ctx, bool(cfg.run.quiet), error)
+        _finish_single(ctx, quiet, outcome)
 
 
-def _finish_single(ctx: JobContext, quiet: bool, error: str | None) -> None:
+def _finish_single(ctx: JobContext, quiet: bool, outcome) -> None:
     from harness import results
+    if outcome.unwritten:
+        print(f"moebench: {outcome.error}", file=sys.stderr)
+        return
+    if outcome.skipped:
+        return
     Reporter(quiet).summary(results.load(ctx.job_dir), "run")
     print(f"results: {ctx.job_dir / 'rows.parquet'}")
-    if error:
-        STATE["failed_jobs"] = 1
 
 
-def _sweep_dir_override(argv: list[str]) -> list[str]:
-    """Give a multirun a deterministic sweep dir (hash of its overrides) unless the user set one."""
-    if not any(a in ("-m", "--multirun") for a in argv) or any(a.startswith("hydra.sweep.dir=") for a in argv):
-        return argv
-    overrides = sorted(a for a in argv if "=" in a and not a.startswith("-"))
-    opts = dict(a.split("=", 1) for a in overrides)
-    sweep_id = opts.get("run.sweep_id") or "sweep-" + hashlib.sha1("\n".join(overrides).encode()).hexdigest()[:10]
-    return [*argv, f"hydra.sweep.dir={opts.get('run.out', 'results')}/sweeps/{sweep_id}"]
+# --- the command line ---------------------------------------------------------------------------
+def _is_multirun(argv: list[str]) -> bool:
+    return any(a in ("-m", "--multirun") for a in argv)
+
+
+def _override(argv: list[str], key: str) -> str | None:
+    vals = [a.split("=", 1)[1] for a in argv if a.split("=", 1)[0].lstrip("+") == key and "=" in a]
+    return vals[-1] if vals else None
+
+
+def sweep_dir_of(argv: list[str]) -> Path:
+    """The sweep dir a multirun writes: hydra.sweep.dir if given, else <run.out>/sweeps/<run.sweep_id,
+    or a hash of the measurement overrides>."""
+    given = _override(argv, "hydra.sweep.dir")
+    if given:
+        return Path(given)
+    sweep_id = _override(argv, "run.sweep_id") or \
+        "sweep-" + hashlib.sha1("\n".join(sweep_overrides(argv)).encode()).hexdigest()[:10]
+    return Path(_override(argv, "run.out") or "results") / "sweeps" / sweep_id
+
+
+def hydra_args(argv: list[str]) -> list[str]:
+    """argv plus what every moebench run sets: job dir names without the cosmetic keys, and for a
+    multirun its deterministic sweep dir."""
+    keys = ",".join([*COSMETIC_KEYS, "hydra.sweep.dir"])
+    extra = [f"hydra.job.config.override_dirname.exclude_keys=[{keys}]"]
+    if _is_multirun(argv) and _override(argv, "hydra.sweep.dir") is None:
+        extra.append(f"hydra.sweep.dir={sweep_dir_of(argv)}")
+    return [*argv, *extra]
+
+
+def _launch(argv: list[str], sweep_dir: Path | None) -> int:
+    """Run Hydra; an interrupt ends the sweep with the table of the jobs completed so far."""
+    sys.argv = [sys.argv[0], *hydra_args(argv)]
+    try:
+        app()
+    except Interrupted as exc:
+        with signals_deferred():
+            where = ""
+            if sweep_dir is not None and sweep_dir.is_dir():
+                df = write_sweep_table(sweep_dir, quiet=True)
+                n = 0 if df is None else df["job_id"].nunique()
+                where = f"; the table of the {n} completed job(s) is in {sweep_dir}"
+        print(f"moebench: interrupted by {exc}{where}; run the same command again to resume", file=sys.stderr)
+        return exc.exit_code
+    if STATE["table_error"]:
+        print(f"moebench: {STATE['table_error']}", file=sys.stderr)
+        return 1
+    return 1 if STATE["failed_jobs"] else 0
 
 
 def main() -> None:
-    if sys.argv[1:2] == ["calibrate"]:       # `moebench calibrate`: measure this machine, write a profile
+    argv = sys.argv[1:]
+    if argv[:1] == ["calibrate"]:       # `moebench calibrate`: measure this machine, write a profile
         from harness.costmodel.calibrate import main as calibrate
-        sys.exit(calibrate(sys.argv[2:]))
-    sys.argv = [sys.argv[0], *_sweep_dir_override(sys.argv[1:])]
-    app()
-    if STATE["failed_jobs"]:
-        sys.exit(1)
+        sys.exit(calibrate(argv[1:]))
+    if argv[:1] == ["rerun"]:
+        from harness.rerun import rerun_args
+        try:
+            argv = rerun_args(argv[1:])
+        except (SweepError, ValueError, OSError) as exc:
+            print(f"moebench rerun: {exc}", file=sys.stderr)
+            sys.exit(2)
+    handle_signals()
+    if not _is_multirun(argv):
+        sys.exit(_launch(argv, None))
+    sweep_dir = sweep_dir_of(argv)
+    try:
+        with SweepLock(sweep_dir):
+            claim_sweep(sweep_dir, sweep_overrides(argv), _override(argv, "run.resume") or "auto",
+                        ["moebench", *argv])
+            code = _launch(argv, sweep_dir)
+    except SweepError as exc:
+        print(f"moebench: {exc}", file=sys.stderr)
+        code = 1
+    except Interrupted as exc:          # before any job started: nothing to write
+        print(f"moebench: interrupted by {exc} before the sweep started", file=sys.stderr)
+        code = exc.exit_code
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ run.repeats=3, run.warmup=1, engine=hf.
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -23,8 +24,10 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from engine.config import PRESETS, ModelConfig, preset
+from engine.devices import parse_bytes
 from engine.placements import needs_cache
-from engine.registry import POLICIES
+from engine.registry import PLACEMENTS, POLICIES, UnknownPluginError
+from harness.contract import EXPERT_CACHE_STATES, RESUME_MODES, session_tokens
 
 WORKLOADS = ("coding_agent", "chat", "long_doc")
 TOKEN_SOURCES = ("text", "random")
@@ -72,6 +75,9 @@ class StreamConf(PlacementConf):
 class CacheConf:
     capacity: str = "4"               # expert slots per layer: an int, or "auto" (sized from the device budget)
     policy: str = "lru"               # lru | lfu | fifo | static | belady
+    trace: Optional[str] = None       # a routing trace (.npz; run.record_trace=true writes one): belady's
+                                      # future lookups, or static's popularity (expert counts per layer)
+    popularity: Optional[str] = None  # static's popularity table: .json/.csv/.npy, [moe layers][experts] counts
 
 
 @dataclass
@@ -117,10 +123,13 @@ class HardwareConf:
 class RunConf:
     repeats: int = 3
     warmup: int = 1
-    check_reference: bool = True      # compare logits/tokens with a `resident` run of the same prompt
+    check_reference: bool = True      # check every measured phase against the exact reference (CPU, host RAM)
     quiet: bool = False               # no progress bars or summary (CI)
     out: str = "results"              # results root for single runs and sweeps
     sweep_id: Optional[str] = None    # name of the sweep dir; default: a hash of the command-line overrides
+    resume: str = "auto"              # a sweep dir holding another sweep: auto (refuse) | add | replace
+    retry_failed: bool = True         # rerunning a sweep re-runs its failed jobs
+    expert_cache: str = "cold"        # prefill_fresh starts from a cold cache, or warm (left by another session)
     timeline: bool = True             # one extra instrumented repeat: copy/compute overlap (profiler=timeline rows)
     trace: bool = False               # write the timeline as Chrome/Perfetto JSON (<job dir>/trace.json)
     nvtx: bool = False                # NVTX ranges (domain moebench) during the timeline pass
@@ -191,6 +200,7 @@ class RunSpec:
     run: RunConf
     engine: str
     model_config: ModelConfig
+    policy_options: dict[str, Any] = field(default_factory=dict)   # read from cache.trace / cache.popularity
 
     @property
     def model_label(self) -> str:
@@ -220,19 +230,16 @@ def check_keys(cfg: DictConfig) -> None:
                                   f"{' for ' + repr(node.get('name')) if 'name' in node else ''}: {allowed}")
 
 
-def validate(cfg: DictConfig) -> RunSpec:
-    check_keys(cfg)
-    c = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "hydra"}
-    model = ModelConf(**c["model"])
-    workload, hardware, run = WorkloadConf(**c["workload"]), HardwareConf(**c["hardware"]), RunConf(**c["run"])
-    if model.dtype not in DTYPES:
-        raise _allowed("model.dtype", list(DTYPES), model.dtype)
+def _model_config(model: ModelConf) -> ModelConfig:
     if model.path:
         p = Path(model.path)
         if not (p / "config.json").is_file():
             raise ConfigError(f"model.path: expected a Hugging Face checkpoint directory with config.json, "
                               f"got {model.path!r}")
-        mcfg = ModelConfig.from_hf_dir(p)
+        try:
+            mcfg = ModelConfig.from_hf_dir(p)
+        except ValueError as exc:          # unreadable JSON, unsupported architecture, missing key
+            raise ConfigError(f"model.path: {exc}") from None
     else:
         if model.name not in PRESETS:
             raise _allowed("model.name", sorted(PRESETS), model.name)
@@ -242,6 +249,106 @@ def validate(cfg: DictConfig) -> RunSpec:
             raise _allowed("model.num_layers", f"1..{mcfg.num_layers}", model.num_layers)
         mcfg = mcfg.replace(num_layers=model.num_layers,
                             moe_layers=tuple(l for l in mcfg.moe_layers if l < model.num_layers))
+    return mcfg
+
+
+def _capacity(raw: Any, mcfg: ModelConfig) -> int | str:
+    """cache.capacity as given: an int in [top_k, n_experts] or "auto" -- checked whatever the
+    placement, so a wrong value never passes silently because this placement ignores it."""
+    allowed = f"an int in [top_k={mcfg.top_k}, n_experts={mcfg.n_experts}] or 'auto'"
+    text = str(raw).strip()
+    if text == "auto":
+        return "auto"
+    try:
+        capacity = int(text)
+    except ValueError:
+        raise _allowed("cache.capacity", allowed, raw) from None
+    if not mcfg.top_k <= capacity <= mcfg.n_experts:
+        raise _allowed("cache.capacity", allowed, capacity)
+    return capacity
+
+
+def _placement_options(name: str, options: dict[str, Any], mcfg: ModelConfig) -> None:
+    """The plugin's own option check, reported against the config keys."""
+    try:
+        cls = PLACEMENTS.get(name)
+    except UnknownPluginError as exc:
+        raise ConfigError(f"placement.name: {exc}") from None
+    try:
+        cls.parse_options(options)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"placement ({name}): {exc}") from None
+    n_cpu = options.get("n_cpu_layers")
+    if n_cpu is not None and n_cpu > mcfg.n_moe_layers:
+        raise _allowed("placement.n_cpu_layers", f"0..{mcfg.n_moe_layers} (the model's MoE layers)", n_cpu)
+
+
+def _policy_options(cache: dict[str, Any], mcfg: ModelConfig, run: RunConf) -> dict[str, Any]:
+    """What static and belady need, read from the files named in the config (never after
+    weights load); an error names the key, the file and what it must hold."""
+    policy, trace_path, pop_path = cache["policy"], cache.get("trace"), cache.get("popularity")
+    if policy == "belady":
+        if not trace_path:
+            raise ConfigError("cache.policy=belady needs cache.trace=FILE: a routing trace of the same job "
+                              "(run.record_trace=true writes <job dir>/routing.npz), whose lookups are the future "
+                              "belady evicts by")
+        if run.expert_cache == "warm":
+            raise ConfigError("cache.policy=belady: run.expert_cache=warm adds lookups the recorded future does not "
+                              "hold; allowed with belady: run.expert_cache=cold")
+        from engine.trace import lookup_sequences
+        return {"future": lookup_sequences(_trace(trace_path, mcfg), model_layers=True)}
+    if policy == "static":
+        if pop_path:
+            return {"popularity": _popularity_table(pop_path, mcfg)}
+        if trace_path:
+            from engine.trace import expert_counts
+            tr = _trace(trace_path, mcfg)
+            return {"popularity": dict(zip(tr.moe_layers, expert_counts(tr).tolist()))}
+        raise ConfigError("cache.policy=static needs the popularity it pins by: cache.popularity=FILE "
+                          "(.json/.csv/.npy, [moe layers][experts] counts) or cache.trace=FILE (a routing trace)")
+    return {}
+
+
+def _trace(path: str, mcfg: ModelConfig):
+    from engine.trace import load_trace
+    try:
+        tr = load_trace(path)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cache.trace: {exc}") from None
+    if tr.n_experts != mcfg.n_experts or list(tr.moe_layers) != list(mcfg.moe_layers):
+        raise ConfigError(f"cache.trace: {path} was recorded on a model with {tr.n_experts} experts and MoE layers "
+                          f"{list(tr.moe_layers)}; this model has {mcfg.n_experts} and {list(mcfg.moe_layers)}")
+    return tr
+
+
+def _popularity_table(path: str, mcfg: ModelConfig) -> dict[int, list[float]]:
+    import numpy as np
+
+    p = Path(path)
+    try:
+        if p.suffix == ".npy":
+            table = np.load(p, allow_pickle=False)
+        elif p.suffix == ".json":
+            table = np.asarray(json.loads(p.read_text()), dtype=float)
+        else:
+            table = np.loadtxt(p, delimiter=",", ndmin=2)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cache.popularity: cannot read {path} ({exc}); expected .json, .csv or .npy") from None
+    shape = (mcfg.n_moe_layers, mcfg.n_experts)
+    if table.shape != shape:
+        raise ConfigError(f"cache.popularity: {path} holds a table of shape {table.shape}; this model needs "
+                          f"{shape} ([moe layers][experts])")
+    return dict(zip(mcfg.moe_layers, table.tolist()))
+
+
+def validate(cfg: DictConfig) -> RunSpec:
+    check_keys(cfg)
+    c = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "hydra"}
+    model = ModelConf(**c["model"])
+    workload, hardware, run = WorkloadConf(**c["workload"]), HardwareConf(**c["hardware"]), RunConf(**c["run"])
+    if model.dtype not in DTYPES:
+        raise _allowed("model.dtype", list(DTYPES), model.dtype)
+    mcfg = _model_config(model)
     placement = dict(c["placement"])
     pname = placement.pop("name")
     engine = c["engine"]["name"]
@@ -252,6 +359,8 @@ def validate(cfg: DictConfig) -> RunSpec:
                                 ("prefetch.name", c["prefetch"]["name"], PREFETCH),
                                 ("hardware.device", hardware.device, DEVICES),
                                 ("run.profiler", run.profiler, PROFILERS),
+                                ("run.resume", run.resume, RESUME_MODES),
+                                ("run.expert_cache", run.expert_cache, EXPERT_CACHE_STATES),
                                 ("cache.policy", c["cache"]["policy"], POLICIES.names())):
         if value not in allowed:
             raise _allowed(key, list(allowed), value)
@@ -264,31 +373,37 @@ def validate(cfg: DictConfig) -> RunSpec:
         raise ConfigError(f"run.threads: must be >= 1 or null, got {run.threads}")
     if run.repeats < 1 or run.warmup < 0:
         raise ConfigError(f"run.repeats must be >= 1 and run.warmup >= 0, got {run.repeats}, {run.warmup}")
+    if hardware.device_memory is not None:
+        try:
+            budget = parse_bytes(hardware.device_memory)
+        except ValueError as exc:
+            raise ConfigError(f"hardware.device_memory: {exc}") from None
+        if budget is None or budget <= 0:
+            raise ConfigError(f"hardware.device_memory: must be a positive size (e.g. 64MiB, 8GiB) or null, "
+                              f"got {hardware.device_memory!r}")
+    if run.profiler == "nsys":
+        from harness.profiling.nsys import NsysNotFound, find_nsys
+        try:
+            find_nsys()
+        except NsysNotFound as exc:
+            raise ConfigError(f"run.profiler=nsys: {exc}") from None
     # the whole session -- context, replies and two more turns -- must fit the model
-    needed = workload.context_tokens + workload.gen_tokens + 2 * (workload.turn_tokens + 1)
+    needed = session_tokens(workload.context_tokens, workload.gen_tokens, workload.turn_tokens)
     if needed > mcfg.max_position_embeddings:
         raise ConfigError(
             f"workload.context_tokens: {workload.context_tokens} (+ {workload.gen_tokens} generated + 2 turns of "
             f"{workload.turn_tokens}) = {needed} tokens is longer than the model allows "
             f"(max_position_embeddings {mcfg.max_position_embeddings} for {mcfg.name or model.name!r})")
-    capacity: int | str | None = None
+    _placement_options(pname, placement, mcfg)
+    capacity: int | str | None = _capacity(c["cache"]["capacity"], mcfg)
     uses_cache = needs_cache(pname, placement)
-    if uses_cache:
-        raw = str(c["cache"]["capacity"])
-        if raw == "auto":
-            capacity = "auto"
-        else:
-            try:
-                capacity = int(raw)
-            except ValueError:
-                raise _allowed("cache.capacity", f"an int in [top_k={mcfg.top_k}, n_experts={mcfg.n_experts}] "
-                               "or 'auto'", raw) from None
-            if not mcfg.top_k <= capacity <= mcfg.n_experts:
-                raise _allowed("cache.capacity", f"an int in [top_k={mcfg.top_k}, n_experts={mcfg.n_experts}] "
-                               "or 'auto'", capacity)
+    if not uses_cache:
+        capacity = None
     if c["prefetch"]["name"] != "none" and not uses_cache:
         raise ConfigError(f"prefetch={c['prefetch']['name']}: needs a placement with a device expert cache "
                           f"(fetch, or stream with stream_fallback=fetch); got placement={pname}")
+    policy_options = _policy_options(c["cache"], mcfg, run) if uses_cache else {}
     return RunSpec(model=model, placement=pname, placement_options=placement, capacity=capacity,
                    policy=c["cache"]["policy"] if uses_cache else None, prefetch=c["prefetch"]["name"],
-                   workload=workload, hardware=hardware, run=run, engine=engine, model_config=mcfg)
+                   workload=workload, hardware=hardware, run=run, engine=engine, model_config=mcfg,
+                   policy_options=policy_options)

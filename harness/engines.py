@@ -1,13 +1,15 @@
 """Engine adapters: the one surface the scenario drives, for moebench's engine and for
 Hugging Face transformers, so one sweep compares them side by side.
 
-Owns: building an engine for a RunSpec, the per-process engine cache (a sweep's jobs
-that share an engine configuration load it once; `LOADS` counts real loads), sessions,
-prefill/decode steps, KV displacement, and counters (None where an engine cannot measure).
-Does not own: timing or phases (harness.scenario).
+Owns: building an engine for a RunSpec, the per-process cache of the *measured* engine (a
+sweep's jobs that share an engine configuration load it once; `LOADS` counts real loads;
+nothing else is kept on the device between jobs), sessions, prefill/decode steps, KV
+displacement, and counters (None where an engine cannot measure).
+Does not own: timing or phases (harness.scenario), the reference (harness.reference).
 """
 from __future__ import annotations
 
+import gc
 import logging
 from abc import ABC, abstractmethod
 from collections import OrderedDict
@@ -20,11 +22,12 @@ from engine import Engine
 from engine.export import export_preset
 from engine.hooks import NULL, Instrument
 from harness.config import RunSpec
+from harness.contract import session_tokens
 
 log = logging.getLogger(__name__)
 LOADS: list[tuple] = []            # one entry per real model load in this process (benchmarks count these)
 _CACHE: "OrderedDict[tuple, Adapter]" = OrderedDict()
-CACHE_SIZE = 2                     # the measured engine and its `resident` reference
+CACHE_SIZE = 1                     # only the measured engine: it alone occupies the device
 
 
 class Adapter(ABC):
@@ -55,34 +58,63 @@ class Adapter(ABC):
         """Cold state between repeats (empty expert caches)."""
 
     instrument: Instrument = NULL
+    has_expert_cache: bool = False     # whether phases start from a cold or warm expert cache
 
     def set_instrument(self, instrument: Instrument | None) -> bool:
         """Attach a timeline/NVTX instrument (None detaches); False if this engine has no hook."""
         return False
 
+    def reset_device_peak(self) -> None:
+        """Start a new window for `device_peak`."""
+
+    def device_peak(self) -> int | None:
+        """Peak bytes the emulated device accounted since `reset_device_peak` (None: not emulated
+        -- a real device's peak comes from its allocator, harness.measure)."""
+        return None
+
+    def close(self) -> None:
+        """Free the engine's memory (device and host)."""
+
 
 class MoebenchAdapter(Adapter):
     name = "moebench"
 
-    def __init__(self, spec: RunSpec, placement: str | None = None,
+    def __init__(self, spec: RunSpec, placement: str | None = None, device: str | None = None,
                  prefetch_options: dict[str, Any] | None = None) -> None:
+        """The job's engine; with `placement="resident"`, the same model with every expert resident
+        (held to the job's budget on the job's device, or unbudgeted on `device="cpu"`: the
+        reference, in host RAM)."""
         w = spec.workload
         src = spec.model.path or spec.model.name
         overrides = {"num_layers": spec.model_config.num_layers, "moe_layers": spec.model_config.moe_layers} \
             if spec.model.num_layers else None
         resident = placement == "resident"
+        on = device or spec.hardware.device
         self.engine = Engine.from_pretrained(
             src, placement="resident" if resident else spec.placement,
             cache_capacity=None if resident else spec.capacity, cache_policy=spec.policy or "lru",
-            device=spec.hardware.device, dtype=spec.model.dtype, ubatch=w.ubatch, max_context=context_needed(spec),
+            policy_options=None if resident else spec.policy_options,
+            device=on, dtype=spec.model.dtype, ubatch=w.ubatch, max_context=session_tokens_of(spec),
             batch=w.batch, seed=spec.model.seed,
-            # the reference is a numerical check, not a measurement: it is not held to the budget
-            device_memory=None if resident else spec.hardware.device_memory,
+            device_memory=None if device == "cpu" else spec.hardware.device_memory,
             model_overrides=overrides, prefetch="none" if resident else spec.prefetch,
             prefetch_options=None if resident else prefetch_options, **({} if resident else spec.placement_options))
         dev = self.engine.device
         self.device_kind, self.device_name, self.emulated = dev.kind, dev.name, dev.emulated
         self.resolved_capacity = self.engine.plan.capacity
+        self.has_expert_cache = self.engine.placement.cache is not None
+
+    def reset_device_peak(self) -> None:
+        ledger = self.engine.device.ledger
+        ledger.peak = ledger.total
+
+    def device_peak(self) -> int | None:
+        return self.engine.device.ledger.peak if self.emulated else None
+
+    def close(self) -> None:
+        if getattr(self, "engine", None) is not None:
+            self.engine.close()
+            self.engine = None
 
     def new_session(self, batch: int):
         return self.engine.new_session(batch)
@@ -144,7 +176,8 @@ class HFAdapter(Adapter):
 
     @torch.inference_mode()
     def _forward(self, sess, ids: torch.Tensor) -> torch.Tensor:
-        out = self.model(ids.to(self.device), past_key_values=sess["past"], use_cache=True)
+        # the same work as ours: logits of the last position only, never [B, T, V]
+        out = self.model(ids.to(self.device), past_key_values=sess["past"], use_cache=True, logits_to_keep=1)
         return out.logits[:, -1]
 
     def prefill(self, sess, rows):
@@ -164,37 +197,44 @@ class HFAdapter(Adapter):
     def close_session(self, sess) -> None:
         sess["past"] = None
 
+    def close(self) -> None:
+        self.model = None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
-def context_needed(spec: RunSpec) -> int:
-    """KV the scenario needs: context, replies, and two further turns (continuation, restored)."""
+
+def session_tokens_of(spec: RunSpec) -> int:
     w = spec.workload
-    return w.context_tokens + w.gen_tokens + 2 * (w.turn_tokens + 1)
+    return session_tokens(w.context_tokens, w.gen_tokens, w.turn_tokens)
 
 
-def engine_key(spec: RunSpec, placement: str | None = None) -> tuple:
-    m, h = spec.model, spec.hardware
-    base = (spec.engine if placement is None else "moebench", m.name, m.path, m.dtype, m.num_layers, m.seed,
-            h.device, h.device_memory)
-    if placement == "resident":
-        return (*base, "resident", spec.workload.batch, spec.workload.ubatch, context_needed(spec))
-    return (*base, spec.placement, tuple(sorted(spec.placement_options.items())), spec.capacity, spec.policy,
-            spec.prefetch,
-            spec.workload.batch, spec.workload.ubatch, context_needed(spec))
+def engine_key(spec: RunSpec) -> tuple:
+    m, h, w = spec.model, spec.hardware, spec.workload
+    return (spec.engine, m.name, m.path, m.dtype, m.num_layers, m.seed, h.device, h.device_memory,
+            spec.placement, tuple(sorted(spec.placement_options.items())), spec.capacity, spec.policy,
+            repr(spec.policy_options), spec.prefetch, w.batch, w.ubatch, session_tokens_of(spec))
 
 
-def get_adapter(spec: RunSpec, placement: str | None = None, prefetch_options: dict[str, Any] | None = None,
+def release_cached() -> None:
+    """Free the cached measured engine (before something else needs its memory)."""
+    while _CACHE:
+        _, adapter = _CACHE.popitem(last=False)
+        adapter.close()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def get_adapter(spec: RunSpec, prefetch_options: dict[str, Any] | None = None,
                 key_extra: tuple = ()) -> tuple[Adapter, bool]:
-    """(adapter, loaded_now). Reuses an engine already loaded in this process for the same key."""
-    key = (*engine_key(spec, placement), *key_extra)
+    """(the job's measured adapter, loaded_now). Reuses the engine already loaded in this process
+    for the same key; any other cached engine is freed first, never held beside it."""
+    key = (*engine_key(spec), *key_extra)
     if key in _CACHE:
         _CACHE.move_to_end(key)
         return _CACHE[key], False
-    while len(_CACHE) >= CACHE_SIZE:   # free the oldest before loading: never three models at once
-        _CACHE.popitem(last=False)
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    adapter = (HFAdapter(spec) if spec.engine == "hf" and placement is None
-               else MoebenchAdapter(spec, placement, prefetch_options))
+    release_cached()
+    adapter = HFAdapter(spec) if spec.engine == "hf" else MoebenchAdapter(spec, prefetch_options=prefetch_options)
     LOADS.append(key)
     _CACHE[key] = adapter
     return adapter, True

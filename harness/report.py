@@ -1,7 +1,9 @@
-"""User-facing output: progress while a job runs and a readable summary table at the end.
+"""User-facing output: progress while a job runs and readable summary tables at the end.
 
-Owns: everything the CLI prints (library code logs instead). Quiet mode (run.quiet=true,
-for CI) prints only errors and the results path. Does not own: numbers (it reads a table).
+Owns: everything the CLI prints (library code logs instead). Quiet mode (run.quiet=true, for
+CI) prints no progress and no tables, only warnings, errors and the results path. Text is
+printed literally (no rich markup), so square brackets in messages survive.
+Does not own: numbers (it reads a table and `harness.results.spread_table`).
 """
 from __future__ import annotations
 
@@ -11,19 +13,29 @@ from contextlib import contextmanager
 import pandas as pd
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-KEY_METRICS = (("time_s", "time s", "{:.4f}"), ("ttft_s", "TTFT s", "{:.4f}"), ("tok_per_s", "tok/s", "{:.1f}"), ("tpot_s_p50", "TPOT p50 s", "{:.4f}"),
-               ("h2d_bytes", "h2d MiB", "{:.2f}"), ("hit_rate", "hit rate", "{:.3f}"),
-               ("reused_tokens", "reused", "{:.0f}"), ("peak_host_rss_bytes", "host RSS MiB", "{:.0f}"),
-               ("peak_device_bytes", "device MiB", "{:.1f}"), ("max_abs_logit_diff", "max|Δlogit|", "{:.1e}"))
-SCALE = {"h2d_bytes": 2**20, "peak_host_rss_bytes": 2**20, "peak_device_bytes": 2**20}
-PHASE_ORDER = ("load", "prefill_fresh", "decode", "prefill_continuation", "prefill_restored")
-TRANSFER_METRICS = (("copy_busy_s", "copy busy s", "{:.4f}"), ("overlap_s", "overlap s", "{:.4f}"),
-                    ("exposed_copy_s", "exposed s", "{:.4f}"), ("overlap_frac", "overlap frac", "{:.2f}"),
-                    ("link_gbps", "link GB/s", "{:.1f}"), ("prefetch_issued", "pf issued", "{:.0f}"),
-                    ("prefetch_used", "pf used", "{:.0f}"), ("prefetch_wasted_bytes", "pf wasted MiB", "{:.2f}"),
-                    ("exposed_copy_ablation_s", "ablation s", "{:.4f}"))
-SCALE["prefetch_wasted_bytes"] = 2**20
+from harness.contract import phase_rank
+from harness.results import spread_table
+
+# (metric, label, format, scale) of the speed table and the transfer table
+KEY_METRICS = (("time_s", "time s", "{:.4f}", 1), ("ttft_s", "TTFT s", "{:.4f}", 1),
+               ("tok_per_s", "tok/s", "{:.1f}", 1), ("tpot_s_p50", "TPOT p50 s", "{:.4f}", 1),
+               ("h2d_bytes", "h2d MiB", "{:.2f}", 2**20), ("d2h_bytes", "d2h MiB", "{:.2f}", 2**20),
+               ("hit_rate", "hit rate", "{:.3f}", 1), ("reused_tokens", "reused", "{:.0f}", 1),
+               ("peak_host_rss_bytes", "host RSS MiB", "{:.0f}", 2**20),
+               ("peak_device_bytes", "device MiB", "{:.1f}", 2**20),
+               ("max_abs_logit_diff", "max|Δlogit|", "{:.1e}", 1), ("token_agreement", "token agr.", "{:.3f}", 1))
+TRANSFER_METRICS = (("copy_busy_s", "copy busy s", "{:.4f}", 1), ("overlap_s", "overlap s", "{:.4f}", 1),
+                    ("exposed_copy_s", "exposed s", "{:.4f}", 1), ("overlap_frac", "overlap frac", "{:.2f}", 1),
+                    ("link_gbps", "link GB/s", "{:.1f}", 1), ("prefetch_issued", "pf issued", "{:.0f}", 1),
+                    ("prefetch_used", "pf used", "{:.0f}", 1),
+                    ("prefetch_wasted_bytes", "pf wasted MiB", "{:.2f}", 2**20))
+ABLATION_METRICS = (("exposed_copy_ablation_s", "ablation s", "{:.4f}", 1),
+                    ("exposed_copy_ablation_ci_low_s", "95% low", "{:.4f}", 1),
+                    ("exposed_copy_ablation_ci_high_s", "95% high", "{:.4f}", 1))
+EMULATED_NOTE = ("emulated device: copies are memcpys on a worker thread and compute is the main thread's "
+                 "layer time -- a thread schedule, not a PCIe prediction")
 
 
 class Reporter:
@@ -33,53 +45,80 @@ class Reporter:
 
     def info(self, msg: str) -> None:
         if not self.quiet:
-            self.console.print(msg)
+            self.console.print(msg, markup=False, highlight=False)
+
+    def warn(self, msg: str) -> None:
+        """Printed even when quiet: a warning about the measurement belongs in CI logs too."""
+        self.console.print(Text(msg, style="yellow"))
 
     @contextmanager
     def step(self, label: str) -> Iterator[None]:
         if self.quiet:
             yield
             return
-        with self.console.status(label):
+        with self.console.status(Text(label)):
             yield
 
     def summary(self, df: pd.DataFrame, title: str) -> None:
-        """Per job: the speed table (phase x key metrics, medians over un-instrumented
-        repeats) and, when present, the transfer table from the instrumented timeline pass."""
+        """Per job: the speed table (median, min-max, n over un-instrumented repeats, per phase),
+        the transfer table from the instrumented timeline pass when present, the paired ablation,
+        and every failed job or pass with its error."""
         if self.quiet or df.empty:
             return
-        ok = df[df["status"] == "ok"]
-        failed = df[df["status"] == "failed"]
-        profiler = ok["profiler"] if "profiler" in ok.columns else pd.Series("none", index=ok.index)
-        for job_id, job in ok.groupby("job_id", sort=True):
-            first = job.iloc[0]
+        spread = spread_table(df)
+        ok = spread[spread["status"] == "ok"]
+        for job_id, job in ok.groupby("job_id", sort=False):
+            first = df[df["job_id"] == job_id].iloc[0]
             head = (f"{title} job {job_id}: {first['engine']} {first['model']} placement={first['placement']} "
                     f"capacity={first['cache_capacity']} prefetch={first['prefetch']} {first['workload']}@"
                     f"{first['context_tokens']} batch={first['batch']} "
                     f"({'emulated ' if first['emulated'] else ''}{first['device_name']})")
-            plain = job[profiler[job.index].fillna("none") == "none"]
-            self.console.print(self._table(head, plain, KEY_METRICS))
-            transfers = pd.concat([job[profiler[job.index] == "timeline"],
-                                   plain[plain["metric"] == "exposed_copy_ablation_s"]])
-            if not transfers.empty:
-                self.console.print(self._table("transfers (timeline pass, instrumented; ablation from the speed runs)",
-                                               transfers, TRANSFER_METRICS))
+            self.console.print(self._table(head, job, KEY_METRICS))
+            abl = job[job["metric"].isin([m for m, *_ in ABLATION_METRICS])]
+            if not abl.empty and abl["median"].notna().any():
+                self.console.print(self._table("paired copy ablation: this placement minus every expert resident "
+                                               "(median difference, 95% interval of the mean difference)",
+                                               abl, ABLATION_METRICS, spread=False))
+        timeline = df[(df["status"] == "ok") & (df.get("profiler", pd.Series(index=df.index)) == "timeline")]
+        for job_id, job in timeline.groupby("job_id", sort=False):
+            caption = "transfers (timeline pass, instrumented)"
+            if bool(job["emulated"].iloc[0]):
+                caption += f" -- {EMULATED_NOTE}"
+            tl = spread_table(job.assign(profiler="none"))
+            self.console.print(self._table(f"job {job_id} {caption}", tl, TRANSFER_METRICS, spread=False))
+        failed = df[df["status"] == "failed"]
         for _, row in failed.iterrows():
-            self.console.print(f"[red]job {row['job_id']} failed:[/red] {row.get('error')}")
+            self.console.print(Text(f"job {row['job_id']} failed ({row['phase']}): {row.get('error')}", style="red"))
 
     @staticmethod
-    def _table(title: str, rows: pd.DataFrame, metrics: tuple) -> Table:
-        t = Table(title=title)
-        t.add_column("phase")
-        for _, label, _ in metrics:
-            t.add_column(label, justify="right")
-        med = rows.groupby(["phase", "metric"])["value"].median()
-        for phase in PHASE_ORDER:
-            if phase not in med.index.get_level_values(0):
-                continue
-            cells = []
-            for metric, _, fmt in metrics:
-                v = med.get((phase, metric))
-                cells.append("—" if v is None or pd.isna(v) else fmt.format(v / SCALE.get(metric, 1)))
-            t.add_row(phase, *cells)
+    def _table(title: str, rows: pd.DataFrame, metrics: tuple, spread: bool = True) -> Table:
+        """Metrics down, phases across (in the contract's order); a cell is the median and, with
+        `spread` and more than one value, min–max under it; the header gives n per phase."""
+        stats = rows.set_index(["phase", "metric"])
+        phases = sorted(set(rows["phase"]), key=phase_rank)
+        cells: dict[tuple[str, str], str] = {}
+        ns: dict[str, set[int]] = {p: set() for p in phases}
+        for phase in phases:
+            for metric, _, fmt, scale in metrics:
+                if (phase, metric) not in stats.index:
+                    continue
+                s = stats.loc[(phase, metric)]
+                s = s.iloc[0] if isinstance(s, pd.DataFrame) else s
+                if pd.isna(s["median"]):
+                    continue
+                ns[phase].add(int(s["n"]))
+                cell = fmt.format(s["median"] / scale)
+                if spread and s["n"] > 1:
+                    cell += f"\n{fmt.format(s['min'] / scale)}–{fmt.format(s['max'] / scale)}"
+                cells[(phase, metric)] = cell
+        phases = [p for p in phases if ns[p]]
+        t = Table(title=Text(title), title_justify="left")
+        t.add_column("metric")
+        for p in phases:
+            n = ",".join(map(str, sorted(ns[p])))
+            t.add_column(Text(f"{p}\n(n={n})" if spread else p), justify="right")
+        for metric, label, _, _ in metrics:
+            row = [cells.get((p, metric), "—") for p in phases]
+            if any(c != "—" for c in row):
+                t.add_row(Text(label), *row)
         return t

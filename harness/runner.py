@@ -1,22 +1,26 @@
-"""One job, end to end: validate -> engine (cached per process) -> workload -> warm-up and
-repeats -> tidy rows + manifest, written atomically into the job dir.
+"""One job, end to end: validate -> reference (CPU) -> measured engine (cached per process) ->
+warm-up and repeats, each phase checked -> instrumented passes -> paired ablation -> tidy rows
++ manifest, written atomically into the job dir.
 
-Owns: the job lifecycle, the numerical check against `resident` (cached per model and
-prompt), skipping jobs already complete, and turning any failure into a `status=failed`
-row so a sweep goes on. Does not own: the phases (harness.scenario), storage format
-(harness.results), the CLI (harness.cli).
+Owns: the job lifecycle (`Job`), skipping a job only when its recorded config hash matches
+(`harness.sweep.resume_decision`), and turning any failure into rows: a job that fails becomes
+a `status=failed` row so a sweep goes on; a profiling pass that fails records its own failed
+row and keeps the job's measured rows; a job whose files cannot be written becomes a failed
+row held in memory for the sweep table (`JobOutcome.unwritten`).
+Does not own: the phases (harness.scenario), the reference (harness.reference), storage
+format (harness.results), the CLI (harness.cli).
 
-    from harness.runner import run
-    job_dir = run(cfg)        # cfg: a composed Hydra DictConfig
+    from harness.runner import JobContext, run
+    outcome = run(cfg, JobContext(job_dir, sweep_id, job_id), Reporter())
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import socket
+import sys
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,21 +30,27 @@ from omegaconf import DictConfig, OmegaConf
 
 from engine.nvtx_ranges import NvtxRanges
 from engine.placements import needs_cache
+from engine.planner import PlanError, plan_memory
 from harness import results
+from harness.ablation import Ablation, ablation_metrics
 from harness.config import RunSpec, validate
-from harness.engines import get_adapter
+from harness.contract import PREFIX_CACHE
+from harness.engines import Adapter, MoebenchAdapter, get_adapter, release_cached, session_tokens_of
+from harness.machine import MachineLoad
 from harness.manifest import collect_manifest
 from harness.measure import PhaseProbe
-from harness.profiling.passes import (PROFILER_UNITS, CudaProfilerRange, ablation, relaunch_under_nsys,
-                                      timeline_pass, torch_profile_pass, trace_pass, under_nsys)
-from harness.scenario import PREFIX_CACHE, RepeatResult, compare, run_repeat
+from harness.passes import (CudaProfilerRange, relaunch_under_nsys, timeline_pass, torch_profile_pass, trace_pass,
+                            under_nsys)
+from harness.profiling.torchprof import PROFILER_UNITS
+from harness.reference import Reference, reference_for
 from harness.report import Reporter
+from harness.scenario import RepeatResult, check_phase, run_repeat
+from harness.sweep import job_fingerprint, resume_decision
 from workloads import build as build_workload
+from workloads.base import WorkloadSample
 from workloads.tokenize import load_tokenizer
 
 log = logging.getLogger(__name__)
-_REFERENCE: dict[tuple, RepeatResult] = {}
-_STEPS: dict[tuple, dict[int, list[list[int]]]] = {}
 
 
 @dataclass
@@ -48,6 +58,17 @@ class JobContext:
     job_dir: Path
     sweep_id: str
     job_id: str
+    command: list[str] = field(default_factory=lambda: list(sys.argv))
+    overrides: list[str] | None = None   # the job's Hydra task overrides (what `moebench rerun` replays)
+
+
+@dataclass
+class JobOutcome:
+    rows: list[dict]
+    steps: list[dict] = field(default_factory=list)
+    error: str | None = None          # the job (or one of its passes) failed
+    skipped: str | None = None        # why it did not run (resume)
+    unwritten: bool = False           # its files could not be written: `rows` is the failed row to keep
 
 
 def factors_of(cfg: DictConfig) -> dict[str, Any]:
@@ -66,147 +87,256 @@ def factors_of(cfg: DictConfig) -> dict[str, Any]:
             "gen_tokens": g("workload.gen_tokens"), "batch": g("workload.batch"), "dtype": g("model.dtype")}
 
 
-def _sample(spec: RunSpec):
-    w = spec.workload
-    tok = load_tokenizer(spec.model.path, spec.model_config.vocab_size)
-    return build_workload(w.name, tok, w.context_tokens, w.turn_tokens, w.batch, w.seed, w.tokens)
+def _resolved_kind(device: str) -> str:
+    """The device a job's engine will run on (DESIGN §3: auto = CUDA when available)."""
+    return "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
 
 
-def _prompt_key(spec: RunSpec, sample) -> tuple:
-    return (spec.model.name, spec.model.path, spec.model.dtype, spec.model.num_layers, spec.model.seed,
-            spec.hardware.device, spec.workload.gen_tokens, spec.workload.ubatch,
-            hashlib.sha1(repr((sample.contexts, sample.continuations)).encode()).hexdigest())
+class Job:
+    """One job's state while it runs: its spec, its rows and how to emit them."""
 
+    def __init__(self, cfg: DictConfig, ctx: JobContext, reporter: Reporter) -> None:
+        self.cfg, self.ctx, self.reporter = cfg, ctx, reporter
+        self.factors = factors_of(cfg)
+        self.device: dict[str, Any] = {"device_kind": None, "device_name": None, "emulated": None}
+        self.extra: dict[str, Any] = {"host": socket.gethostname()}
+        self.rows: list[dict] = []
+        self.steps: list[dict] = []
+        self.errors: list[str] = []
+        self.load_start: MachineLoad | None = None
+        self.load_end: MachineLoad | None = None
+        self.reference: Reference | None = None
 
-def _reference(spec: RunSpec, sample, record_steps: bool = False) -> RepeatResult:
-    """The `resident` run of this prompt (cached per model and prompt): logits and tokens for
-    the numerical check, and the per-pass expert sets a trace_oracle prefetcher replays."""
-    key = _prompt_key(spec, sample)
-    if key not in _REFERENCE:
-        ref, _ = get_adapter(spec, placement="resident")
-        ref.engine.model.step_log = {}
+    # --- rows -------------------------------------------------------------------------------
+    def emit(self, repeat: int | None, phase: str, metrics: dict, source: str, profiler: str = "none",
+             units: dict | None = None, **more: Any) -> None:
+        self.rows.extend(results.make_rows(self.factors, self.device, self.ctx.sweep_id, self.ctx.job_id, repeat,
+                                           phase, metrics, source, units=units,
+                                           extra={**self.extra, "profiler": profiler,
+                                                  "prefix_cache": PREFIX_CACHE.get(phase), **more}))
+
+    def emit_repeat(self, r: int, res: RepeatResult, profiler: str, check: bool) -> None:
+        """Rows of one repeat; with `check`, every phase that produced tokens carries its own
+        numerical check against the reference (null when there is no reference)."""
+        ref = self.reference.result if (check and self.reference is not None) else None
+        for ph in res.phases:
+            state = {"expert_cache": ph.expert_cache}
+            self.emit(r, ph.phase, ph.client, "client", profiler, **state)
+            engine_metrics = dict(ph.engine)
+            if ph.tokens:                    # null when unchecked or nothing to compare with, never 0
+                engine_metrics.update(check_phase(ph, ref.phase(ph.phase) if ref else None))
+            self.emit(r, ph.phase, engine_metrics, "engine", profiler, **state)
+        self.steps.extend({"sweep_id": self.ctx.sweep_id, "job_id": self.ctx.job_id, "repeat": r,
+                           "profiler": profiler, "phase": "decode", "step": i, "tpot_s": s}
+                          for i, s in enumerate(res.steps))
+
+    def failed_part(self, part: str, exc: BaseException) -> None:
+        """A part of the job (a profiling pass) failed: its own failed row; the rest stays."""
+        text = f"{type(exc).__name__}: {exc}"
+        log.error("job %s: %s failed: %s", self.ctx.job_id, part, text)
+        self.errors.append(f"{part}: {text}")
+        self.rows.append(results.failed_row(self.factors, self.device, self.ctx.sweep_id, self.ctx.job_id, text,
+                                            phase=part, extra={**self.extra, "profiler": part}))
+
+    # --- the job --------------------------------------------------------------------------------
+    def execute(self) -> JobOutcome:
         try:
-            res = run_repeat(ref, sample, spec.workload.gen_tokens, keep_logits=True)
-        finally:
-            res_steps, ref.engine.model.step_log = ref.engine.model.step_log, None
-        _REFERENCE[key] = res
-        _STEPS[key] = res_steps
-    return _REFERENCE[key]
+            self._measure()
+        except Exception as exc:  # noqa: BLE001 -- any failure becomes a failed row; the sweep goes on
+            text = f"{type(exc).__name__}: {exc}"
+            log.error("job %s failed: %s", self.ctx.job_id, text)
+            log.debug("%s", traceback.format_exc())
+            row = results.failed_row(self.factors, self.device, self.ctx.sweep_id, self.ctx.job_id, text,
+                                     extra=self.extra)
+            return JobOutcome([row], error=text)
+        error = "; ".join(self.errors) or None
+        return JobOutcome(self.rows, self.steps, error=error)
 
-
-def _engine_for(spec: RunSpec, sample):
-    """The measured engine; a trace_oracle prefetcher first needs the reference's steps."""
-    if spec.prefetch == "trace_oracle":
-        _reference(spec, sample)
-        return get_adapter(spec, prefetch_options={"steps": _STEPS[_prompt_key(spec, sample)]},
-                           key_extra=_prompt_key(spec, sample))
-    return get_adapter(spec)
-
-
-def run_job(cfg: DictConfig, ctx: JobContext, reporter: Reporter) -> tuple[list[dict], str | None]:
-    """Rows for one job, and the error text if it failed."""
-    factors = factors_of(cfg)
-    device = {"device_kind": None, "device_name": None, "emulated": None}
-    try:
-        spec = validate(cfg)                       # before any model loads
+    def _measure(self) -> None:
+        spec = validate(self.cfg)                                       # before any weight is read
         if spec.run.threads is not None:
             torch.set_num_threads(spec.run.threads)
-        sample = _sample(spec)
-        with PhaseProbe("cuda" if spec.hardware.device == "cuda" else "cpu", None) as load_probe:
-            eng, loaded = _engine_for(spec, sample)
-        device = {"device_kind": eng.device_kind, "device_name": eng.device_name, "emulated": eng.emulated}
-        extra = {"host": socket.gethostname(), "ubatch": spec.workload.ubatch, "token_source": sample.token_source,
-                 "resolved_capacity": eng.resolved_capacity, "placement_options": repr(spec.placement_options)}
-        rows: list[dict] = []
-
-        def emit(repeat: int | None, phase: str, metrics: dict, source: str, profiler: str = "none",
-                 units: dict | None = None, **more: Any) -> None:
-            rows.extend(results.make_rows(factors, device, ctx.sweep_id, ctx.job_id, repeat, phase, metrics, source,
-                                          units=units, extra={**extra, "profiler": profiler,
-                                                              "prefix_cache": PREFIX_CACHE.get(phase), **more}))
-
-        def emit_repeat(r: int, res: RepeatResult, profiler: str, check: dict | None) -> None:
-            for ph in res.phases:
-                emit(r, ph.phase, ph.client, "client", profiler)
-                engine_metrics = dict(ph.engine)
-                if ph.phase == "decode":
-                    engine_metrics.update(check or {"max_abs_logit_diff": None, "token_agreement": None})
-                emit(r, ph.phase, engine_metrics, "engine", profiler)
-
-        load_metrics = {"time_s": load_probe.time_s if loaded else None,
-                        "peak_host_rss_bytes": load_probe.peak_host_rss_bytes if loaded else None,
-                        "peak_device_bytes": load_probe.peak_device_bytes if loaded else None}
-        emit(0, "load", load_metrics, "client", model_load="cold" if loaded else "reused")
+        threads = torch.get_num_threads()
+        self.load_start = MachineLoad.sample(threads)
+        self.extra.update(threads=threads, load_avg_start=self.load_start.load_avg_1m,
+                          other_busy_cores=self.load_start.other_busy_cores, machine_busy=self.load_start.busy)
+        if self.load_start.busy:
+            self.reporter.warn(self.load_start.warning())
+        sample = self._sample(spec, spec.workload.seed)
+        warm = self._sample(spec, spec.workload.seed + 1) if spec.run.expert_cache == "warm" else None
+        if spec.run.check_reference or spec.prefetch == "trace_oracle":
+            with self.reporter.step("reference (every expert resident, CPU)"):
+                self.reference = reference_for(spec, sample, Path(spec.run.out))
+            self.extra["reference"] = self.reference.origin if spec.run.check_reference else None
+        eng, loaded = self._load(spec)
+        self.extra.update(ubatch=spec.workload.ubatch, token_source=sample.token_source,
+                          resolved_capacity=eng.resolved_capacity, placement_options=repr(spec.placement_options),
+                          expert_cache_mode=spec.run.expert_cache)
         gen, run_cfg = spec.workload.gen_tokens, spec.run
-        # warm-up (excluded); its logits serve the numerical check, so measured repeats copy nothing extra
-        check_run = None
-        for i in range(max(run_cfg.warmup, 1 if run_cfg.check_reference else 0)):
-            with reporter.step(f"warm-up {i + 1}"):
-                check_run = run_repeat(eng, sample, gen, keep_logits=run_cfg.check_reference)
-        check = None
-        if run_cfg.check_reference and check_run is not None:
-            ref = check_run if spec.engine == "moebench" and spec.placement == "resident" else _reference(spec, sample)
-            check = compare(check_run, ref)
+        for i in range(run_cfg.warmup):                                 # excluded from every table
+            with self.reporter.step(f"warm-up {i + 1}/{run_cfg.warmup}"):
+                run_repeat(eng, sample, gen, keep_logits=False, warm_with=warm)
         measured = []
         nvtx_child = run_cfg.profiler == "nsys" and under_nsys()
         with CudaProfilerRange():
             if nvtx_child:
                 eng.set_instrument(NvtxRanges())
             for r in range(run_cfg.repeats):
-                with reporter.step(f"repeat {r + 1}/{run_cfg.repeats}"):
-                    measured.append(run_repeat(eng, sample, gen, keep_logits=False))
+                with self.reporter.step(f"repeat {r + 1}/{run_cfg.repeats}"):
+                    measured.append(run_repeat(eng, sample, gen, keep_logits=run_cfg.check_reference, warm_with=warm))
             eng.set_instrument(None)
         for r, res in enumerate(measured):
-            emit_repeat(r, res, "nsys" if nvtx_child else "none", check)
-        _profiling_passes(spec, eng, sample, measured, ctx, emit, emit_repeat, reporter)
-        return rows, None
-    except Exception as exc:  # noqa: BLE001 -- any failure becomes a failed row; the sweep goes on
-        log.error("job %s failed: %s", ctx.job_id, exc)
-        log.debug("%s", traceback.format_exc())
-        return [results.failed_row(factors, device, ctx.sweep_id, ctx.job_id, f"{type(exc).__name__}: {exc}")], \
-            f"{type(exc).__name__}: {exc}"
+            self.emit_repeat(r, res, "nsys" if nvtx_child else "none", check=run_cfg.check_reference)
+        self._passes(spec, eng, sample, warm)
+        self._ablation(spec, eng, sample, measured, warm)
+        self.load_end = MachineLoad.sample(threads)
+
+    def _sample(self, spec: RunSpec, seed: int) -> WorkloadSample:
+        w = spec.workload
+        tok = load_tokenizer(spec.model.path, spec.model_config.vocab_size)
+        return build_workload(w.name, tok, w.context_tokens, w.turn_tokens, w.batch, seed, w.tokens)
+
+    def _load(self, spec: RunSpec) -> tuple[Adapter, bool]:
+        kind = _resolved_kind(spec.hardware.device)
+        prefetch_options = {"steps": self.reference.steps} if spec.prefetch == "trace_oracle" else None
+        key_extra = (self.reference.key,) if spec.prefetch == "trace_oracle" else ()
+        with PhaseProbe(kind, None) as probe:
+            eng, loaded = get_adapter(spec, prefetch_options=prefetch_options, key_extra=key_extra)
+        self.device = {"device_kind": eng.device_kind, "device_name": eng.device_name, "emulated": eng.emulated}
+        load = {"time_s": probe.time_s if loaded else None,
+                "peak_host_rss_bytes": probe.peak_host_rss_bytes if loaded else None,
+                "peak_device_bytes": probe.peak_device_bytes if loaded else None,
+                "peak_device_reserved_bytes": getattr(probe, "peak_device_reserved_bytes", None) if loaded else None,
+                "emulated_device_peak_bytes": eng.device_peak() if loaded else None}
+        self.emit(0, "load", load, "client", model_load="cold" if loaded else "reused", expert_cache="cold")
+        return eng, loaded
+
+    # --- instrumented passes: each may fail on its own ---------------------------------------
+    def _passes(self, spec: RunSpec, eng: Adapter, sample: WorkloadSample, warm: WorkloadSample | None) -> None:
+        run_cfg, gen, job_dir = spec.run, spec.workload.gen_tokens, self.ctx.job_dir
+        timing = "emulated" if eng.emulated else "cuda_events"   # how copy/compute intervals were timed
+        if run_cfg.timeline or run_cfg.trace:
+            try:
+                with self.reporter.step("timeline pass"):
+                    res = timeline_pass(eng, sample, gen, run_cfg.nvtx, job_dir / "trace.json" if run_cfg.trace else None)
+                if res is not None:
+                    self._emit_pass(res, "timeline", copy_timing=timing)
+            except Exception as exc:  # noqa: BLE001
+                self.failed_part("timeline", exc)
+        if run_cfg.record_trace:
+            try:
+                with self.reporter.step("routing trace pass"):
+                    res = trace_pass(eng, sample, gen, job_dir / "routing.npz")
+                if res is not None:
+                    self._emit_pass(res, "trace")
+            except Exception as exc:  # noqa: BLE001
+                self.failed_part("trace", exc)
+        if run_cfg.profiler == "torch":
+            try:
+                with self.reporter.step("torch.profiler pass"):
+                    res, summary = torch_profile_pass(eng, sample, gen, job_dir / "torch_trace.json")
+                self._emit_pass(res, "torch")
+                self.emit(0, "all", summary, "torch", "torch", units=PROFILER_UNITS)
+            except Exception as exc:  # noqa: BLE001
+                self.failed_part("torch", exc)
+        if run_cfg.profiler == "nsys" and not under_nsys():
+            try:
+                overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+                for r in relaunch_under_nsys(job_dir, overrides):
+                    self.emit(None, r["scope"], {r["metric"]: r["value"]}, "nsys", "nsys", units={r["metric"]: r["unit"]})
+            except Exception as exc:  # noqa: BLE001
+                self.failed_part("nsys", exc)
+
+    def _emit_pass(self, res: RepeatResult, profiler: str, **more: Any) -> None:
+        for ph in res.phases:
+            self.emit(0, ph.phase, ph.client, "client", profiler, expert_cache=ph.expert_cache, **more)
+            self.emit(0, ph.phase, ph.engine, "engine", profiler, expert_cache=ph.expert_cache, **more)
+
+    # --- the paired ablation --------------------------------------------------------------------
+    def _ablation(self, spec: RunSpec, eng: Adapter, sample: WorkloadSample, measured: list[RepeatResult],
+                  warm: WorkloadSample | None) -> None:
+        if not spec.run.ablation or spec.engine != "moebench" or spec.placement == "resident":
+            return
+        ab = self._plan_ablation(spec, eng)
+        try:
+            if ab.mode != "skipped":
+                ab = self._run_ablation(spec, eng, sample, measured, warm, ab)
+        except Exception as exc:  # noqa: BLE001
+            self.failed_part("ablation", exc)
+            return
+        for phase, stats in ablation_metrics(ab).items():
+            self.emit(None, phase, stats, "client", ablation_mode=ab.mode, ablation_reason=ab.reason)
+        for r, res in enumerate(ab.resident):                       # the resident side's raw samples
+            for ph in res.phases:
+                self.emit(r, ph.phase, {"time_s": ph.client["time_s"]}, "client", "ablation",
+                          ablation_side="resident", ablation_mode=ab.mode)
+        if ab.mode == "interleaved":                                # and the placement side's extra ones
+            for r, res in enumerate(ab.placement):
+                for ph in res.phases:
+                    self.emit(r, ph.phase, {"time_s": ph.client["time_s"]}, "client", "ablation",
+                              ablation_side="placement", ablation_mode=ab.mode)
+
+    def _plan_ablation(self, spec: RunSpec, eng: Adapter) -> Ablation:
+        """Whether the resident side fits the device budget, alone and beside the measured engine."""
+        engine = eng.engine
+        budget = engine.device.ledger.budget
+        w, mcfg = spec.workload, engine.cfg
+        try:
+            resident = plan_memory(mcfg, "resident", None, budget, session_tokens_of(spec), w.batch, w.ubatch,
+                                   engine.model.dtype.itemsize)
+        except PlanError as exc:
+            reason = f"the resident plan does not fit the device budget: {str(exc).splitlines()[0]}"
+            return Ablation("skipped", reason)
+        if budget is None or resident.total + engine.plan.total <= budget:
+            return Ablation("interleaved")
+        return Ablation("sequential", "both engines together exceed the device budget")
+
+    def _run_ablation(self, spec: RunSpec, eng: Adapter, sample: WorkloadSample, measured: list[RepeatResult],
+                      warm: WorkloadSample | None, ab: Ablation) -> Ablation:
+        gen, n = spec.workload.gen_tokens, spec.run.repeats
+        if ab.mode == "sequential":
+            release_cached()          # the measured engine leaves the device before the resident one arrives
+            ab.placement = measured
+        resident = MoebenchAdapter(spec, placement="resident")
+        try:
+            with self.reporter.step(f"ablation ({ab.mode}): the same work with every expert resident"):
+                for _ in range(n):
+                    if ab.mode == "interleaved":
+                        ab.placement.append(run_repeat(eng, sample, gen, keep_logits=False, warm_with=warm))
+                    ab.resident.append(run_repeat(resident, sample, gen, keep_logits=False))
+        finally:
+            resident.close()
+        return ab
 
 
-def _profiling_passes(spec: RunSpec, eng, sample, measured: list[RepeatResult], ctx: JobContext, emit, emit_repeat,
-                      reporter: Reporter) -> None:
-    """Everything instrumented, after the speed measurements (their rows carry `profiler`)."""
-    run_cfg, gen = spec.run, spec.workload.gen_tokens
-    if run_cfg.ablation and not (spec.engine == "moebench" and spec.placement == "resident"):
-        ref, _ = get_adapter(spec, placement="resident")
-        with reporter.step("ablation: the same work with every expert resident"):
-            resident = [run_repeat(ref, sample, gen, keep_logits=False) for _ in range(run_cfg.repeats)]
-        for phase, value in ablation(measured, resident).items():
-            emit(None, phase, {"exposed_copy_ablation_s": value}, "client")
-    if run_cfg.timeline or run_cfg.trace:
-        with reporter.step("timeline pass"):
-            res = timeline_pass(eng, sample, gen, run_cfg.nvtx, ctx.job_dir / "trace.json" if run_cfg.trace else None)
-        if res is not None:
-            emit_repeat(0, res, "timeline", None)
-    if run_cfg.record_trace:
-        with reporter.step("routing trace pass"):
-            res = trace_pass(eng, sample, gen, ctx.job_dir / "routing.npz")
-        if res is not None:
-            emit_repeat(0, res, "trace", None)
-    if run_cfg.profiler == "torch":
-        with reporter.step("torch.profiler pass"):
-            res, summary = torch_profile_pass(eng, sample, gen, ctx.job_dir / "torch_trace.json")
-        emit_repeat(0, res, "torch", None)
-        emit(0, "all", summary, "torch", "torch", units=PROFILER_UNITS)
-    if run_cfg.profiler == "nsys" and not under_nsys():
-        overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
-        for r in relaunch_under_nsys(ctx.job_dir, overrides):
-            emit(None, r["scope"], {r["metric"]: r["value"]}, "nsys", "nsys", units={r["metric"]: r["unit"]})
+def run_job(cfg: DictConfig, ctx: JobContext, reporter: Reporter) -> JobOutcome:
+    """Measure one job (no resume check, nothing written): its rows, steps and error."""
+    return Job(cfg, ctx, reporter).execute()
 
 
-def run(cfg: DictConfig, ctx: JobContext, reporter: Reporter) -> str | None:
-    """Run and store one job; returns the error text when it failed (None when ok or skipped)."""
-    if results.job_complete(ctx.job_dir):
-        reporter.info(f"skip {ctx.job_id}: already complete in {ctx.job_dir}")
-        return None
+def run(cfg: DictConfig, ctx: JobContext, reporter: Reporter) -> JobOutcome:
+    """Run and store one job, unless its dir already holds it with the same config hash."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    fingerprint = job_fingerprint(resolved)
+    retry = bool(OmegaConf.select(cfg, "run.retry_failed", default=True))
+    decision = resume_decision(results.read_done(ctx.job_dir), fingerprint, retry)
+    if not decision.run:
+        reporter.info(f"skip {ctx.job_id}: {decision.reason}")
+        return JobOutcome([], skipped=decision.reason)
     t0 = time.perf_counter()
-    rows, error = run_job(cfg, ctx, reporter)
-    manifest = collect_manifest(OmegaConf.to_container(cfg, resolve=True),
-                                extra={"sweep_id": ctx.sweep_id, "job_id": ctx.job_id, "status": "failed" if error else "ok",
-                                       "harness_wall_s": time.perf_counter() - t0})
-    results.write_job(ctx.job_dir, rows, manifest)
-    return error
+    job = Job(cfg, ctx, reporter)
+    outcome = job.execute()
+    manifest = collect_manifest(resolved, extra={
+        "sweep_id": ctx.sweep_id, "job_id": ctx.job_id, "status": "failed" if outcome.error else "ok",
+        "config_hash": fingerprint, "command": ctx.command, "overrides": ctx.overrides, "harness_wall_s": time.perf_counter() - t0,
+        "threads": job.extra.get("threads"), "device": job.device,
+        "machine_load": {"start": job.load_start and job.load_start.as_dict(),
+                         "end": job.load_end and job.load_end.as_dict()}})
+    try:
+        results.write_job(ctx.job_dir, outcome.rows, manifest, config_hash=fingerprint, steps=outcome.steps)
+    except OSError as exc:
+        text = f"cannot write the job's files in {ctx.job_dir}: {exc}"
+        log.error("job %s: %s", ctx.job_id, text)
+        row = results.failed_row(job.factors, job.device, ctx.sweep_id, ctx.job_id, text, extra=job.extra)
+        return replace(outcome, rows=[row], steps=[], error=text, unwritten=True)
+    return outcome

@@ -1,34 +1,33 @@
 """The scenario: one session driven through the measured phases, each timed directly.
 
-Owns: the phase sequence of DESIGN.md §4 -- load, prefill_fresh, decode,
-prefill_continuation (earlier KV still on the device), prefill_restored (earlier KV
-displaced to host RAM, then restored) -- and the metrics each phase records.
-Does not own: building engines (harness.engines), rows and files (harness.runner).
+Owns: the phase sequence of DESIGN.md §4 -- prefill_fresh, decode, prefill_continuation
+(earlier KV still on the device), kv_offload (the displacement between turns, its own phase),
+prefill_restored (the earlier KV restored from host RAM) -- the metrics each phase records,
+the state each phase starts from (expert cache cold or warm, prefix state), the logits and
+tokens each phase produced (for the numerical check, `check_phase`), and the raw per-step
+decode latencies. Does not own: building engines (harness.engines), rows and files
+(harness.runner), where the reference comes from (harness.reference).
 
-Per repeat the expert cache starts cold. Continuation and restored turns feed the
-pending reply token plus `turn_tokens` new tokens on top of the whole earlier session,
-so `reused_tokens` is the session length before the turn.
+Per repeat the expert cache starts cold, or -- `expert_cache="warm"` -- as a previous turn of
+another session left it (the steady state of a running server). Continuation and restored
+turns feed the pending reply token plus `turn_tokens` new tokens on top of the whole earlier
+session, so `reused_tokens` is the session length before the turn.
 """
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
+from engine.counters import METRICS as COUNTER_METRICS
 from engine.timeline import Timeline
+from harness.contract import CHECK_METRICS, OFFLOAD_PHASE
 from harness.engines import Adapter
 from harness.measure import PhaseProbe, percentile, rates
-from harness.profiling.overlap import overlap_metrics
+from harness.profiling.overlap import OVERLAP_METRICS, overlap_metrics
 from workloads.base import WorkloadSample
-
-PHASES = ("load", "prefill_fresh", "decode", "prefill_continuation", "prefill_restored")
-PREFIX_CACHE = {"prefill_fresh": "none", "decode": "device", "prefill_continuation": "device",
-                "prefill_restored": "restored", "load": "none"}
-COUNTER_METRICS = ("h2d_bytes", "d2h_bytes", "expert_hits", "expert_misses", "expert_hit_bytes", "expert_miss_bytes",
-                   "prefetch_issued", "prefetch_used", "prefetch_wasted_bytes")
-# need the copy/compute timeline (profiling issue); until it records them they are null, never 0
-TIMELINE_METRICS = ("copy_busy_s", "overlap_s", "exposed_copy_s", "overlap_frac", "link_gbps")
 
 
 @dataclass
@@ -36,34 +35,56 @@ class PhaseResult:
     phase: str
     client: dict[str, float | None] = field(default_factory=dict)   # measured around the request
     engine: dict[str, float | None] = field(default_factory=dict)   # read from the engine's counters
+    logits: list[torch.Tensor] = field(default_factory=list)        # host fp32 [B, V] per token produced
+    tokens: list[list[int]] = field(default_factory=list)           # per token produced: one id per row
+    expert_cache: str | None = None                                  # cold | warm at phase start; None: no cache
 
 
 @dataclass
 class RepeatResult:
     phases: list[PhaseResult]
-    logits: list[torch.Tensor]          # fresh prefill + decode logits, for the reference check
-    tokens: list[list[int]]             # generated per row
+    steps: list[float] = field(default_factory=list)                 # per decode step, seconds
     windows: list[tuple[str, float, float]] = field(default_factory=list)   # (phase, start, end), perf_counter
+
+    def phase(self, name: str) -> PhaseResult | None:
+        return next((p for p in self.phases if p.phase == name), None)
+
+    @property
+    def tokens(self) -> list[list[int]]:
+        """Generated ids per row: prefill's first token, then decode's."""
+        cols = [t for name in ("prefill_fresh", "decode") if (p := self.phase(name)) for t in p.tokens]
+        return [list(row) for row in zip(*cols)]
+
+
+# A hook between phases (the phase about to run, the adapter, the session); tests use it to
+# inject faults, the warm expert-cache state uses the engine as the previous phase left it.
+PhaseHook = Callable[[str, Adapter, object], None]
 
 
 def _argmax(logits: torch.Tensor) -> list[int]:
     return logits.argmax(-1).tolist()   # .tolist() synchronises: the token is available on the host
 
 
-def _phase(name: str, probe: PhaseProbe, tokens: int, extra: dict[str, float | None],
+def _host(logits: torch.Tensor) -> torch.Tensor:
+    """A host fp32 copy of logits, for the check (the token was already read, so no extra sync)."""
+    return logits.detach().to("cpu", dtype=torch.float32, copy=True)
+
+
+def _phase(name: str, probe: PhaseProbe, tokens: int | None, extra: dict[str, float | None],
            timeline: Timeline | None, emulated: bool) -> PhaseResult:
     t = probe.time_s
-    client = {"time_s": t, "tokens": float(tokens), "tok_per_s": tokens / t if t > 0 else None,
-              "peak_device_bytes": probe.peak_device_bytes, "peak_host_rss_bytes": probe.peak_host_rss_bytes,
-              **extra}
-    engine: dict[str, float | None] = {}
+    client = {"time_s": t, "tokens": None if tokens is None else float(tokens),
+              "tok_per_s": tokens / t if tokens and t > 0 else None,
+              "peak_device_bytes": probe.peak_device_bytes,
+              "peak_device_reserved_bytes": getattr(probe, "peak_device_reserved_bytes", None),
+              "peak_host_rss_bytes": probe.peak_host_rss_bytes, **extra}
     if probe.counters is not None:
-        engine = {k: float(probe.counters[k]) for k in COUNTER_METRICS}
+        engine: dict[str, float | None] = {k: float(v) for k, v in probe.counters.items()}
         engine.update(rates(probe.counters))
     else:   # an engine that cannot count: null, never 0
         engine = dict.fromkeys((*COUNTER_METRICS, "hit_rate", "byte_hit_rate"))
     if timeline is None:
-        engine.update(dict.fromkeys(TIMELINE_METRICS))
+        engine.update(dict.fromkeys(OVERLAP_METRICS))
     else:
         timeline.collect()
         t0, t1 = probe.t_start, probe.t_end
@@ -72,64 +93,122 @@ def _phase(name: str, probe: PhaseProbe, tokens: int, extra: dict[str, float | N
     return PhaseResult(name, client, engine)
 
 
+def prime_expert_cache(eng: Adapter, sample: WorkloadSample, gen_tokens: int) -> None:
+    """Leave the expert cache as one turn of *another* session leaves it: prefill its context and
+    decode `gen_tokens - 1` steps, then drop that session (its KV, never its expert state)."""
+    sess = eng.new_session(len(sample.contexts))
+    try:
+        tok = _argmax(eng.prefill(sess, sample.contexts))
+        for _ in range(gen_tokens - 1):
+            tok = _argmax(eng.decode_step(sess, tok))
+    finally:
+        eng.close_session(sess)
+
+
 def run_repeat(eng: Adapter, sample: WorkloadSample, gen_tokens: int, keep_logits: bool,
-               timeline: Timeline | None = None) -> RepeatResult:
-    """One cold-cache pass through every phase. With a `timeline` (already set on the
-    engine), each phase also gets copy/compute overlap metrics from its time window."""
+               timeline: Timeline | None = None, warm_with: WorkloadSample | None = None,
+               before_phase: PhaseHook | None = None) -> RepeatResult:
+    """One pass through every phase, from a cold expert cache -- or, with `warm_with`, from the
+    state a turn of that other session left. With a `timeline` (already set on the engine), each
+    phase also gets copy/compute overlap metrics from its time window. With `keep_logits`, each
+    phase keeps the logits that chose its tokens (host fp32 copies) for `check_phase`."""
     kind, counters = eng.device_kind, eng.counters if eng.counters() is not None else None
-    ph = lambda name, probe, tokens, extra: _phase(name, probe, tokens, extra, timeline, eng.emulated)  # noqa: E731
+    cached = eng.has_expert_cache
     batch = len(sample.contexts)
     eng.reset()
+    if warm_with is not None:
+        prime_expert_cache(eng, warm_with, gen_tokens)
+    state = ("warm" if warm_with is not None else "cold") if cached else None
     sess = eng.new_session(batch)
-    phases, logits = [], []
+    result = RepeatResult([])
+    span = eng.instrument.span
+
+    def measured(name: str, body: Callable[[], tuple[int | None, dict]], start_state: str | None) -> PhaseResult:
+        if before_phase is not None:
+            before_phase(name, eng, sess)
+        eng.reset_device_peak()
+        with span("phase", phase=name), PhaseProbe(kind, counters) as p:
+            tokens, extra = body()
+        res = _phase(name, p, tokens, extra, timeline, eng.emulated)
+        res.engine["emulated_device_peak_bytes"] = eng.device_peak()
+        res.expert_cache = start_state
+        result.phases.append(res)
+        result.windows.append((name, p.t_start, p.t_end))
+        return res
+
     try:
-        span = eng.instrument.span
-        with span("phase", phase="prefill_fresh"), PhaseProbe(kind, counters) as p:
+        produced: list[torch.Tensor] = []
+
+        def fresh() -> tuple[int, dict]:
             out = eng.prefill(sess, sample.contexts)
-            tok = _argmax(out)
+            produced[:] = [out]
+            return batch * len(sample.contexts[0]), {"reused_tokens": 0.0}
+
+        ph = measured("prefill_fresh", fresh, state)
+        ph.client["ttft_s"] = ph.client["time_s"]
+        tok = _note(ph, produced[0], keep_logits)
         ctx_len = len(sample.contexts[0])
-        phases.append(ph("prefill_fresh", p, batch * ctx_len, {"ttft_s": p.time_s, "reused_tokens": 0.0}))
-        windows = [("prefill_fresh", p.t_start, p.t_end)]
-        logits.append(out.float().cpu() if keep_logits else out)
-        generated = [tok]
         if gen_tokens > 1:
-            steps: list[float] = []
-            with span("phase", phase="decode"), PhaseProbe(kind, counters) as p:
+            logits_of_steps: list[torch.Tensor] = []
+            step_tokens: list[list[int]] = []
+
+            def decode() -> tuple[int, dict]:
+                nonlocal tok
                 for _ in range(gen_tokens - 1):
                     t0 = time.perf_counter()
                     out = eng.decode_step(sess, tok)
                     tok = _argmax(out)
-                    steps.append(time.perf_counter() - t0)
+                    result.steps.append(time.perf_counter() - t0)
+                    step_tokens.append(tok)
                     if keep_logits:
-                        logits.append(out.float().cpu())
-                    generated.append(tok)
-            phases.append(ph("decode", p, batch * (gen_tokens - 1), {
-                "tpot_s_p50": percentile(steps, 50), "tpot_s_p90": percentile(steps, 90),
-                "tpot_s_p99": percentile(steps, 99)}))
-            windows.append(("decode", p.t_start, p.t_end))
+                        logits_of_steps.append(_host(out))
+                return batch * (gen_tokens - 1), {"tpot_s_p50": percentile(result.steps, 50),
+                                                  "tpot_s_p90": percentile(result.steps, 90),
+                                                  "tpot_s_p99": percentile(result.steps, 99)}
+
+            ph = measured("decode", decode, "warm" if cached else None)
+            ph.tokens, ph.logits = step_tokens, logits_of_steps
         for name in ("prefill_continuation", "prefill_restored"):
             reused = ctx_len + gen_tokens - 1 + (len(sample.continuations[0]) + 1 if name == "prefill_restored" else 0)
             rows = [[t, *c] for t, c in zip(tok, sample.continuations)]
-            extra: dict[str, float | None] = {"reused_tokens": float(reused)}
             if name == "prefill_restored":
-                eng.offload(sess)     # displacement happens between turns; its d2h is not this phase's
-            with span("phase", phase=name), PhaseProbe(kind, counters) as p:
+                def offload() -> tuple[int, dict]:
+                    eng.offload(sess)
+                    return None, {"reused_tokens": None}
+                measured(OFFLOAD_PHASE, offload, "warm" if cached else None)
+
+            def turn(name: str = name, rows: list = rows, reused: int = reused) -> tuple[int, dict]:
+                extra: dict[str, float | None] = {"reused_tokens": float(reused)}
                 if name == "prefill_restored":
                     t0 = time.perf_counter()
                     eng.restore(sess)
                     extra["restore_s"] = time.perf_counter() - t0   # restore() synchronises
-                tok = _argmax(eng.prefill(sess, rows))
-            extra["ttft_s"] = p.time_s
-            phases.append(ph(name, p, batch * len(rows[0]), extra))
-            windows.append((name, p.t_start, p.t_end))
+                produced[:] = [eng.prefill(sess, rows)]
+                return batch * len(rows[0]), extra
+
+            ph = measured(name, turn, "warm" if cached else None)
+            ph.client["ttft_s"] = ph.client["time_s"]
+            tok = _note(ph, produced[0], keep_logits)
     finally:
         eng.close_session(sess)
-    return RepeatResult(phases, logits, [list(col) for col in zip(*generated)], windows)
+    return result
 
 
-def compare(got: RepeatResult, ref: RepeatResult) -> dict[str, float]:
-    """max |Δ logits| over every generated position and the fraction of equal tokens."""
+def _note(ph: PhaseResult, out: torch.Tensor, keep_logits: bool) -> list[int]:
+    """Record the token a prefill phase produced (and its logits); returns it."""
+    tok = _argmax(out)
+    ph.tokens = [tok]
+    if keep_logits:
+        ph.logits = [_host(out)]
+    return tok
+
+
+def check_phase(got: PhaseResult, ref: PhaseResult | None) -> dict[str, float | None]:
+    """max |Δ logits| over the tokens this phase produced and the fraction of equal tokens,
+    against the reference's same phase; nulls where there is nothing to compare."""
+    if ref is None or not got.tokens or not ref.tokens:
+        return dict.fromkeys(CHECK_METRICS)
     n = min(len(got.logits), len(ref.logits))
-    diff = max((got.logits[i] - ref.logits[i]).abs().max().item() for i in range(n))
+    diff = max((got.logits[i] - ref.logits[i]).abs().max().item() for i in range(n)) if n else None
     pairs = [(a, b) for ga, gb in zip(got.tokens, ref.tokens) for a, b in zip(ga, gb)]
     return {"max_abs_logit_diff": diff, "token_agreement": sum(a == b for a, b in pairs) / len(pairs)}

@@ -122,7 +122,8 @@ def test_context_longer_than_model_allows():
 
 def test_bad_input_fails_before_any_model_loads(tmp_path):
     loads = len(engines.LOADS)
-    rows, error = run_job(cfg_with("cache.capacity=1"), JobContext(tmp_path, "s", "j"), Reporter(quiet=True))
+    out = run_job(cfg_with("cache.capacity=1"), JobContext(tmp_path, "s", "j"), Reporter(quiet=True))
+    rows, error = out.rows, out.error
     assert error and "cache.capacity" in error
     assert len(engines.LOADS) == loads
     assert rows[0]["status"] == "failed" and "cache.capacity" in rows[0]["error"]

@@ -98,7 +98,7 @@ def test_load_dtypes(tmp_path: Path) -> None:
         assert df[col].dtype == "Int64", col
     assert df["emulated"].dtype == "boolean"
     assert set(df["cache_capacity"]) == {"4", "auto", "1"}  # requested value, as text
-    assert set(df["unit"].dropna()) <= set(R.METRIC_UNITS.values()) | {R.ERROR_UNIT}
+    assert set(df["unit"].dropna()) <= set(R.METRIC_UNITS.values()) | {R.schema.ERROR_UNIT}
 
 
 # ----------------------------------------------------------------------------- load
@@ -133,8 +133,9 @@ def test_invalid_schema_names_file_and_column(tmp_path: Path) -> None:
     table = table.set_column(table.schema.get_field_index("value"), "value",
                              pa.array(["fast"] * table.num_rows))
     pq.write_table(table, bad)
+    assert len(R.load(tmp_path)) == 25             # no DONE beside it: an incomplete job, not read
     with pytest.raises(R.ResultsError) as err:
-        R.load(tmp_path)
+        R.load(bad)                                  # named explicitly, it is read and refused
     msg = str(err.value)
     assert str(bad) in msg and "'metric'" in msg and "column 'value' has type string" in msg
 
@@ -145,8 +146,9 @@ def test_bad_status_is_rejected_naming_file(tmp_path: Path) -> None:
     df = pd.DataFrame(_job_rows("0", FACTORS, repeats=1))
     df["status"] = "maybe"
     pq.write_table(pa.Table.from_pandas(df, preserve_index=False), bad)
+    (bad.parent / R.DONE_FILE).write_text(json.dumps({"status": "ok", "rows": len(df)}))
     with pytest.raises(R.ResultsError, match="maybe") as err:
-        R.load(tmp_path)
+        R.load(tmp_path)                             # a DONE beside it: a complete job, so it must be valid
     assert str(bad) in str(err.value)
 
 
@@ -248,7 +250,7 @@ def test_write_sweep_twice_gives_no_duplicates(tmp_path: Path) -> None:
     for df in (R.load(sweep), R.load(tmp_path), R.load(sweep / R.SWEEP_TABLE)):
         assert len(df) == 25 and not df.duplicated(key).any()
     summary = pd.read_csv(sweep / R.SUMMARY_FILE)
-    assert not summary.duplicated(["job_id", "phase", "source"]).any()
+    assert not summary.duplicated(["job_id", "phase", "source", "metric"]).any()
 
 
 def test_sweep_table_alone_still_loads(tmp_path: Path) -> None:
@@ -264,14 +266,19 @@ def test_sweep_table_alone_still_loads(tmp_path: Path) -> None:
     assert len(df) == 25 and (df["job_id"] == "1").sum() == 12
 
 
-def test_summary_medians_and_failed_rows(tmp_path: Path) -> None:
+def test_summary_medians_spread_and_failed_rows(tmp_path: Path) -> None:
     sweep = build_tree(tmp_path)
     R.write_sweep(sweep)
     summary = pd.read_csv(sweep / R.SUMMARY_FILE, dtype={"job_id": str})
-    fresh = summary[(summary["job_id"] == "0") & (summary["phase"] == "prefill_fresh")].iloc[0]
-    assert fresh["time_s"] == pytest.approx(0.625)          # median of 0.5, 0.75
-    assert fresh["n_repeats"] == 2 and fresh["status"] == "ok"
-    assert pd.isna(fresh["peak_device_bytes"])              # null stays null
+    fresh = summary[(summary["job_id"] == "0") & (summary["phase"] == "prefill_fresh")].set_index("metric")
+    t = fresh.loc["time_s"]                                  # repeats 0.5 and 0.75
+    assert (t["median"], t["min"], t["max"], t["n"]) == (pytest.approx(0.625), 0.5, 0.75, 2)
+    assert (t["p25"], t["p75"]) == (pytest.approx(0.5625), pytest.approx(0.6875))
+    assert t["unit"] == "s" and t["status"] == "ok"
+    dev = fresh.loc["peak_device_bytes"]
+    assert dev["n"] == 0 and pd.isna(dev["median"])           # null stays null, never 0
+    wide = R.summarize(R.load(sweep))
+    assert wide[(wide.job_id == "0") & (wide.phase == "prefill_fresh")]["time_s"].iloc[0] == pytest.approx(0.625)
     failed = summary[summary["job_id"] == "2"]
     assert list(failed["status"]) == ["failed"] and "budget 2.0 GiB" in failed.iloc[0]["error"]
 

@@ -13,7 +13,7 @@ import harness.cli  # noqa: F401 -- registers the ConfigStore
 from engine import Engine
 from engine.nvtx_ranges import NvtxRanges
 from engine.timeline import Timeline, subtract
-from harness import results
+from harness import engines, results
 from harness.cli import CONF_DIR
 from harness.report import Reporter
 from harness.runner import JobContext, run_job
@@ -27,9 +27,9 @@ def cfg_with(*overrides: str):
 
 
 def job(tmp_path: Path, *overrides: str):
-    rows, error = run_job(cfg_with(*overrides), JobContext(tmp_path, "s", "j"), Reporter(quiet=True))
-    assert error is None, error
-    results.write_job(tmp_path, rows, {"test": True})
+    out = run_job(cfg_with(*overrides), JobContext(tmp_path, "s", "j"), Reporter(quiet=True))
+    assert out.error is None, out.error
+    results.write_job(tmp_path, out.rows, {"test": True})
     return results.load(tmp_path)
 
 
@@ -80,10 +80,13 @@ def test_profiled_rows_never_reach_the_speed_summary(tmp_path):
 def test_nsys_missing_gives_a_clear_message(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("NSYS", raising=False)
-    rows, error = run_job(cfg_with("workload=chat", "workload.context_tokens=256", "workload.gen_tokens=2",
-                                   "run.repeats=1", "run.profiler=nsys", "run.ablation=false"),
-                          JobContext(tmp_path, "s", "j"), Reporter(quiet=True))
-    assert error is not None and "NsysNotFound" in error and "Nsight Systems" in error
+    loads = len(engines.LOADS)
+    out = run_job(cfg_with("workload=chat", "workload.context_tokens=256", "workload.gen_tokens=2",
+                           "run.repeats=1", "run.profiler=nsys", "run.ablation=false"),
+                  JobContext(tmp_path, "s", "j"), Reporter(quiet=True))
+    # refused at validation, before the job runs: no model was loaded
+    assert out.error is not None and "run.profiler=nsys" in out.error and "Nsight Systems" in out.error
+    assert len(engines.LOADS) == loads and len(out.rows) == 1
 
 
 @pytest.mark.parametrize("policy", ["lru", "lfu", "fifo", "belady"])

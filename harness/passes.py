@@ -1,22 +1,23 @@
 """Instrumented passes that run *after* a job's speed measurements, so the speed table
-never comes from an instrumented run (DESIGN.md §7.5).
+never comes from an instrumented run (DESIGN.md §7.5). They live beside the runner, which
+calls them; the readers of their outputs (interval arithmetic, the nsys SQLite export, torch
+profiler traces) live in harness.profiling and know nothing of scenarios.
 
 Owns:
 - the timeline pass: one more cold repeat with the in-process Timeline (and NVTX ranges
   when asked) attached; per phase copy_busy_s / overlap_s / exposed_copy_s / overlap_frac
   / link_gbps, and the Chrome/Perfetto trace JSON (`run.trace=true`);
-- the copy ablation: `exposed_copy_ablation_s` = phase time with this placement minus the
-  same phase with every expert resident (medians over repeats, same prompt);
+- the routing-trace pass (`run.record_trace=true`);
 - the torch.profiler pass (`run.profiler=torch`): a Chrome trace plus memcpy bytes/time;
 - the Nsight Systems relaunch (`run.profiler=nsys`).
-Does not own: the phases themselves (harness.scenario) or rows (harness.runner).
+Does not own: the phases themselves (harness.scenario), rows (harness.runner), the paired
+copy ablation (harness.ablation).
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,7 @@ from engine.nvtx_ranges import NvtxRanges
 from engine.timeline import Instruments, Timeline
 from harness.engines import Adapter
 from harness.profiling import nsys
+from harness.profiling.torchprof import memcpy_summary
 from harness.scenario import RepeatResult, run_repeat
 from workloads.base import WorkloadSample
 
@@ -69,18 +71,6 @@ def trace_pass(eng: Adapter, sample: WorkloadSample, gen_tokens: int, path: Path
     return res
 
 
-def ablation(measured: list[RepeatResult], resident: list[RepeatResult]) -> dict[str, float]:
-    """Per phase: median time with this placement minus median time with experts resident."""
-    def medians(runs: list[RepeatResult]) -> dict[str, float]:
-        by: dict[str, list[float]] = {}
-        for r in runs:
-            for p in r.phases:
-                by.setdefault(p.phase, []).append(p.client["time_s"])
-        return {k: statistics.median(v) for k, v in by.items()}
-    m, r = medians(measured), medians(resident)
-    return {phase: m[phase] - r[phase] for phase in m if phase in r}
-
-
 def torch_profile_pass(eng: Adapter, sample: WorkloadSample, gen_tokens: int,
                        trace_path: Path) -> tuple[RepeatResult, dict[str, float | None]]:
     """One repeat under torch.profiler; exports a Chrome trace and sums its memcpy events."""
@@ -91,36 +81,6 @@ def torch_profile_pass(eng: Adapter, sample: WorkloadSample, gen_tokens: int,
         res = run_repeat(eng, sample, gen_tokens, keep_logits=False)
     prof.export_chrome_trace(str(trace_path))
     return res, memcpy_summary(json.loads(trace_path.read_text()))
-
-
-DTYPE_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "long int": 8, "int": 4,
-               "unsigned char": 1, "bool": 1}
-
-
-def memcpy_summary(trace: dict[str, Any]) -> dict[str, float | None]:
-    """From a torch.profiler Chrome trace: GPU memcpy events (bytes from their args) when
-    present; on the CPU, `aten::copy_` ops (bytes from input dims and type)."""
-    gpu = [e for e in trace.get("traceEvents", []) if e.get("cat") == "gpu_memcpy"]
-    if gpu:
-        h2d = [e for e in gpu if "HtoD" in e.get("name", "")]
-        return {"memcpy_h2d_bytes": float(sum(e.get("args", {}).get("bytes", 0) for e in h2d)),
-                "memcpy_h2d_time_s": sum(e.get("dur", 0) for e in h2d) / 1e6,
-                "memcpy_events": float(len(gpu))}
-    ops = [e for e in trace.get("traceEvents", []) if e.get("cat") == "cpu_op" and e.get("name") == "aten::copy_"]
-    nbytes = 0
-    for e in ops:
-        args = e.get("args", {})
-        dims, types = args.get("Input Dims") or [[]], args.get("Input type") or [""]
-        numel = 1
-        for d in dims[0] or []:
-            numel *= d
-        nbytes += numel * DTYPE_BYTES.get(types[0], 0)
-    return {"cpu_copy_bytes": float(nbytes), "cpu_copy_time_s": sum(e.get("dur", 0) for e in ops) / 1e6,
-            "memcpy_events": float(len(ops))}
-
-
-PROFILER_UNITS = {"memcpy_h2d_bytes": "B", "memcpy_h2d_time_s": "s", "memcpy_events": "count",
-                  "cpu_copy_bytes": "B", "cpu_copy_time_s": "s"}
 
 
 def under_nsys() -> bool:

@@ -1,56 +1,11 @@
-"""The tidy results store: one observation per row, one Parquet file per job, one table per sweep.
-
-Owns (DESIGN.md §5, §6, §7):
-  * the row schema: column names and their Parquet types, metric names and their units;
-  * building rows (`make_rows`, `failed_row`) and typing them as Arrow tables (`rows_to_table`).
-
-Re-exports, from `harness.store` (the file I/O half, which imports the schema from here):
-  * writing one job atomically (`write_job`) and telling whether a job finished
-    (`job_complete`, `job_status`), so a re-run sweep can skip finished jobs;
-  * reading a job dir, a sweep dir or any tree back into one validated DataFrame (`load`);
-  * concatenating a sweep into `results.parquet` and a wide, human `summary.csv`
-    (`write_sweep`, `summarize`).
-
-Does not own: measuring (the harness's measurement code produces the numbers), what goes
-into a manifest (`harness.manifest`), or deciding that a sweep failed (callers look at the
-`status` column of the table `write_sweep` returns and exit non-zero themselves).
+"""The row schema of the tidy results store (DESIGN.md §5, §6): column names and their Parquet
+types, building rows (`make_rows`, `failed_row`) and typing them as Arrow tables
+(`rows_to_table`, `frame_to_table`). Metric names, units and phases come from
+`harness.contract`. Does not own: files (harness.results.store) or summaries
+(harness.results.summary).
 
     rows = make_rows(factors, device, sweep_id="s1", job_id="0", repeat=0, phase="decode",
                      metrics={"time_s": 1.2, "peak_device_bytes": None}, source="engine")
-    write_job(job_dir, rows, manifest)        # rows.parquet, manifest.json, DONE
-    df = load("results/")                     # any tree, validated
-    df = write_sweep(sweep_dir)               # results.parquet + summary.csv
-
-A job directory holds, written in this order, each atomically (temp file in the same
-directory, fsync, `os.replace`):
-
-    rows.parquet     the job's rows
-    manifest.json    the manifest (`harness.manifest.collect_manifest`)
-    DONE             JSON {"status": "ok" | "failed", "rows": N, ...}; written last
-
-Decisions, recorded here so that readers of the store can rely on them:
-  * `value` is float64. None (or NaN) means "not measured" and is stored as Parquet null,
-    never as 0 (DESIGN §7.8: device memory on CPU is null, not zero).
-  * `cache_capacity` holds the *requested* capacity as a string ("4", "auto"), so sweeps
-    that mix integers and "auto" have one Parquet type. A resolved capacity, when wanted,
-    is an extra column (e.g. `n_experts_resident`).
-  * `repeat`, `context_tokens`, `gen_tokens`, `batch` are nullable int64 (pandas "Int64");
-    `emulated` is nullable bool (pandas "boolean"); the other fixed columns are strings.
-  * Extra columns (`error`, `profiler`, `host`, `ubatch`, `cache_state`, ...) are kept,
-    never dropped. An extra column whose values mix types is stored as strings.
-  * A job is *complete* when its DONE marker exists (with rows.parquet and manifest.json
-    beside it), whether it finished ok or failed-and-recorded: a recorded failure is a
-    result, and a resumed sweep skips it. `job_status` tells the two apart, for a caller
-    that wants to retry failures. A job killed before DONE is not complete; temp files
-    (`.<name>.*.tmp`) are never read and are removed by the next `write_job` there.
-    `load` still reads the rows.parquet of a job killed before DONE (the file is whole,
-    being written atomically); a resumed sweep rewrites that job in place.
-  * `load` reads every `rows.parquet` (job level) and every `results.parquet` (sweep
-    level) under a path. Each (sweep_id, job_id) is taken from exactly one file: job-level
-    files first, then sweep-level tables, each group in sorted path order; rows of a job
-    already read from an earlier file are dropped. So a sweep dir holding both its job
-    dirs and its concatenated table is not double counted, and a sweep table whose job
-    dirs were pruned still loads.
 """
 from __future__ import annotations
 
@@ -58,10 +13,12 @@ import logging
 import math
 import numbers
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa
+
+from harness.contract import FAILED_PHASE, METRIC_UNITS, PHASES
 
 
 log = logging.getLogger(__name__)
@@ -77,8 +34,6 @@ REQUIRED_COLUMNS = ROW_COLUMNS + FACTOR_COLUMNS + DEVICE_COLUMNS
 STATUSES = ("ok", "failed")
 # §5: inside the engine, around the request, cost model; plus external profilers' own readings
 SOURCES = ("engine", "client", "model", "nsys", "torch")
-PHASES = ("load", "prefill_fresh", "prefill_continuation", "prefill_restored", "decode")
-FAILED_PHASE = "job"      # the phase of the row a failed job records
 ERROR_METRIC = "error"
 ERROR_UNIT = "-"
 
@@ -87,41 +42,10 @@ MANIFEST_FILE = "manifest.json"
 DONE_FILE = "DONE"
 SWEEP_TABLE = "results.parquet"
 SUMMARY_FILE = "summary.csv"
+STEPS_FILE = "steps.parquet"           # per job: raw per-step decode latencies
+SWEEP_STEPS = "results_steps.parquet"   # per sweep: every job's steps
 _META_KEY = b"moebench.schema_version"
 
-METRIC_UNITS: dict[str, str] = {
-    "time_s": "s",
-    "tokens": "count",
-    "tok_per_s": "tok/s",
-    "ttft_s": "s",
-    "tpot_s_p50": "s",
-    "tpot_s_p90": "s",
-    "tpot_s_p99": "s",
-    "reused_tokens": "count",
-    "restore_s": "s",
-    "h2d_bytes": "B",
-    "d2h_bytes": "B",
-    "expert_hits": "count",
-    "expert_misses": "count",
-    "expert_hit_bytes": "B",
-    "expert_miss_bytes": "B",
-    "hit_rate": "ratio",
-    "byte_hit_rate": "ratio",
-    "copy_busy_s": "s",
-    "overlap_s": "s",
-    "exposed_copy_s": "s",
-    "overlap_frac": "ratio",
-    "link_gbps": "GB/s",
-    "peak_device_bytes": "B",
-    "peak_host_rss_bytes": "B",
-    "max_abs_logit_diff": "-",
-    "token_agreement": "ratio",
-    # beyond §5: prefetch accounting and the copy ablation (profiling issue)
-    "prefetch_issued": "count",
-    "prefetch_used": "count",
-    "prefetch_wasted_bytes": "B",
-    "exposed_copy_ablation_s": "s",
-}
 
 _INT_COLUMNS = ("repeat", "context_tokens", "gen_tokens", "batch")
 _BOOL_COLUMNS = ("emulated",)
@@ -166,13 +90,13 @@ def make_rows(factors: Mapping[str, Any], device: Mapping[str, Any], sweep_id: s
 
 def failed_row(factors: Mapping[str, Any], device: Mapping[str, Any], sweep_id: str, job_id: str,
                error: str, *, repeat: int | None = None, source: str = "client",
-               extra: Mapping[str, Any] | None = None) -> Row:
-    """The row a failed job records: phase "job", metric "error", value null, status "failed",
-    and the error text in the `error` column."""
+               extra: Mapping[str, Any] | None = None, phase: str = FAILED_PHASE) -> Row:
+    """The row a failure records: phase "job" (or the part that failed, e.g. a profiling pass),
+    metric "error", value null, status "failed", and the error text in the `error` column."""
     if not isinstance(error, str) or not error.strip():
         raise ResultsError(f"failed_row needs the error text as a non-empty string; got {error!r}")
     extra = {**(extra or {}), "error": error}
-    base = _base_row(factors, device, sweep_id, job_id, repeat, FAILED_PHASE, source, "failed", extra)
+    base = _base_row(factors, device, sweep_id, job_id, repeat, phase, source, "failed", extra)
     return _with_metric(base, ERROR_METRIC, None, ERROR_UNIT)
 
 
@@ -343,28 +267,3 @@ def _sample(values: Any, n: int = 3) -> str:
         if len(out) == n:
             break
     return "[" + ", ".join(out) + "]"
-
-
-# ----------------------------------------------------------------------------- store (re-exported)
-
-# The file I/O half lives in harness.store, which imports the schema from here. Its public
-# names are re-exported lazily (PEP 562) so that `harness.results` stays the one public face
-# (DESIGN.md: `harness.results.load(path)`) and either module can be imported first without
-# a circular import.
-_STORE_NAMES = ("write_job", "job_status", "job_complete", "load", "write_sweep", "summarize",
-                "SUMMARY_KEYS")
-
-if TYPE_CHECKING:
-    from harness.store import (SUMMARY_KEYS, job_complete, job_status, load, summarize,
-                               write_job, write_sweep)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _STORE_NAMES:
-        from harness import store
-        return getattr(store, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_STORE_NAMES})

@@ -1,0 +1,127 @@
+"""The measurement contract in one place (DESIGN.md §4-§7): phase names and their one order,
+metric names and units, which rows make a speed table, the session length a job needs, and
+which config keys are cosmetic.
+
+Owns: these decisions, as constants and tiny pure functions that every other module imports.
+Does not own: measuring (harness.scenario), storing (harness.results), or printing
+(harness.report). Nothing here imports torch, Hydra or the engine.
+
+    from harness.contract import PHASES, speed_rows, session_tokens
+    df = speed_rows(results.load("results/sweeps/s1"))
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# --- phases (§4), in the order a job runs them -------------------------------------------------
+PHASES = ("load", "prefill_fresh", "decode", "prefill_continuation", "prefill_restored")
+MEASURED_PHASES = PHASES[1:]                      # the phases a scenario repeat produces
+PREFILL_PHASES = ("prefill_fresh", "prefill_continuation", "prefill_restored")
+# beyond §4: the displacement of a session's KV to host RAM between the continuation and the
+# restored turn; its own phase, so its d2h bytes and time are recorded but are no prefill's
+OFFLOAD_PHASE = "kv_offload"
+FAILED_PHASE = "job"                              # the phase of the row a failed job records
+ALL_PHASES = (*PHASES, OFFLOAD_PHASE)
+
+# the KV state each phase starts from (rule 7.2: a prefix-cache hit is never a fresh prefill)
+PREFIX_CACHE = {"load": "none", "prefill_fresh": "none", "decode": "device", "prefill_continuation": "device",
+                OFFLOAD_PHASE: "device", "prefill_restored": "restored"}
+
+
+# the expert-cache state a phase starts from (`expert_cache` column); run.expert_cache picks it for
+# prefill_fresh, later phases start from what the earlier ones left (warm)
+EXPERT_CACHE_STATES = ("cold", "warm")
+
+
+def phase_rank(phase: str) -> int:
+    """Sort key: the contract's order, then unknown phases, then the failed-job phase."""
+    if phase in ALL_PHASES:
+        return ALL_PHASES.index(phase)
+    return len(ALL_PHASES) + (phase == FAILED_PHASE)
+
+
+# --- metrics (§5) ------------------------------------------------------------------------------
+METRIC_UNITS: dict[str, str] = {
+    "time_s": "s",
+    "tokens": "count",
+    "tok_per_s": "tok/s",
+    "ttft_s": "s",
+    "tpot_s_p50": "s",
+    "tpot_s_p90": "s",
+    "tpot_s_p99": "s",
+    "reused_tokens": "count",
+    "restore_s": "s",
+    "h2d_bytes": "B",
+    "d2h_bytes": "B",
+    "h2d_expert_bytes": "B",
+    "h2d_activation_bytes": "B",
+    "h2d_kv_bytes": "B",
+    "d2h_expert_bytes": "B",
+    "d2h_activation_bytes": "B",
+    "d2h_kv_bytes": "B",
+    "expert_hits": "count",
+    "expert_misses": "count",
+    "expert_hit_bytes": "B",
+    "expert_miss_bytes": "B",
+    "hit_rate": "ratio",
+    "byte_hit_rate": "ratio",
+    "copy_busy_s": "s",
+    "overlap_s": "s",
+    "exposed_copy_s": "s",
+    "overlap_frac": "ratio",
+    "link_gbps": "GB/s",
+    "peak_device_bytes": "B",
+    "peak_device_reserved_bytes": "B",
+    "peak_host_rss_bytes": "B",
+    "max_abs_logit_diff": "-",
+    "token_agreement": "ratio",
+    # beyond §5: prefetch accounting, the emulated device's accounted peak, the paired ablation
+    "prefetch_issued": "count",
+    "prefetch_used": "count",
+    "prefetch_wasted_bytes": "B",
+    "emulated_device_peak_bytes": "B",
+    "exposed_copy_ablation_s": "s",
+    "exposed_copy_ablation_ci_low_s": "s",
+    "exposed_copy_ablation_ci_high_s": "s",
+    "exposed_copy_ablation_significant": "bool",
+}
+
+# the numerical check of every measured phase against the exact reference (§5)
+CHECK_METRICS = ("max_abs_logit_diff", "token_agreement")
+
+
+# --- which rows form a speed table (rule 7.5) ------------------------------------------------------
+SPEED_PROFILER = "none"     # the `profiler` value of un-instrumented measurement rows
+
+
+def is_speed_row(profiler: "pd.Series") -> "pd.Series":
+    """Mask of rows from un-instrumented runs (a missing `profiler` counts as un-instrumented)."""
+    return profiler.isna() | (profiler == SPEED_PROFILER)
+
+
+def speed_rows(df: "pd.DataFrame") -> "pd.DataFrame":
+    """The status-ok rows measured with no instrumentation attached: what speed tables, summaries,
+    plots and compare read (DESIGN.md rule 7.5)."""
+    ok = df[df["status"] == "ok"]
+    if "profiler" not in ok.columns:
+        return ok
+    return ok[is_speed_row(ok["profiler"])]
+
+
+# --- the session a job drives (§4) -----------------------------------------------------------------
+def session_tokens(context_tokens: int, gen_tokens: int, turn_tokens: int) -> int:
+    """KV a scenario needs: the context, the replies, and two further turns (continuation and
+    restored), each the pending reply token plus `turn_tokens`."""
+    return context_tokens + gen_tokens + 2 * (turn_tokens + 1)
+
+
+# --- resuming a sweep ---------------------------------------------------------------------------
+# run.resume: what to do with a sweep dir that holds a different sweep (harness.sweep.claim_sweep)
+RESUME_MODES = ("auto", "add", "replace")
+
+# --- config keys that never change what is measured ---------------------------------------------
+# excluded from a job's config hash (resume) and from Hydra's job dir names
+COSMETIC_KEYS = ("run.quiet", "run.out", "run.sweep_id", "run.resume", "run.retry_failed")

@@ -1,0 +1,76 @@
+"""The context of a measurement on this machine: intra-op threads, cores, and how busy the other
+processes keep them (DESIGN.md rule 7.9; CPU timings mean little on a busy machine).
+
+Owns: `MachineLoad.sample(threads)` -- the 1-minute load average, the cores this process may use,
+and the cores other processes kept busy over a short window (total CPU time minus this process's
+own, so a previous job of the same sweep does not count as "other") -- and the warning rule:
+a run is `busy` when other processes take more cores than this run leaves free.
+Does not own: setting threads (harness.runner) or rows.
+
+    load = MachineLoad.sample(threads=torch.get_num_threads())
+    if load.busy: reporter.warn(load.warning())
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass
+
+import psutil
+
+SAMPLE_S = 0.1
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class MachineLoad:
+    load_avg_1m: float | None
+    cores: int
+    threads: int
+    other_busy_cores: float | None
+
+    @classmethod
+    def sample(cls, threads: int, window_s: float = SAMPLE_S) -> "MachineLoad":
+        me = psutil.Process()
+        try:
+            load1 = os.getloadavg()[0]
+        except OSError:
+            load1 = None
+        t0, own0, busy0 = time.perf_counter(), _own_cpu(me), _busy_cpu()
+        time.sleep(window_s)
+        t1, own1, busy1 = time.perf_counter(), _own_cpu(me), _busy_cpu()
+        other = max(0.0, ((busy1 - busy0) - (own1 - own0)) / (t1 - t0))
+        return cls(load1, available_cores(), threads, round(other, 3))
+
+    @property
+    def free_cores(self) -> int:
+        return max(self.cores - self.threads, 0)
+
+    @property
+    def busy(self) -> bool:
+        """Other processes took more cores than this run leaves free: its timings are suspect."""
+        return self.other_busy_cores is not None and self.other_busy_cores > self.free_cores + 0.5
+
+    def warning(self) -> str:
+        return (f"warning: other processes keep {self.other_busy_cores:.1f} of {self.cores} cores busy "
+                f"(load average {self.load_avg_1m}) while this run uses {self.threads} thread(s); its timings "
+                "will be slower and noisier than on a quiet machine (see README: Threads and the CPU)")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _own_cpu(p: psutil.Process) -> float:
+    t = p.cpu_times()
+    return t.user + t.system + getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0)
+
+
+def _busy_cpu() -> float:
+    t = psutil.cpu_times()
+    return t.user + t.system + getattr(t, "nice", 0.0) + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)

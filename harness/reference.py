@@ -1,0 +1,121 @@
+"""The exact reference every measured phase is checked against (`max_abs_logit_diff`,
+`token_agreement`), computed where it fits and never on the measured device.
+
+Owns: the reference of one prompt -- per phase, the logits that chose each token and the
+tokens, plus the per-pass expert sets a `trace_oracle` prefetcher replays -- computed by our
+engine with every expert resident *on the CPU, in host RAM*, in the run's dtype; cached per
+process and in a file under the results root keyed by (model identity, dtype, prompt,
+lengths), so a later job or sweep loads it instead of recomputing. The engine that computed it
+is freed before the measured engine is built; if the full copy does not fit host RAM the
+refusal shows the arithmetic (engine.Engine's host-RAM check) and says how to go on.
+Does not own: running phases (harness.scenario), the measured engine (harness.engines).
+
+    ref = reference_for(spec, sample, root=Path("results"))
+    check_phase(measured.phase("decode"), ref.result.phase("decode"))
+"""
+from __future__ import annotations
+
+import gc
+import hashlib
+import io
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from harness.config import RunSpec
+from harness.engines import MoebenchAdapter, release_cached
+from harness.scenario import PhaseResult, RepeatResult, run_repeat
+from harness.sweep import model_identity
+from workloads.base import WorkloadSample
+
+log = logging.getLogger(__name__)
+REFERENCE_DIR = ".reference"
+FORMAT = 1
+_MEMO: dict[str, "Reference"] = {}
+
+
+@dataclass
+class Reference:
+    key: str
+    result: RepeatResult                        # phases with logits and tokens; no timings used
+    steps: dict[int, list[list[int]]]           # per MoE layer, the sorted experts of each forward pass
+    origin: str                                 # "computed" | "file" | "memory"
+
+
+def reference_key(spec: RunSpec, sample: WorkloadSample) -> str:
+    m, w = spec.model, spec.workload
+    payload = {"format": FORMAT, "model": model_identity({"name": m.name, "path": m.path, "seed": m.seed,
+                                                          "num_layers": m.num_layers}),
+               "dtype": m.dtype, "gen_tokens": w.gen_tokens, "ubatch": w.ubatch,
+               "prompt": hashlib.sha256(repr((sample.contexts, sample.continuations)).encode()).hexdigest()}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def _path(root: Path, key: str) -> Path:
+    return root / REFERENCE_DIR / f"{key}.pt"
+
+
+def _save(path: Path, ref: Reference) -> None:
+    from harness.results import atomic_write_bytes
+
+    phases = {p.phase: {"logits": p.logits, "tokens": p.tokens} for p in ref.result.phases}
+    buf = io.BytesIO()
+    torch.save({"format": FORMAT, "key": ref.key, "phases": phases, "steps": ref.steps}, buf)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def _load(path: Path, key: str) -> Reference | None:
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, EOFError, ValueError) as exc:
+        log.warning("reference file %s is unreadable (%s); recomputing it", path, exc)
+        return None
+    if data.get("format") != FORMAT or data.get("key") != key:
+        log.warning("reference file %s is for another prompt or format; recomputing it", path)
+        return None
+    phases = [PhaseResult(name, logits=v["logits"], tokens=v["tokens"]) for name, v in data["phases"].items()]
+    return Reference(key, RepeatResult(phases), {int(k): v for k, v in data["steps"].items()}, "file")
+
+
+def reference_for(spec: RunSpec, sample: WorkloadSample, root: Path) -> Reference:
+    """The reference for this job's prompt: from memory, from its file, or computed on the CPU."""
+    key = reference_key(spec, sample)
+    if key in _MEMO:
+        ref = _MEMO[key]
+        return Reference(ref.key, ref.result, ref.steps, "memory")
+    path = _path(root, key)
+    ref = _load(path, key) if path.is_file() else None
+    if ref is None:
+        ref = _compute(spec, sample, key)
+        try:
+            _save(path, ref)
+        except OSError as exc:   # the reference is still right; only the cache is missing
+            log.warning("could not cache the reference in %s: %s", path, exc)
+    _MEMO[key] = ref
+    return ref
+
+
+def _compute(spec: RunSpec, sample: WorkloadSample, key: str) -> Reference:
+    # nothing of a previous job may share host RAM with the full copy the reference needs
+    release_cached()
+    try:
+        adapter = MoebenchAdapter(spec, placement="resident", device="cpu")
+    except MemoryError as exc:
+        raise MemoryError(f"the numerical reference (every expert resident in host RAM, run.check_reference=true) "
+                          f"does not fit: {exc}. Run with run.check_reference=false, or on a machine with more "
+                          "RAM once, which caches the reference under <run.out>/.reference/") from exc
+    try:
+        adapter.engine.model.step_log = {}
+        res = run_repeat(adapter, sample, spec.workload.gen_tokens, keep_logits=True)
+        steps = adapter.engine.model.step_log
+    finally:
+        adapter.close()
+        del adapter
+        gc.collect()
+    for p in res.phases:      # a reference holds what was computed, never how long it took
+        p.client, p.engine = {}, {}
+    return Reference(key, RepeatResult(res.phases), steps, "computed")

@@ -1,0 +1,78 @@
+"""Summaries of a long results table: medians with their spread (DESIGN.md rule 7.7).
+
+Owns: `spread_table` (one row per job, phase, source and metric: n, median, min, p25, p75, max
+-- what summary.csv holds and terminal tables print) and `summarize` (wide: one row per job,
+phase and source, one column of medians per metric, for notebooks). Both read only speed rows
+(`harness.contract.speed_rows`: status ok, no instrumentation) and keep engine, client and
+model values apart by `source`. A failed job appears as a row with status "failed" and its
+error text. Does not own: files (harness.results.store).
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from harness.contract import METRIC_UNITS, phase_rank, speed_rows
+from harness.results.schema import DEVICE_COLUMNS, FACTOR_COLUMNS
+
+SUMMARY_KEYS = ["sweep_id", "job_id", *FACTOR_COLUMNS, *DEVICE_COLUMNS, "phase", "source"]
+SPREAD_STATS = ("n", "median", "min", "p25", "p75", "max")
+
+
+def _failed(df: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    failed = df[df["status"] == "failed"]
+    failed = failed.assign(error=failed["error"] if "error" in failed.columns else pd.NA)
+    return failed[[*SUMMARY_KEYS, "status", "error"]].drop_duplicates().reindex(columns=columns)
+
+
+def _ordered(out: pd.DataFrame, df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """Jobs in the order they appear in `df`, phases in the contract's order."""
+    job_order = {j: i for i, j in enumerate(dict.fromkeys(zip(df["sweep_id"], df["job_id"])))}
+    out = out.assign(_job=[job_order[k] for k in zip(out["sweep_id"], out["job_id"])],
+                     _phase=[phase_rank(p) for p in out["phase"]])
+    return out.sort_values(["_job", "_phase", *by], kind="stable").drop(columns=["_job", "_phase"]) \
+        .reset_index(drop=True)
+
+
+def spread_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Long summary: per (job, phase, source, metric) the number of measured values and their
+    median, min, 25th/75th percentiles and max. Nulls are not values: a metric never measured
+    has n = 0 and null statistics."""
+    ok = speed_rows(df)
+    g = ok.groupby([*SUMMARY_KEYS, "metric"], dropna=False, sort=False)["value"]
+    stats = pd.DataFrame({"n": g.count(), "median": g.median(), "min": g.min(),
+                          "p25": g.quantile(0.25), "p75": g.quantile(0.75), "max": g.max()}).reset_index()
+    stats["unit"] = [METRIC_UNITS.get(m) for m in stats["metric"]]
+    if "unit" in ok.columns:   # metrics outside the contract carry their own unit
+        units = ok.drop_duplicates("metric").set_index("metric")["unit"]
+        stats["unit"] = stats["unit"].fillna(stats["metric"].map(units))
+    stats["status"], stats["error"] = "ok", pd.NA
+    columns = [*SUMMARY_KEYS, "status", "metric", "unit", *SPREAD_STATS, "error"]
+    parts = [p for p in (stats.reindex(columns=columns), _failed(df, columns)) if len(p)]
+    if not parts:
+        return pd.DataFrame(columns=columns)
+    out = pd.concat(parts, ignore_index=True)
+    out["n"] = out["n"].astype("Int64")
+    metric_rank = {m: i for i, m in enumerate(METRIC_UNITS)}
+    out["_metric"] = [metric_rank.get(m, len(metric_rank)) for m in out["metric"]]
+    return _ordered(out, df, ["source", "_metric", "metric"]).drop(columns=["_metric"])
+
+
+def summarize(df: pd.DataFrame) -> pd.DataFrame:
+    """Wide table: one row per (job, phase, source), one column of medians per metric, and
+    `n_repeats`. A failed job is a row with status "failed" and its `error` text."""
+    ok = speed_rows(df)
+    wide = (ok.groupby([*SUMMARY_KEYS, "metric"], dropna=False, sort=False)["value"].median()
+            .unstack("metric"))
+    n_repeats = ok.groupby(SUMMARY_KEYS, dropna=False, sort=False)["repeat"].nunique()
+    wide = wide.assign(n_repeats=n_repeats).reset_index()
+    metrics = [m for m in METRIC_UNITS if m in wide.columns]
+    metrics += sorted(c for c in wide.columns if c not in metrics and c not in SUMMARY_KEYS and c != "n_repeats")
+    wide["status"] = "ok"
+    wide["error"] = pd.NA
+    columns = [*SUMMARY_KEYS, "status", "n_repeats", *metrics, "error"]
+    parts = [p for p in (wide.reindex(columns=columns), _failed(df, columns)) if len(p)]
+    if not parts:
+        return pd.DataFrame(columns=columns)
+    out = _ordered(pd.concat(parts, ignore_index=True), df, ["phase", "source"])
+    out["n_repeats"] = out["n_repeats"].astype("Int64")
+    return out

@@ -1,0 +1,242 @@
+"""What makes a sweep directory trustworthy across reruns: who may write it, which sweep it
+holds, which jobs in it are still valid, and how an interrupted run ends.
+
+Owns:
+- `job_fingerprint`: the hash of a job's resolved measurement config (cosmetic keys dropped,
+  `harness.contract.COSMETIC_KEYS`) plus the model's identity (preset name + seed, or the
+  checkpoint's path and its files' sizes and mtimes). A rerun skips a job only when the
+  fingerprint recorded with it matches (harness.runner asks `resume_decision`).
+- `SweepLock`: one writer per sweep dir (an `flock` on `<sweep>/.lock`, released by the kernel
+  even when the holder is killed); a second process is refused with the holder's pid and command.
+- `claim_sweep`: the sweep's identity (its command-line overrides) recorded in `sweep.json`; a
+  dir that holds a *different* sweep is refused, naming the differing keys, unless
+  `run.resume=add` (add these jobs beside the others) or `run.resume=replace` (clear it first).
+- `Interrupted` and `handle_signals`: SIGTERM and Ctrl-C become one exception the CLI turns
+  into a one-line message and exit code 128+signal, after writing the completed jobs' table.
+- `job_dirname`: the Hydra resolver naming job dirs after their overrides, so the same job
+  lands in the same dir whatever order a sweep lists its values in.
+Does not own: running jobs (harness.runner), the files of a job (harness.store).
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.contract import COSMETIC_KEYS, RESUME_MODES
+
+LOCK_FILE = ".lock"
+SWEEP_FILE = "sweep.json"
+_MAX_DIRNAME = 120
+
+
+class SweepError(RuntimeError):
+    """A sweep dir cannot be used as asked; the message says why and what to do."""
+
+
+# ----------------------------------------------------------------------------- fingerprints
+
+def _drop(cfg: Mapping[str, Any], dotted: str) -> dict[str, Any]:
+    group, _, key = dotted.partition(".")
+    out = dict(cfg)
+    if group in out and isinstance(out[group], Mapping):
+        out[group] = {k: v for k, v in out[group].items() if k != key}
+    return out
+
+
+def measurement_config(resolved: Mapping[str, Any]) -> dict[str, Any]:
+    """The resolved config minus Hydra's own node and the cosmetic keys."""
+    cfg = {k: v for k, v in resolved.items() if k != "hydra"}
+    for key in COSMETIC_KEYS:
+        cfg = _drop(cfg, key)
+    return cfg
+
+
+def model_identity(model: Mapping[str, Any]) -> dict[str, Any]:
+    """Preset name + seed + truncation, or the checkpoint's resolved path and every file in it
+    (name, size, mtime): a checkpoint rewritten in place is a different model."""
+    path = model.get("path")
+    if not path:
+        return {"preset": model.get("name"), "seed": model.get("seed"), "num_layers": model.get("num_layers")}
+    p = Path(path).expanduser()
+    try:
+        files = sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in p.iterdir() if f.is_file())
+    except OSError as exc:
+        files = [("<unreadable>", str(exc))]
+    return {"path": str(p.resolve()), "files": files}
+
+
+def job_fingerprint(resolved: Mapping[str, Any]) -> str:
+    """Hash of what a job measures: its measurement config and its model's identity."""
+    cfg = measurement_config(resolved)
+    payload = {"config": cfg, "model_identity": model_identity(cfg.get("model") or {})}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class ResumeDecision:
+    run: bool
+    reason: str
+
+
+def resume_decision(done: Mapping[str, Any] | None, fingerprint: str, retry_failed: bool) -> ResumeDecision:
+    """Whether a job must run, given the DONE record found in its dir (None: none there)."""
+    if done is None:
+        return ResumeDecision(True, "not run yet")
+    if done.get("config_hash") != fingerprint:
+        return ResumeDecision(True, f"its recorded config hash {done.get('config_hash')} differs from {fingerprint}")
+    if done.get("status") == "failed":
+        if retry_failed:
+            return ResumeDecision(True, "it failed before (run.retry_failed=true)")
+        return ResumeDecision(False, "it failed before and run.retry_failed=false")
+    return ResumeDecision(False, "already complete with the same config hash")
+
+
+# ----------------------------------------------------------------------------- job dir names
+
+def job_dirname(override_dirname: str) -> str:
+    """A job's dir name from Hydra's `override_dirname` (sorted `key=value` pairs)."""
+    name = (override_dirname or "default").replace(os.sep, "_")
+    if len(name) > _MAX_DIRNAME:
+        name = name[:_MAX_DIRNAME - 9] + "-" + hashlib.sha1(name.encode()).hexdigest()[:8]
+    return name
+
+
+# ----------------------------------------------------------------------------- one writer
+
+class SweepLock:
+    """An exclusive, non-blocking `flock` on `<sweep dir>/.lock` for the life of the process."""
+
+    def __init__(self, sweep_dir: Path) -> None:
+        self.sweep_dir = sweep_dir
+        self._fd: int | None = None
+
+    def __enter__(self) -> "SweepLock":
+        self.sweep_dir.mkdir(parents=True, exist_ok=True)
+        path = self.sweep_dir / LOCK_FILE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise SweepError(f"sweep dir {self.sweep_dir} is being written by another moebench ({holder}); "
+                             "wait for it to finish, or give this run another run.sweep_id") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+                      f"{' '.join(sys.argv)}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._fd is not None:
+            os.close(self._fd)       # closing releases the flock
+            self._fd = None
+
+
+# ----------------------------------------------------------------------------- sweep identity
+
+def sweep_overrides(argv: Sequence[str]) -> list[str]:
+    """The task overrides that define a sweep: `key=value` arguments, minus Hydra's own and the
+    cosmetic keys, sorted."""
+    out = []
+    for a in argv:
+        if a.startswith("-") or "=" not in a:
+            continue
+        key = a.split("=", 1)[0].lstrip("+~")
+        if key.startswith("hydra.") or key in COSMETIC_KEYS:
+            continue
+        out.append(a.lstrip("+"))
+    return sorted(out)
+
+
+def _as_dict(overrides: Sequence[str]) -> dict[str, str]:
+    return dict(o.split("=", 1) for o in overrides)
+
+
+def differing_keys(recorded: Sequence[str], now: Sequence[str]) -> list[str]:
+    a, b = _as_dict(recorded), _as_dict(now)
+    return [f"{k}: {a.get(k, '(unset)')} (recorded) vs {b.get(k, '(unset)')} (now)"
+            for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+def claim_sweep(sweep_dir: Path, overrides: Sequence[str], mode: str, command: Sequence[str]) -> str:
+    """Record or check which sweep `sweep_dir` holds; returns what happened ("new", "resume",
+    "add", "replace"). Call with the lock held."""
+    if mode not in RESUME_MODES:
+        raise SweepError(f"run.resume: allowed {list(RESUME_MODES)}, got {mode!r}")
+    path = sweep_dir / SWEEP_FILE
+    entry = {"overrides": list(overrides), "command": list(command), "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    recorded: list[dict[str, Any]] = []
+    if path.is_file():
+        try:
+            recorded = json.loads(path.read_text())["sweeps"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise SweepError(f"{path} is unreadable ({exc}); run.resume=replace starts the sweep dir over") from None
+    others = [p for p in sweep_dir.iterdir() if p.name not in (LOCK_FILE, SWEEP_FILE)] if sweep_dir.is_dir() else []
+    if not recorded and not others:
+        outcome = "new"
+    elif any(r.get("overrides") == list(overrides) for r in recorded):
+        return "resume"
+    elif mode == "add":
+        outcome = "add"
+    elif mode == "replace":
+        for p in others:
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+        recorded, outcome = [], "replace"
+    else:
+        what = ("; ".join(differing_keys(recorded[-1]["overrides"], overrides)) if recorded
+                else f"it holds {len(others)} entries written without a sweep record")
+        raise SweepError(f"sweep dir {sweep_dir} holds a different sweep ({what}); "
+                         "add run.resume=add to add these jobs to it, run.resume=replace to clear it first, "
+                         "or give this sweep another run.sweep_id")
+    from harness.results import atomic_write_text   # lazy: the store imports pyarrow
+    atomic_write_text(path, json.dumps({"sweeps": [*recorded, entry]}, indent=2) + "\n")
+    return outcome
+
+
+# ----------------------------------------------------------------------------- signals
+
+class Interrupted(BaseException):
+    """SIGTERM or SIGINT arrived; a BaseException so no `except Exception` (Hydra's job runner,
+    the runner's failed-row handler) swallows it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+def _raise(signum: int, frame: Any) -> None:
+    raise Interrupted(signum)
+
+
+def handle_signals() -> None:
+    """Turn SIGTERM and SIGINT into `Interrupted` in the main thread."""
+    signal.signal(signal.SIGTERM, _raise)
+    signal.signal(signal.SIGINT, _raise)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Hold SIGTERM/SIGINT while a table is written; a signal that arrived meanwhile is delivered
+    after (and raises `Interrupted` then)."""
+    blocked = {signal.SIGTERM, signal.SIGINT}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
