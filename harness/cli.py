@@ -91,14 +91,39 @@ def sweep_dir_of(argv: list[str]) -> Path:
     return Path(_override(argv, "run.out") or "results") / "sweeps" / sweep_id
 
 
+# Hydra's flags that take a value (argparse would read an override after them as that value)
+_VALUE_FLAGS = {"-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir", "-p", "--package",
+                "-c", "--cfg", "--experimental-rerun", "--shell-completion"}
+_INFO_CHOICES = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
+
+
+def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(Hydra's flags with their values, the overrides), wherever on the line each was given:
+    argparse stops reading overrides after a flag, so `moebench a=1 -m b=2` needs them apart."""
+    flags, overrides, i = [], [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a.startswith("-"):
+            flags.append(a)
+            takes = a in _VALUE_FLAGS or (a in ("-i", "--info") and i + 1 < len(argv) and argv[i + 1] in _INFO_CHOICES)
+            if takes and i + 1 < len(argv):
+                flags.append(argv[i + 1])
+                i += 1
+        else:
+            overrides.append(a)
+        i += 1
+    return flags, overrides
+
+
 def hydra_args(argv: list[str]) -> list[str]:
-    """argv plus what every moebench run sets: job dir names without the cosmetic keys, and for a
-    multirun its deterministic sweep dir."""
+    """argv as Hydra's parser needs it (flags first) plus what every moebench run sets: job dir
+    names without the cosmetic keys, and for a multirun its deterministic sweep dir."""
+    flags, overrides = split_args(argv)
     keys = ",".join([*COSMETIC_KEYS, "hydra.sweep.dir"])
     extra = [f"hydra.job.config.override_dirname.exclude_keys=[{keys}]"]
     if _is_multirun(argv) and _override(argv, "hydra.sweep.dir") is None:
         extra.append(f"hydra.sweep.dir={sweep_dir_of(argv)}")
-    return [*argv, *extra]
+    return [*flags, *overrides, *extra]
 
 
 def _launch(argv: list[str], sweep_dir: Path | None) -> int:

@@ -193,7 +193,7 @@ class Job:
 
     def _sample(self, spec: RunSpec, seed: int) -> WorkloadSample:
         w = spec.workload
-        tok = load_tokenizer(spec.model.path, spec.model_config.vocab_size)
+        tok = load_tokenizer(spec.model.path, spec.model_config.vocab_size, w.tokens)
         return build_workload(w.name, tok, w.context_tokens, w.turn_tokens, w.batch, seed, w.tokens)
 
     def _load(self, spec: RunSpec) -> tuple[Adapter, bool]:

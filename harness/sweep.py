@@ -146,18 +146,34 @@ class SweepLock:
 
 # ----------------------------------------------------------------------------- sweep identity
 
-def sweep_overrides(argv: Sequence[str]) -> list[str]:
-    """The task overrides that define a sweep: `key=value` arguments, minus Hydra's own and the
-    cosmetic keys, sorted."""
+def _sweep_values(argv: Sequence[str]) -> list[tuple[str, list[str]]]:
+    """(key, its values sorted) per task override, parsed by Hydra's own override parser (so a
+    sweep's choices and ranges are expanded), Hydra's own keys and the cosmetic keys left out."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    raw = [a for a in argv if not a.startswith("-") and "=" in a]
     out = []
-    for a in argv:
-        if a.startswith("-") or "=" not in a:
+    for o in OverridesParser.create().parse_overrides(raw):
+        key = o.key_or_group
+        if key.startswith("hydra.") or key.startswith("hydra/") or key in COSMETIC_KEYS:
             continue
-        key = a.split("=", 1)[0].lstrip("+~")
-        if key.startswith("hydra.") or key in COSMETIC_KEYS:
-            continue
-        out.append(a.lstrip("+"))
+        values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
+        out.append((key, sorted(set(values))))
     return sorted(out)
+
+
+def sweep_overrides(argv: Sequence[str]) -> list[str]:
+    """The overrides that define a sweep, normalised (`key=v1,v2,...`, values and keys sorted), so
+    the same sweep written in another order is the same sweep."""
+    return [f"{key}={','.join(values)}" for key, values in _sweep_values(argv)]
+
+
+def sweep_size(argv: Sequence[str]) -> int:
+    """How many jobs the basic sweeper makes of these overrides (the product of the value counts)."""
+    n = 1
+    for _, values in _sweep_values(argv):
+        n *= len(values)
+    return n
 
 
 def _as_dict(overrides: Sequence[str]) -> dict[str, str]:
@@ -184,16 +200,16 @@ def claim_sweep(sweep_dir: Path, overrides: Sequence[str], mode: str, command: S
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise SweepError(f"{path} is unreadable ({exc}); run.resume=replace starts the sweep dir over") from None
     others = [p for p in sweep_dir.iterdir() if p.name not in (LOCK_FILE, SWEEP_FILE)] if sweep_dir.is_dir() else []
-    if not recorded and not others:
+    if mode == "replace":                  # asked for a fresh start: always honoured
+        for p in others:
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+        recorded, outcome = [], "replace"
+    elif not recorded and not others:
         outcome = "new"
     elif any(r.get("overrides") == list(overrides) for r in recorded):
         return "resume"
     elif mode == "add":
         outcome = "add"
-    elif mode == "replace":
-        for p in others:
-            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
-        recorded, outcome = [], "replace"
     else:
         what = ("; ".join(differing_keys(recorded[-1]["overrides"], overrides)) if recorded
                 else f"it holds {len(others)} entries written without a sweep record")

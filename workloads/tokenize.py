@@ -165,8 +165,25 @@ class HFTokenizer:
         return f"HFTokenizer({self.source!r}, vocab_size={self.vocab_size})"
 
 
+class IdRange:
+    """No tokenizer at all: ids in [0, vocab_size) for the uniform-random baseline only (a model
+    whose vocabulary is too small for the byte tokenizer can still run `tokens=random`)."""
+
+    kind = "ids"
+    prefix_ids: list[int] = []
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = self.random_id_bound = vocab_size
+
+    def encode(self, text: str) -> list[int]:
+        raise ValueError("IdRange has no text encoding; use workload.tokens=random, or a tokenizer")
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return " ".join(str(int(i)) for i in ids)
+
+
 def load_tokenizer(checkpoint_dir: str | os.PathLike[str] | None,
-                   vocab_size: int) -> ByteTokenizer | HFTokenizer:
+                   vocab_size: int, tokens: str = "text") -> ByteTokenizer | HFTokenizer | IdRange:
     """The checkpoint's tokenizer.json when there is one, the byte tokenizer otherwise.
 
     Raises ValueError when the chosen tokenizer cannot fit `vocab_size` (an HF
@@ -186,4 +203,6 @@ def load_tokenizer(checkpoint_dir: str | os.PathLike[str] | None,
             log.info("workload tokenizer: %s", path)
             return HFTokenizer.from_file(path, vocab_size)
         log.info("workload tokenizer: bytes (no tokenizer.json in %s)", d)
+    if tokens == "random" and vocab_size < ByteTokenizer.N_BYTES + len(ByteTokenizer.SPECIAL_TOKENS):
+        return IdRange(vocab_size)
     return ByteTokenizer(vocab_size)

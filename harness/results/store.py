@@ -392,4 +392,4 @@ def _write_or_raise(path: Path, data: bytes) -> None:
     try:
         atomic_write_bytes(path, data)
     except OSError as exc:
-        raise OSError(exc.errno, f"cannot write {path}: {exc.strerror or exc}") from exc
+        raise OSError(f"cannot write {path}: {exc.strerror or exc}") from exc

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import re
 import shlex
+import shutil
 import sys
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import harness.cli  # noqa: F401 -- registers the ConfigStore
 from harness.cli import CONF_DIR
 from harness.analysis_cli import compare_parser
 from harness.compare import Check
-from harness.config import validate
+from harness.config import ConfigError, validate
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -95,9 +96,14 @@ def test_gpu_workflow_overrides_compose_and_validate() -> None:
     env = workflow("gpu-regression.yml")["env"]
     jobs = sweep_jobs(env["REGRESSION_SWEEP"])
     assert len(jobs) == 3 and all("hardware.device=cuda" in j for j in jobs)
-    for overrides in jobs + sweep_jobs(env["NSYS_RUN"]):
+    for overrides in jobs:
         compose_ok(overrides)
     assert "run.profiler=nsys" in env["NSYS_RUN"]
+    for overrides in sweep_jobs(env["NSYS_RUN"]):     # validation refuses nsys runs where nsys is missing
+        try:
+            compose_ok(overrides)
+        except ConfigError as exc:
+            assert shutil.which("nsys") is None and "run.profiler=nsys" in str(exc)
 
 
 def test_gpu_workflow_checks_parse() -> None:

@@ -1,0 +1,256 @@
+"""Results never mix or vanish: the real `moebench` CLI in subprocesses, with real signals, real
+files and real locks, asserting on the loaded tables (rows per job, no duplicates, nothing stale)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import results
+from harness.contract import ALL_PHASES
+
+REPO = Path(__file__).resolve().parents[2]
+SMALL = ["workload=chat", "workload.context_tokens=256", "workload.gen_tokens=4", "run.repeats=1",
+         "run.timeline=false", "run.ablation=false", "run.quiet=true"]
+KEY = ["job_id", "repeat", "phase", "metric", "source", "profiler"]
+
+
+def cli(args: list[str], cwd: Path, **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=600, **kw)
+
+
+def popen(args: list[str], cwd: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "harness.cli", *args], cwd=cwd, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def done_times(sweep: Path) -> dict[str, int]:
+    return {p.parent.name: p.stat().st_mtime_ns for p in sweep.glob("*/DONE")}
+
+
+def table(sweep: Path):
+    df = results.load(sweep / results.SWEEP_TABLE)
+    assert not df.duplicated(KEY).any()
+    return df
+
+
+def temp_files(root: Path) -> list[Path]:
+    return [p for p in root.rglob(".*.tmp")]
+
+
+# ----------------------------------------------------------------------------- 1. resume by config
+
+def test_a_different_sweep_in_the_same_dir_is_refused_unless_added_or_replaced(tmp_path):
+    first = cli(["-m", "placement=resident", "run.sweep_id=X", *SMALL], tmp_path)
+    assert first.returncode == 0, first.stderr
+    sweep = tmp_path / "results" / "sweeps" / "X"
+    before = done_times(sweep)
+
+    other = cli(["-m", "placement=cpu", "run.sweep_id=X", *SMALL], tmp_path)
+    assert other.returncode == 1
+    msg = other.stderr.strip().splitlines()[-1]
+    assert "sweep dir results/sweeps/X " in msg and "placement: resident (recorded) vs cpu (now)" in msg
+    assert "run.resume=add" in msg and "run.resume=replace" in msg and "Traceback" not in other.stderr
+    assert set(table(sweep).placement) == {"resident"} and done_times(sweep) == before   # nothing touched
+
+    added = cli(["-m", "placement=cpu", "run.sweep_id=X", "run.resume=add", *SMALL], tmp_path)
+    assert added.returncode == 0, added.stderr
+    df = table(sweep)
+    assert set(df.placement) == {"resident", "cpu"} and df.job_id.nunique() == 2
+    assert done_times(sweep)[next(iter(before))] == next(iter(before.values()))          # resident not re-run
+
+    replaced = cli(["-m", "placement=cpu", "run.sweep_id=X", "run.resume=replace", *SMALL], tmp_path)
+    assert replaced.returncode == 0, replaced.stderr
+    assert set(table(sweep).placement) == {"cpu"}
+
+
+def test_rerun_skips_only_when_the_config_hash_matches(tmp_path, tiny_mixtral_dir):
+    import shutil
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny_mixtral_dir, ckpt)
+    args = ["-m", "model=hf", f"model.path={ckpt}", "workload.tokens=random", "placement=resident,cpu", *SMALL]
+    assert cli(args, tmp_path).returncode == 0
+    sweep = next((tmp_path / "results" / "sweeps").iterdir())
+    first = done_times(sweep)
+    assert len(first) == 2
+    again = cli(args, tmp_path)
+    assert again.returncode == 0 and done_times(sweep) == first                           # same hash: skipped
+    # the checkpoint changed in place (same path): its identity, and so every job's hash, changed
+    weights = next(ckpt.glob("*.safetensors"))
+    os.utime(weights, ns=(time.time_ns(), time.time_ns() + 10**9))
+    assert cli(args, tmp_path).returncode == 0
+    third = done_times(sweep)
+    assert all(third[j] > first[j] for j in first)
+    assert table(sweep).job_id.nunique() == 2
+
+
+def test_job_dirs_do_not_depend_on_the_order_of_sweep_values(tmp_path):
+    assert cli(["-m", "placement=resident,cpu", "run.sweep_id=S", *SMALL], tmp_path).returncode == 0
+    sweep = tmp_path / "results" / "sweeps" / "S"
+    first = done_times(sweep)
+    # the same sweep written in another order (and with -m last): the same jobs, all skipped
+    proc = cli(["placement=cpu,resident", "run.sweep_id=S", *SMALL, "-m"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert done_times(sweep) == first
+
+
+# ----------------------------------------------------------------------------- 2. one writer
+
+def test_a_second_writer_is_refused_while_the_first_runs(tmp_path):
+    args = ["-m", "placement=resident,cpu,fetch", "run.sweep_id=L", *SMALL]
+    first = popen(args, tmp_path)
+    lock = tmp_path / "results" / "sweeps" / "L" / ".lock"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (lock.is_file() and lock.read_text().startswith("pid")):
+        time.sleep(0.05)
+    second = cli(args, tmp_path)
+    out, err = first.communicate(timeout=600)
+    assert first.returncode == 0, err
+    assert second.returncode == 1
+    assert f"pid {first.pid}" in second.stderr and "being written by another moebench" in second.stderr
+    df = table(tmp_path / "results" / "sweeps" / "L")
+    assert df.job_id.nunique() == 3 and (df.status == "ok").all()
+
+
+# ----------------------------------------------------------------------------- 3. failed jobs retried
+
+def test_failed_jobs_are_retried_unless_asked_not_to(tmp_path):
+    args = ["-m", "workload.context_tokens=256,9000", *[a for a in SMALL if "context_tokens" not in a]]
+    assert cli(args, tmp_path).returncode == 1
+    sweep = next((tmp_path / "results" / "sweeps").iterdir())
+    first = done_times(sweep)
+    failed_job = next(j for j in first if "9000" in j)
+    ok_job = next(j for j in first if "9000" not in j)
+    kept = cli([*args, "run.retry_failed=false"], tmp_path)
+    assert kept.returncode == 1 and done_times(sweep) == first          # skipped; the table still says failed
+    retried = cli(args, tmp_path)
+    assert retried.returncode == 1
+    now = done_times(sweep)
+    assert now[failed_job] > first[failed_job] and now[ok_job] == first[ok_job]
+    df = table(sweep)
+    assert df.job_id.nunique() == 2 and (df[df.status == "failed"].job_id == failed_job).all()
+
+
+# ----------------------------------------------------------------------------- 4. failed writes
+
+def test_a_job_whose_files_cannot_be_written_becomes_a_failed_row(tmp_path):
+    args = ["-m", "placement=resident,cpu", "run.sweep_id=W", *SMALL]
+    assert cli(args, tmp_path).returncode == 0
+    sweep = tmp_path / "results" / "sweeps" / "W"
+    cpu_dir = next(p for p in sweep.iterdir() if p.name.startswith("placement=cpu"))
+    # the cpu job left incomplete (as by a kill), and its rows file's place taken by a directory: renaming
+    # the new rows file into place fails with a real OS error
+    (cpu_dir / results.DONE_FILE).unlink()
+    (cpu_dir / results.ROWS_FILE).unlink()
+    (cpu_dir / results.ROWS_FILE).mkdir()
+    proc = cli(args, tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    df = table(sweep)
+    assert df.job_id.nunique() == 2
+    failed = df[df.status == "failed"]
+    assert len(failed) == 1 and failed.iloc[0]["placement"] == "cpu"
+    assert "cannot write the job's files" in failed.iloc[0]["error"] and "Is a directory" in failed.iloc[0]["error"]
+    assert set(df[df.status == "ok"].placement) == {"resident"}
+    assert not temp_files(sweep)
+
+
+def test_a_sweep_table_that_cannot_be_written_fails_with_one_line(tmp_path):
+    args = ["-m", "placement=resident", "run.sweep_id=T", *SMALL]
+    assert cli(args, tmp_path).returncode == 0
+    sweep = tmp_path / "results" / "sweeps" / "T"
+    (sweep / results.SWEEP_TABLE).unlink()
+    (sweep / results.SWEEP_TABLE).mkdir()
+    proc = cli(args, tmp_path)
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("moebench: cannot write") and f"results/sweeps/T/{results.SWEEP_TABLE}" in last
+    assert "Is a directory" in last and "Traceback" not in proc.stderr
+
+
+# ----------------------------------------------------------------------------- 5. signals
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_mid_sweep_writes_the_completed_jobs_and_resumes(tmp_path, sig, code):
+    args = ["-m", "placement=resident,cpu,fetch,hybrid", "cache.capacity=2,4", "run.sweep_id=G", *SMALL]
+    proc = popen(args, tmp_path)
+    sweep = tmp_path / "results" / "sweeps" / "G"
+    deadline = time.time() + 300
+    while time.time() < deadline and len(list(sweep.glob("*/DONE"))) < 2 and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == code, err
+    lines = [l for l in err.strip().splitlines() if l.startswith("moebench:")]
+    assert len(lines) == 1 and signal.Signals(sig).name in lines[0] and "Traceback" not in err
+    completed = done_times(sweep)
+    df = table(sweep)
+    done_ids = {json.loads(p.read_text())["job_id"] for p in sweep.glob("*/DONE")}
+    assert set(df.job_id) == done_ids and 2 <= len(completed) < 8             # exactly the completed jobs
+    assert not temp_files(sweep)
+    # a kill -9 during a later table write would leave a temp file; the next run removes it
+    (sweep / ".results.parquet.killed.tmp").write_bytes(b"half a table")
+    again = cli(args, tmp_path)
+    assert again.returncode == 0, again.stderr
+    df = table(sweep)
+    assert df.job_id.nunique() == 8 and (df.status == "ok").all()
+    assert all(done_times(sweep)[j] == t for j, t in completed.items())          # not re-run
+    assert not temp_files(sweep)
+    per_job = df.groupby("job_id").size()
+    assert per_job.nunique() <= 2            # fetch/hybrid vs others differ only by what applies
+
+
+def test_ctrl_c_in_a_single_run_prints_one_line(tmp_path):
+    proc = popen(["workload=chat", "workload.context_tokens=2048", "workload.gen_tokens=64", "run.repeats=20",
+                  "run.quiet=true"], tmp_path)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(tmp_path.glob("results/.reference/*.pt")):
+        time.sleep(0.05)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("moebench: interrupted by SIGINT")
+    run_dir = next((tmp_path / "results" / "runs").iterdir())
+    assert not results.job_complete(run_dir)
+
+
+# ----------------------------------------------------------------------------- 13. rerun one job
+
+def test_rerun_replays_one_job_from_its_manifest(tmp_path):
+    assert cli(["-m", "placement=fetch", "cache.capacity=2", "run.sweep_id=R", *SMALL], tmp_path).returncode == 0
+    job = next(p for p in (tmp_path / "results" / "sweeps" / "R").iterdir() if p.is_dir())
+    proc = cli(["rerun", str(job), "--out", str(tmp_path / "again")], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    old, new = (json.loads((d / results.MANIFEST_FILE).read_text()) for d in (job, tmp_path / "again"))
+    assert old["config_hash"] == new["config_hash"] and old["config"] == new["config"]
+    counters = ["h2d_bytes", "expert_hits", "expert_misses", "d2h_bytes"]
+    a, b = (results.load(d) for d in (job, tmp_path / "again"))
+    pick = lambda df: df[df.metric.isin(counters) & (df.profiler == "none")].set_index(  # noqa: E731
+        ["phase", "metric"])["value"].sort_index()
+    assert (pick(a) == pick(b)).all() and len(pick(a)) >= 16
+    for key in ("command", "overrides", "machine_load", "threads", "device"):
+        assert new[key] is not None, key
+    assert new["machine_load"]["start"]["cores"] >= 1 and new["device"]["device_kind"] == "cpu"
+
+
+def test_rows_record_threads_load_and_phase_states(tmp_path):
+    assert cli(["placement=fetch", "run.expert_cache=warm", "workload=chat", "workload.context_tokens=256",
+                "workload.gen_tokens=4", "run.repeats=1", "run.quiet=true"], tmp_path).returncode == 0
+    df = results.load(next((tmp_path / "results" / "runs").iterdir()))
+    assert set(df.phase) == set(ALL_PHASES)
+    assert (df.threads == 1).all() and df.load_avg_start.notna().all() and "machine_busy" in df
+    measured = df[(df.profiler == "none") & df.repeat.notna()]            # not the ablation's aggregate rows
+    assert set(measured[measured.phase == "prefill_fresh"].expert_cache) == {"warm"}
+    assert set(measured[measured.phase == "decode"].expert_cache) == {"warm"}
+    assert set(df[df.phase == "load"].expert_cache) == {"cold"}
+    assert set(df[df.phase == "prefill_restored"].prefix_cache) == {"restored"}
