@@ -1,13 +1,17 @@
 """Our engine (`resident`, CPU) against Hugging Face transformers on the same mid-size
 Mixtral-shaped checkpoint: prefill tok/s on 512 tokens and decode tok/s over 64 tokens.
 
-Both engines run in one process, interleaved, repeats alternating, so machine noise hits
-both alike; the figures reported are medians and their ratio (ours / transformers).
-Not a test: run `python benchmarks/bench_vs_transformers.py [--repeats N]`.
+The same work on both sides: transformers computes logits for the last position only
+(`logits_to_keep=1`), as our engine does. Both engines run in one process, interleaved,
+repeats alternating, at each requested thread count, so machine noise hits both alike; the
+figures reported are medians with min-max and their ratio (ours / transformers), with the
+load average before and after.
+Not a test: run `python benchmarks/bench_vs_transformers.py [--repeats N] [--threads 1,2]`.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -36,12 +40,12 @@ def build_checkpoint(path: Path):
 def time_hf(model, prompt: torch.Tensor, n_decode: int) -> tuple[float, float]:
     with torch.inference_mode():
         t0 = time.perf_counter()
-        out = model(prompt, use_cache=True)
+        out = model(prompt, use_cache=True, logits_to_keep=1)
         t1 = time.perf_counter()
         past, tok = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
         t2 = time.perf_counter()
         for _ in range(n_decode):
-            out = model(tok, past_key_values=past, use_cache=True)
+            out = model(tok, past_key_values=past, use_cache=True, logits_to_keep=1)
             past, tok = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
         t3 = time.perf_counter()
     return t1 - t0, t3 - t2
@@ -66,30 +70,37 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--prefill", type=int, default=512)
     ap.add_argument("--decode", type=int, default=64)
+    ap.add_argument("--threads", default="1,2", help="comma-separated torch thread counts")
     args = ap.parse_args()
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as d:
         hf = build_checkpoint(Path(d))
         ours = Engine.from_pretrained(d, placement="resident", device="cpu", max_context=args.prefill + args.decode + 1)
     prompt = torch.randint(0, SHAPE["vocab_size"], (1, args.prefill))
-    samples: dict[str, list[float]] = {k: [] for k in ("hf_prefill", "hf_decode", "ours_prefill", "ours_decode")}
-    time_hf(hf, prompt[:, :32], 2)                          # warm-up, excluded
-    time_ours(ours, prompt[:, :32].tolist(), 2)
-    for r in range(args.repeats):
-        for name in (("hf", "ours") if r % 2 == 0 else ("ours", "hf")):
-            p, dcd = (time_hf(hf, prompt, args.decode) if name == "hf"
-                      else time_ours(ours, prompt.tolist(), args.decode))
-            samples[f"{name}_prefill"].append(args.prefill / p)
-            samples[f"{name}_decode"].append(args.decode / dcd)
-    med = {k: statistics.median(v) for k, v in samples.items()}
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.repeats} repeats (median; min-max)")
+    print(f"torch {torch.__version__}, {args.repeats} repeats per thread count (median; min-max); "
+          f"load average before {os.getloadavg()[0]:.2f}")
     print(f"model: Mixtral-shaped, hidden {SHAPE['hidden_size']}, {SHAPE['num_hidden_layers']} layers, "
-          f"{SHAPE['num_local_experts']} experts, top-{SHAPE['num_experts_per_tok']}, fp32")
-    for phase, unit in (("prefill", f"tok/s on {args.prefill} tokens"), ("decode", f"tok/s over {args.decode} tokens")):
-        o, h = samples[f"ours_{phase}"], samples[f"hf_{phase}"]
-        print(f"{phase:<8} ours {med[f'ours_{phase}']:8.1f} ({min(o):.1f}-{max(o):.1f})  "
-              f"transformers {med[f'hf_{phase}']:8.1f} ({min(h):.1f}-{max(h):.1f}) {unit}  "
-              f"ratio {med[f'ours_{phase}'] / med[f'hf_{phase}']:.2f}x")
+          f"{SHAPE['num_local_experts']} experts, top-{SHAPE['num_experts_per_tok']}, fp32; transformers with "
+          "logits_to_keep=1")
+    for threads in (int(t) for t in args.threads.split(",")):
+        torch.set_num_threads(threads)
+        samples: dict[str, list[float]] = {k: [] for k in ("hf_prefill", "hf_decode", "ours_prefill", "ours_decode")}
+        time_hf(hf, prompt[:, :32], 2)                          # warm-up, excluded
+        time_ours(ours, prompt[:, :32].tolist(), 2)
+        for r in range(args.repeats):
+            for name in (("hf", "ours") if r % 2 == 0 else ("ours", "hf")):
+                p, dcd = (time_hf(hf, prompt, args.decode) if name == "hf"
+                          else time_ours(ours, prompt.tolist(), args.decode))
+                samples[f"{name}_prefill"].append(args.prefill / p)
+                samples[f"{name}_decode"].append(args.decode / dcd)
+        med = {k: statistics.median(v) for k, v in samples.items()}
+        for phase, unit in (("prefill", f"tok/s on {args.prefill} tokens"),
+                            ("decode", f"tok/s over {args.decode} tokens")):
+            o, h = samples[f"ours_{phase}"], samples[f"hf_{phase}"]
+            print(f"{threads} thread(s) {phase:<8} ours {med[f'ours_{phase}']:8.1f} ({min(o):.1f}-{max(o):.1f})  "
+                  f"transformers {med[f'hf_{phase}']:8.1f} ({min(h):.1f}-{max(h):.1f}) {unit}  "
+                  f"ratio {med[f'ours_{phase}'] / med[f'hf_{phase}']:.2f}x")
+    print(f"load average after {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

@@ -10,9 +10,9 @@ how two result sets are judged (`harness.compare`).
         --report report.md --table comparison.csv
     moebench-compare --machine                         # this machine's baseline name
 
-Exit codes: 0 fine, 1 a regression beyond a check's threshold (or, with
---require-comparable, a check that found nothing comparable), 2 bad arguments or
-unreadable results. Also `python -m harness.analysis_cli plot|compare ...`.
+Exit codes: 0 fine, 1 a regression beyond a check's threshold, nothing comparable at all
+("nothing compared"; --allow-empty makes that 0), or, with --require-comparable, a check that
+found nothing comparable; 2 bad arguments or unreadable results. Also `python -m harness.analysis_cli plot|compare ...`.
 """
 from __future__ import annotations
 
@@ -101,6 +101,8 @@ def compare_parser() -> argparse.ArgumentParser:
     p.add_argument("--table", help="write the full comparison table here (.csv or .parquet)")
     p.add_argument("--require-comparable", action="store_true",
                    help="also fail when a check matched no comparable config (different device, config or version)")
+    p.add_argument("--allow-empty", action="store_true",
+                   help="exit 0 even when nothing was comparable (default: exit 1 with 'nothing compared')")
     p.add_argument("--machine", action="store_true",
                    help="print this machine's baseline name (results/baselines/<name>/) and exit")
     return p
@@ -147,6 +149,12 @@ def compare_main(argv: Sequence[str] | None = None) -> int:
         print(f"{'FAIL' if args.require_comparable else 'warning'}: check {c} matched no comparable config")
     if not args.report:
         print(report)
+    if len(t) - n_nc == 0:
+        why = f"{n_nc} pair(s) not comparable" if n_nc else "no (config, phase, metric) on both sides"
+        print(f"moebench-compare: nothing compared ({why}); {'--allow-empty given' if args.allow_empty else 'exit 1'}",
+              file=sys.stderr)
+        if not args.allow_empty:
+            return 1
     return 1 if cmp.failed else 0
 
 

@@ -60,6 +60,7 @@ import numpy as np
 import pandas as pd
 
 from harness import results
+from harness.contract import speed_values
 from harness.results import FACTOR_COLUMNS, MANIFEST_FILE
 
 log = logging.getLogger(__name__)
@@ -224,12 +225,7 @@ def _slug(text: str) -> str:
 
 # ----------------------------------------------------------------------------- comparison
 
-def speed_samples(df: pd.DataFrame) -> pd.DataFrame:
-    """The rows a comparison reads: status ok, un-instrumented, non-null values."""
-    ok = df[(df["status"] == "ok") & df["value"].notna()]
-    if "profiler" in ok.columns:
-        ok = ok[ok["profiler"].isna() | (ok["profiler"] == "none")]
-    return ok
+speed_samples = speed_values     # the rows a comparison reads (harness.contract)
 
 
 @dataclass

@@ -89,6 +89,11 @@ METRIC_UNITS: dict[str, str] = {
     "exposed_copy_ablation_significant": "bool",
 }
 
+# how copy/compute overlap measured on the emulated device is labelled wherever it is shown (rule 7.8):
+# its copies are memcpys on a worker thread, its "device compute" is the main thread
+EMULATED_OVERLAP_NOTE = ("emulated device: copies are memcpys on a worker thread and compute is the main thread's "
+                         "layer time -- a thread schedule, not a PCIe prediction")
+
 # the numerical check of every measured phase against the exact reference (§5)
 CHECK_METRICS = ("max_abs_logit_diff", "token_agreement")
 
@@ -109,6 +114,12 @@ def speed_rows(df: "pd.DataFrame") -> "pd.DataFrame":
     if "profiler" not in ok.columns:
         return ok
     return ok[is_speed_row(ok["profiler"])]
+
+
+def speed_values(df: "pd.DataFrame") -> "pd.DataFrame":
+    """Speed rows that hold a value (what plots and comparisons read)."""
+    ok = speed_rows(df)
+    return ok[ok["value"].notna()]
 
 
 # --- the session a job drives (§4) -----------------------------------------------------------------

@@ -25,6 +25,8 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from harness import contract
+from harness.contract import EMULATED_OVERLAP_NOTE
 from harness.results import FACTOR_COLUMNS
 
 __all__ = ["MissingData", "STANDARD", "capacity_sweep", "ttft_by_prefix_state", "bytes_per_token", "overlap",
@@ -45,12 +47,7 @@ class MissingData(ValueError):
 
 # ----------------------------------------------------------------------------- row selection
 
-def speed_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """Status-ok rows of un-instrumented runs with a value."""
-    ok = df[(df["status"] == "ok") & df["value"].notna()]
-    if "profiler" in ok.columns:
-        ok = ok[ok["profiler"].isna() | (ok["profiler"] == "none")]
-    return ok
+speed_rows = contract.speed_values      # the contract's speed rows that hold a value
 
 
 def _profiled(df: pd.DataFrame, profiler: str) -> pd.DataFrame:
@@ -99,10 +96,10 @@ def _capacity_x(df: pd.DataFrame) -> pd.Series:
     return req
 
 
-def _mark_emulated(fig: Figure, df: pd.DataFrame, title: str) -> None:
+def _mark_emulated(fig: Figure, df: pd.DataFrame, title: str, note: str | None = None) -> None:
     emulated = df["emulated"].astype("boolean") if "emulated" in df.columns else pd.Series(dtype="boolean")
     if emulated.fillna(False).all() and len(emulated):
-        title += "  [emulated device: the CPU stands in for the GPU; no link speed or device memory]"
+        title += f"  [{note or 'emulated device: the CPU stands in for the GPU; no link speed or device memory'}]"
     elif emulated.fillna(False).any():
         title += "  [some runs on an emulated device]"
     devices = sorted({str(d) for d in df.get("device_name", pd.Series(dtype=object)).dropna().unique()})
@@ -311,7 +308,8 @@ def overlap(df: pd.DataFrame) -> Figure:
     axes[0].set_yticks(y, configs, fontsize=8)
     axes[0].invert_yaxis()
     _legend(fig, axes)
-    _mark_emulated(fig, rows, "Copy/compute overlap (instrumented timeline pass; label: overlap_frac)")
+    _mark_emulated(fig, rows, "Copy/compute overlap (instrumented timeline pass; label: overlap_frac)",
+                   note=EMULATED_OVERLAP_NOTE)
     return fig
 
 

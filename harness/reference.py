@@ -100,14 +100,19 @@ def reference_for(spec: RunSpec, sample: WorkloadSample, root: Path) -> Referenc
 
 
 def _compute(spec: RunSpec, sample: WorkloadSample, key: str) -> Reference:
-    # nothing of a previous job may share host RAM with the full copy the reference needs
-    release_cached()
     try:
         adapter = MoebenchAdapter(spec, placement="resident", device="cpu")
-    except MemoryError as exc:
-        raise MemoryError(f"the numerical reference (every expert resident in host RAM, run.check_reference=true) "
-                          f"does not fit: {exc}. Run with run.check_reference=false, or on a machine with more "
-                          "RAM once, which caches the reference under <run.out>/.reference/") from exc
+    except MemoryError:
+        # the host RAM check counts what is already held: a previous job's cached engine may share
+        # it with the full copy the reference needs; free it and ask again
+        release_cached()
+        try:
+            adapter = MoebenchAdapter(spec, placement="resident", device="cpu")
+        except MemoryError as exc:
+            raise MemoryError(f"the numerical reference (every expert resident in host RAM, "
+                              f"run.check_reference=true) does not fit: {exc}. Run with run.check_reference=false, "
+                              "or once on a machine with more RAM, which caches the reference under "
+                              "<run.out>/.reference/") from exc
     try:
         adapter.engine.model.step_log = {}
         res = run_repeat(adapter, sample, spec.workload.gen_tokens, keep_logits=True)

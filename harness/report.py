@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from harness.contract import phase_rank
+from harness.contract import EMULATED_OVERLAP_NOTE, phase_rank
 from harness.results import spread_table
 
 # (metric, label, format, scale) of the speed table and the transfer table
@@ -34,8 +34,9 @@ TRANSFER_METRICS = (("copy_busy_s", "copy busy s", "{:.4f}", 1), ("overlap_s", "
 ABLATION_METRICS = (("exposed_copy_ablation_s", "ablation s", "{:.4f}", 1),
                     ("exposed_copy_ablation_ci_low_s", "95% low", "{:.4f}", 1),
                     ("exposed_copy_ablation_ci_high_s", "95% high", "{:.4f}", 1))
-EMULATED_NOTE = ("emulated device: copies are memcpys on a worker thread and compute is the main thread's "
-                 "layer time -- a thread schedule, not a PCIe prediction")
+
+
+IQR_MIN_N = 4
 
 
 class Reporter:
@@ -83,7 +84,7 @@ class Reporter:
         for job_id, job in timeline.groupby("job_id", sort=False):
             caption = "transfers (timeline pass, instrumented)"
             if bool(job["emulated"].iloc[0]):
-                caption += f" -- {EMULATED_NOTE}"
+                caption += f" -- {EMULATED_OVERLAP_NOTE}"
             tl = spread_table(job.assign(profiler="none"))
             self.console.print(self._table(f"job {job_id} {caption}", tl, TRANSFER_METRICS, spread=False))
         failed = df[df["status"] == "failed"]
@@ -93,7 +94,8 @@ class Reporter:
     @staticmethod
     def _table(title: str, rows: pd.DataFrame, metrics: tuple, spread: bool = True) -> Table:
         """Metrics down, phases across (in the contract's order); a cell is the median and, with
-        `spread` and more than one value, min–max under it; the header gives n per phase."""
+        `spread` and more than one value, min–max under it, and with IQR_MIN_N or more values the
+        interquartile range (fewer values have no meaningful quartiles); the header gives n."""
         stats = rows.set_index(["phase", "metric"])
         phases = sorted(set(rows["phase"]), key=phase_rank)
         cells: dict[tuple[str, str], str] = {}
@@ -110,6 +112,8 @@ class Reporter:
                 cell = fmt.format(s["median"] / scale)
                 if spread and s["n"] > 1:
                     cell += f"\n{fmt.format(s['min'] / scale)}–{fmt.format(s['max'] / scale)}"
+                if spread and s["n"] >= IQR_MIN_N:
+                    cell += f"\nIQR {fmt.format(s['p25'] / scale)}–{fmt.format(s['p75'] / scale)}"
                 cells[(phase, metric)] = cell
         phases = [p for p in phases if ns[p]]
         t = Table(title=Text(title), title_justify="left")

@@ -187,3 +187,13 @@ def test_committed_baseline_matches_its_machine_dir() -> None:
         # a baseline compared with itself: all comparable, nothing significant
         cmp = C.compare(df, df, CHECKS, base_manifests=man, new_manifests=man)
         assert "not comparable" not in set(cmp.table["verdict"]) and not cmp.table["significant"].any()
+
+
+def test_cli_with_nothing_comparable_exits_1_unless_allowed(tmp_path: Path, capsys) -> None:
+    base = write(tmp_path / "base", "s", samples(1000, 5, 0))
+    new = write(tmp_path / "new", "s", samples(1000, 5, 1), factors={**FACTORS, "cache_capacity": "2"})
+    assert compare_main([str(base), str(new)]) == 1
+    err = capsys.readouterr().err
+    assert "nothing compared" in err and "not comparable" in err
+    assert compare_main([str(base), str(new), "--allow-empty"]) == 0
+    assert compare_main([str(base), str(base)]) == 0          # something compared, nothing regressed

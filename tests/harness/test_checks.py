@@ -1,0 +1,182 @@
+"""Every figure checked and labelled, in-process on the tiny model: the numerical check per
+measured repeat and phase (with injected faults), the reference off the device, the paired
+ablation under a real device budget, expert-cache state, per-step latencies, failing passes."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+import harness.cli  # noqa: F401 -- registers the ConfigStore
+from engine.planner import plan_memory
+from engine.config import preset
+from harness import engines, results, runner
+from harness.cli import CONF_DIR
+from harness.config import validate
+from harness.engines import session_tokens_of
+from harness.report import Reporter
+from harness.runner import JobContext, run_job
+from harness.scenario import run_repeat
+
+SMALL = ("workload=chat", "workload.context_tokens=256", "workload.gen_tokens=6", "run.timeline=false")
+
+
+def cfg_with(*overrides: str):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def job(tmp_path, *overrides: str):
+    out = run_job(cfg_with(*overrides, f"run.out={tmp_path}"), JobContext(tmp_path / "job", "s", "j"),
+                  Reporter(quiet=True))
+    return out, (results.rows_to_table(out.rows).to_pandas() if out.rows else None)
+
+
+def checks(df: pd.DataFrame) -> pd.DataFrame:
+    m = df[(df.source == "engine") & df.metric.isin(["max_abs_logit_diff", "token_agreement"]) & (df.profiler == "none")]
+    return m.pivot_table(index=["repeat", "phase"], columns="metric", values="value")
+
+
+class Faulty:
+    """The job's real adapter, with a fault injected into one measured repeat (the final norm's sign
+    flipped, so every logit is negated and argmax becomes argmin) and into the restored KV of another."""
+
+    def __init__(self, inner, corrupt_repeat: int, corrupt_kv_repeat: int) -> None:
+        self.inner = inner
+        self.repeat = -2                  # reset() runs once per repeat: the warm-up is -1, measured 0, 1, ...
+        self.corrupt_repeat, self.corrupt_kv_repeat = corrupt_repeat, corrupt_kv_repeat
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def reset(self) -> None:
+        norm = self.inner.engine.model.norm
+        if self.repeat == self.corrupt_repeat:          # undo the fault of the repeat that just ended
+            norm.mul_(-1)
+        self.repeat += 1
+        if self.repeat == self.corrupt_repeat:
+            norm.mul_(-1)
+        self.inner.reset()
+
+    def restore(self, sess) -> None:
+        self.inner.restore(sess)
+        if self.repeat == self.corrupt_kv_repeat:
+            g = torch.Generator().manual_seed(0)
+            for t in (*sess.k, *sess.v):
+                t.copy_(torch.randn(t.shape, generator=g) * 30)
+
+
+def test_the_check_runs_on_every_measured_repeat_and_finds_injected_faults(tmp_path, monkeypatch):
+    real = runner.get_adapter
+
+    def faulty(spec, **kw):
+        eng, loaded = real(spec, **kw)
+        return Faulty(eng, corrupt_repeat=1, corrupt_kv_repeat=2), loaded
+
+    monkeypatch.setattr(runner, "get_adapter", faulty)
+    out, df = job(tmp_path, "placement=fetch", "cache.capacity=2", "run.repeats=4", "run.ablation=false", *SMALL)
+    assert out.error is None, out.error
+    c = checks(df)
+    phases = {"prefill_fresh", "decode", "prefill_continuation", "prefill_restored"}
+    assert set(c.index) == {(r, p) for r in range(4) for p in phases}           # every repeat, every phase
+    bad = {(1, p) for p in phases} | {(2, "prefill_restored")}
+    for key, row in c.iterrows():
+        if key in bad:
+            assert row["max_abs_logit_diff"] > 1e-3 and row["token_agreement"] < 1.0, key
+        else:
+            assert row["max_abs_logit_diff"] == 0.0 and row["token_agreement"] == 1.0, key
+
+
+def test_reference_lives_off_the_device_and_the_ablation_fits_the_budget(tmp_path):
+    """The real case: a budget smaller than resident needs, default check_reference and ablation."""
+    spec = validate(cfg_with("placement=fetch", "cache.capacity=2", *SMALL))
+    cfg = preset("tiny-mixtral")
+    w = spec.workload
+    resident = plan_memory(cfg, "resident", None, None, session_tokens_of(spec), w.batch, w.ubatch, 4)
+    fetch = plan_memory(cfg, "fetch", 2, None, session_tokens_of(spec), w.batch, w.ubatch, 4)
+    assert fetch.total < resident.total
+    budget = (fetch.total + resident.total) // 2                               # fetch fits, resident does not
+    out, df = job(tmp_path, "placement=fetch", "cache.capacity=2", f"hardware.device_memory={budget}", *SMALL)
+    assert out.error is None, out.error
+    assert (df.status == "ok").all()
+    c = checks(df)
+    assert len(c) == 3 * 4 and (c["max_abs_logit_diff"] == 0).all() and (c["token_agreement"] == 1).all()
+    assert set(df.reference.dropna()) <= {"computed", "memory", "file"}
+    peaks = df[(df.metric == "emulated_device_peak_bytes") & df.value.notna()]
+    assert len(peaks) and (peaks.value <= budget).all()                        # never the reference's weights
+    assert (peaks.value < resident.total).all()
+    ab = df[df.metric == "exposed_copy_ablation_s"]
+    assert len(ab) == 4 and ab.value.isna().all() and set(ab.ablation_mode) == {"skipped"}
+    assert ab.ablation_reason.str.contains("resident plan does not fit").all()
+
+
+def test_ablation_is_paired_interleaved_or_sequential_by_budget(tmp_path):
+    spec = validate(cfg_with("placement=fetch", "cache.capacity=2", *SMALL))
+    cfg, w = preset("tiny-mixtral"), spec.workload
+    resident = plan_memory(cfg, "resident", None, None, session_tokens_of(spec), w.batch, w.ubatch, 4)
+    for budget, mode in ((None, "interleaved"), (resident.total + resident.total // 3, "sequential")):
+        extra = [] if budget is None else [f"hardware.device_memory={int(budget / 0.95) + 1}"]
+        out, df = job(tmp_path / mode, "placement=fetch", "cache.capacity=2", "run.repeats=3", *SMALL, *extra)
+        assert out.error is None, out.error
+        ab = df[df.metric.str.startswith("exposed_copy_ablation")]
+        assert set(ab.ablation_mode) == {mode}
+        med = ab[ab.metric == "exposed_copy_ablation_s"].set_index("phase")["value"]
+        lo = ab[ab.metric == "exposed_copy_ablation_ci_low_s"].set_index("phase")["value"]
+        hi = ab[ab.metric == "exposed_copy_ablation_ci_high_s"].set_index("phase")["value"]
+        assert med.notna().all() and (lo <= hi).all()
+        raw = df[df.profiler == "ablation"]
+        assert set(raw.ablation_side) == ({"resident", "placement"} if mode == "interleaved" else {"resident"})
+        assert raw[raw.ablation_side == "resident"].repeat.nunique() == 3
+        # the statistic is the paired one: recompute it from the raw samples
+        speed = df[(df.profiler == "none") & (df.metric == "time_s") & (df.source == "client")]
+        side = raw[raw.ablation_side == "placement"] if mode == "interleaved" else speed
+        a = side[side.phase == "decode"].sort_values("repeat")["value"].to_numpy()
+        b = raw[(raw.ablation_side == "resident") & (raw.phase == "decode")].sort_values("repeat")["value"].to_numpy()
+        assert med["decode"] == pytest.approx(float(pd.Series(a - b).median()))
+
+
+def test_warm_expert_cache_starts_prefill_with_fewer_misses(tmp_path):
+    rows = {}
+    for state in ("cold", "warm"):
+        out, df = job(tmp_path / state, "placement=fetch", "cache.capacity=4", "run.repeats=1", "run.ablation=false",
+                      f"run.expert_cache={state}", *SMALL)
+        assert out.error is None
+        fresh = df[(df.phase == "prefill_fresh") & (df.profiler == "none") & (df.source == "engine")]
+        assert set(fresh.expert_cache) == {state}
+        rows[state] = fresh.set_index("metric")["value"]
+    assert rows["warm"]["expert_misses"] < rows["cold"]["expert_misses"]
+    assert rows["warm"]["max_abs_logit_diff"] == 0.0                      # the cache state never changes outputs
+
+
+def test_per_step_latencies_are_kept_and_give_the_percentiles(tmp_path):
+    out, df = job(tmp_path, "placement=fetch", "cache.capacity=2", "run.repeats=2", "run.ablation=false", *SMALL)
+    steps = pd.DataFrame(out.steps)
+    assert len(steps) == 2 * 5 and set(steps.repeat) == {0, 1}
+    results.write_job(tmp_path / "w", out.rows, {"t": 1}, steps=out.steps)
+    back = results.load_steps(tmp_path / "w")
+    for r, grp in back.groupby("repeat"):
+        p50 = df[(df.metric == "tpot_s_p50") & (df.repeat == r) & (df.profiler == "none")]["value"].iloc[0]
+        assert grp["tpot_s"].median() == pytest.approx(p50)
+
+
+def test_a_failing_profiling_pass_keeps_the_measured_rows(tmp_path):
+    (tmp_path / "job" / "trace.json").mkdir(parents=True)   # the trace cannot be written: a real OS error
+    out, df = job(tmp_path, "placement=fetch", "cache.capacity=2", "run.repeats=1", "run.ablation=false",
+                  "workload=chat", "workload.context_tokens=256", "workload.gen_tokens=4", "run.trace=true")
+    assert out.error and "timeline" in out.error and "IsADirectoryError" in out.error
+    failed = df[df.status == "failed"]
+    assert list(failed.phase) == ["timeline"] and list(failed.profiler) == ["timeline"]
+    measured = df[(df.status == "ok") & (df.profiler == "none")]
+    assert {"prefill_fresh", "decode"} <= set(measured.phase)
+
+
+def test_transformers_computes_only_the_last_position(tmp_path):
+    spec = validate(cfg_with("engine=hf", "placement=resident", f"run.out={tmp_path}", *SMALL))
+    hf = engines.HFAdapter(spec)
+    shapes = []
+    hook = hf.model.lm_head.register_forward_hook(lambda m, i, o: shapes.append(tuple(o.shape)))
+    sess = hf.new_session(1)
+    logits = hf.prefill(sess, [list(range(10, 40))])
+    hook.remove()
+    assert shapes == [(1, 1, spec.model_config.vocab_size)] and logits.shape == (1, spec.model_config.vocab_size)
