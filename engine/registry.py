@@ -2,7 +2,10 @@
 
 Owns: looking up placement strategies, eviction policies and prefetchers by name,
 including third-party ones declared through the entry-point groups
-`moebench.placements`, `moebench.policies` and `moebench.prefetchers`. Does not own: constructing them with options (callers do).
+`moebench.placements`, `moebench.policies` and `moebench.prefetchers`, and `NoOptions`,
+the options of a plugin that takes none (each plugin declares an `Options` dataclass: the
+harness turns it into the plugin's Hydra schema). Does not own: constructing them with
+options (callers do).
 
     from engine.registry import PLACEMENTS
     cls = PLACEMENTS.get("fetch")          # imports engine.placements.fetch lazily
@@ -13,11 +16,17 @@ An unknown name raises `UnknownPluginError` listing the known ones.
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from importlib.metadata import entry_points
 
 
 class UnknownPluginError(ValueError):
     """A plugin name that no registry entry or entry point provides."""
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """The `Options` of a plugin that takes none (every plugin family's default)."""
 
 
 class Registry:

@@ -275,6 +275,33 @@ def _read_arrays(path: Path, z: "np.lib.npyio.NpzFile") -> RoutingTrace:
     return tr.validate()
 
 
+def trace_for_model(path: str | Path, cfg: Any) -> RoutingTrace:
+    """`load_trace(path)`, checked to have been recorded on a model of `cfg`'s expert layout."""
+    tr = load_trace(path)
+    if tr.n_experts != cfg.n_experts or list(tr.moe_layers) != list(cfg.moe_layers):
+        raise ValueError(f"{path} was recorded on a model with {tr.n_experts} experts and MoE layers "
+                         f"{list(tr.moe_layers)}; this model has {cfg.n_experts} and {list(cfg.moe_layers)}")
+    return tr
+
+
+def popularity_table(path: str | Path, cfg: Any) -> dict[int, list[float]]:
+    """A [moe layers][experts] table of expert popularity (.json, .csv or .npy), per model layer."""
+    p = Path(path)
+    try:
+        if p.suffix == ".npy":
+            table = np.load(p, allow_pickle=False)
+        elif p.suffix == ".json":
+            table = np.asarray(json.loads(p.read_text()), dtype=float)
+        else:
+            table = np.loadtxt(p, delimiter=",", ndmin=2)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read {path} ({exc}); expected .json, .csv or .npy") from None
+    shape = (cfg.n_moe_layers, cfg.n_experts)
+    if table.shape != shape:
+        raise ValueError(f"{path} holds a table of shape {table.shape}; this model needs {shape} ([moe layers][experts])")
+    return dict(zip(cfg.moe_layers, table.tolist()))
+
+
 # --- derived views -------------------------------------------------------------------------
 def lookup_arrays(trace: RoutingTrace) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per trace layer: (ids int64 [M], step int64 [M]) -- the engine's lookup order.

@@ -15,7 +15,6 @@ run.repeats=3, run.warmup=1, engine=hf.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -26,13 +25,13 @@ from omegaconf import DictConfig, OmegaConf
 from engine.config import PRESETS, ModelConfig, preset
 from engine.devices import parse_bytes
 from engine.placements import needs_cache
-from engine.registry import PLACEMENTS, POLICIES, UnknownPluginError
+from engine.registry import PLACEMENTS, POLICIES, PREFETCHERS, UnknownPluginError
+from harness import plugins
+from harness.plugins import PluginConf, PluginOptionsError
 from harness.contract import EXPERT_CACHE_STATES, RESUME_MODES, session_tokens
 
 WORKLOADS = ("coding_agent", "chat", "long_doc")
 TOKEN_SOURCES = ("text", "random")
-ENGINES = ("moebench", "hf")
-PREFETCH = ("none", "next_layer_gate", "trace_oracle")
 PROFILERS = ("none", "torch", "nsys")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("float32", "bfloat16", "float16", "auto")
@@ -52,37 +51,14 @@ class ModelConf:
     seed: int = 0                     # seeded random weights for presets
 
 
-@dataclass
-class PlacementConf:
-    name: str = "resident"
-
-
-@dataclass
-class HybridConf(PlacementConf):
-    name: str = "hybrid"
-    n_cpu_layers: int = 1
-
-
-@dataclass
-class StreamConf(PlacementConf):
-    name: str = "stream"
-    stream_threshold: int = 64
-    stream_fallback: str = "fetch"
-    stream_buffers: int = 2
+PolicyOptionsConf = plugins.policy_options_schema()     # every registered policy's option fields
 
 
 @dataclass
 class CacheConf:
     capacity: str = "4"               # expert slots per layer: an int, or "auto" (sized from the device budget)
-    policy: str = "lru"               # lru | lfu | fifo | static | belady
-    trace: Optional[str] = None       # a routing trace (.npz; run.record_trace=true writes one): belady's
-                                      # future lookups, or static's popularity (expert counts per layer)
-    popularity: Optional[str] = None  # static's popularity table: .json/.csv/.npy, [moe layers][experts] counts
-
-
-@dataclass
-class PrefetchConf:
-    name: str = "none"
+    policy: str = "lru"               # a registered policy: lru | lfu | fifo | static | belady | ...
+    policy_options: PolicyOptionsConf = field(default_factory=PolicyOptionsConf)   # the chosen policy's
 
 
 @dataclass
@@ -141,20 +117,15 @@ class RunConf:
 
 
 @dataclass
-class EngineConf:
-    name: str = "moebench"
-
-
-@dataclass
 class Config:
     model: ModelConf = field(default_factory=ModelConf)
-    placement: PlacementConf = field(default_factory=PlacementConf)
+    placement: PluginConf = field(default_factory=PluginConf)
     cache: CacheConf = field(default_factory=CacheConf)
-    prefetch: PrefetchConf = field(default_factory=PrefetchConf)
+    prefetch: PluginConf = field(default_factory=PluginConf)
     workload: WorkloadConf = field(default_factory=WorkloadConf)
     hardware: HardwareConf = field(default_factory=HardwareConf)
     run: RunConf = field(default_factory=RunConf)
-    engine: EngineConf = field(default_factory=EngineConf)
+    engine: PluginConf = field(default_factory=PluginConf)
 
 
 GROUP_SCHEMAS: dict[str, type] = {f.name: f.type if isinstance(f.type, type) else globals()[f.type]
@@ -168,20 +139,12 @@ def register_configs() -> None:
     for name in PRESETS:
         cs.store(group="model", name=name, node=ModelConf(name=name))
     cs.store(group="model", name="hf", node=ModelConf(name="hf-checkpoint"))
-    cs.store(group="placement", name="resident", node=PlacementConf(name="resident"))
-    cs.store(group="placement", name="fetch", node=PlacementConf(name="fetch"))
-    cs.store(group="placement", name="cpu", node=PlacementConf(name="cpu"))
-    cs.store(group="placement", name="hybrid", node=HybridConf())
-    cs.store(group="placement", name="stream", node=StreamConf())
+    plugins.register(cs)                  # placement, prefetch, engine: one option per registered plugin
     cs.store(group="cache", name="default", node=CacheConf())
-    for p in PREFETCH:
-        cs.store(group="prefetch", name=p, node=PrefetchConf(name=p))
     for w in WORKLOADS:
         cs.store(group="workload", name=w, node=WorkloadConf(name=w))
     cs.store(group="hardware", name="local", node=HardwareConf())
     cs.store(group="run", name="default", node=RunConf())
-    for e in ENGINES:
-        cs.store(group="engine", name=e, node=EngineConf(name=e))
 
 
 # --- validation -----------------------------------------------------------------------------
@@ -200,7 +163,9 @@ class RunSpec:
     run: RunConf
     engine: str
     model_config: ModelConfig
-    policy_options: dict[str, Any] = field(default_factory=dict)   # read from cache.trace / cache.popularity
+    policy_options: dict[str, Any] = field(default_factory=dict)     # constructor kwargs, prepared by the policy
+    prefetch_options: dict[str, Any] = field(default_factory=dict)   # the prefetcher's Options as kwargs
+    engine_options: Any = None                                       # the engine adapter's parsed Options
 
     @property
     def model_label(self) -> str:
@@ -213,7 +178,7 @@ def _allowed(key: str, allowed: Any, given: Any) -> ConfigError:
 
 def check_keys(cfg: DictConfig) -> None:
     """Reject keys that no schema declares -- including ones added with `+key=value`,
-    which Hydra accepts despite a schema."""
+    which Hydra accepts despite a schema -- at every level of a structured node."""
     for group, node in cfg.items():
         if group == "hydra":
             continue
@@ -221,13 +186,20 @@ def check_keys(cfg: DictConfig) -> None:
             raise ConfigError(f"unknown config key {group!r}; allowed top-level keys: {sorted(GROUP_SCHEMAS)}")
         if not isinstance(node, DictConfig):
             raise ConfigError(f"{group} must be a config group, got {node!r}")
-        schema = OmegaConf.get_type(node)
-        schema = schema if dataclasses.is_dataclass(schema) else GROUP_SCHEMAS[group]
-        allowed = [f.name for f in dataclasses.fields(schema)]
-        for key in node:
-            if key not in allowed:
-                raise ConfigError(f"unknown config key '{group}.{key}'; allowed keys in {group!r}"
-                                  f"{' for ' + repr(node.get('name')) if 'name' in node else ''}: {allowed}")
+        _check_node(group, node, GROUP_SCHEMAS[group])
+
+
+def _check_node(path: str, node: DictConfig, fallback: type) -> None:
+    schema = OmegaConf.get_type(node)
+    schema = schema if dataclasses.is_dataclass(schema) else fallback
+    allowed = [f.name for f in dataclasses.fields(schema)]
+    for key in node:
+        if key not in allowed:
+            raise ConfigError(f"unknown config key '{path}.{key}'; allowed keys in {path!r}"
+                              f"{' for ' + repr(node.get('name')) if 'name' in node else ''}: {allowed}")
+        child = node[key]
+        if isinstance(child, DictConfig) and dataclasses.is_dataclass(OmegaConf.get_type(child)):
+            _check_node(f"{path}.{key}", child, OmegaConf.get_type(child))
 
 
 def _model_config(model: ModelConf) -> ModelConfig:
@@ -268,77 +240,42 @@ def _capacity(raw: Any, mcfg: ModelConfig) -> int | str:
     return capacity
 
 
-def _placement_options(name: str, options: dict[str, Any], mcfg: ModelConfig) -> None:
-    """The plugin's own option check, reported against the config keys."""
+def _placement_options(name: str, options: dict[str, Any], mcfg: ModelConfig) -> dict[str, Any]:
+    """The plugin's own option check, reported against the config keys; the options as the
+    engine takes them."""
     try:
-        cls = PLACEMENTS.get(name)
-    except UnknownPluginError as exc:
-        raise ConfigError(f"placement.name: {exc}") from None
-    try:
-        cls.parse_options(options)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"placement ({name}): {exc}") from None
+        parsed = plugins.parse(PLACEMENTS, name, options, "placement")
+    except (UnknownPluginError, PluginOptionsError) as exc:
+        raise ConfigError(str(exc) if isinstance(exc, PluginOptionsError) else f"placement.name: {exc}") from None
     n_cpu = options.get("n_cpu_layers")
     if n_cpu is not None and n_cpu > mcfg.n_moe_layers:
         raise _allowed("placement.n_cpu_layers", f"0..{mcfg.n_moe_layers} (the model's MoE layers)", n_cpu)
+    return dataclasses.asdict(parsed)
 
 
 def _policy_options(cache: dict[str, Any], mcfg: ModelConfig, run: RunConf) -> dict[str, Any]:
-    """What static and belady need, read from the files named in the config (never after
-    weights load); an error names the key, the file and what it must hold."""
-    policy, trace_path, pop_path = cache["policy"], cache.get("trace"), cache.get("popularity")
-    if policy == "belady":
-        if not trace_path:
-            raise ConfigError("cache.policy=belady needs cache.trace=FILE: a routing trace of the same job "
-                              "(run.record_trace=true writes <job dir>/routing.npz), whose lookups are the future "
-                              "belady evicts by")
-        if run.expert_cache == "warm":
-            raise ConfigError("cache.policy=belady: run.expert_cache=warm adds lookups the recorded future does not "
-                              "hold; allowed with belady: run.expert_cache=cold")
-        from engine.trace import lookup_sequences
-        return {"future": lookup_sequences(_trace(trace_path, mcfg), model_layers=True)}
-    if policy == "static":
-        if pop_path:
-            return {"popularity": _popularity_table(pop_path, mcfg)}
-        if trace_path:
-            from engine.trace import expert_counts
-            tr = _trace(trace_path, mcfg)
-            return {"popularity": dict(zip(tr.moe_layers, expert_counts(tr).tolist()))}
-        raise ConfigError("cache.policy=static needs the popularity it pins by: cache.popularity=FILE "
-                          "(.json/.csv/.npy, [moe layers][experts] counts) or cache.trace=FILE (a routing trace)")
-    return {}
-
-
-def _trace(path: str, mcfg: ModelConfig):
-    from engine.trace import load_trace
+    """The chosen policy's options from `cache.policy_options`, prepared by the policy itself
+    (files read here, never after weights load)."""
+    policy = cache["policy"]
     try:
-        tr = load_trace(path)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"cache.trace: {exc}") from None
-    if tr.n_experts != mcfg.n_experts or list(tr.moe_layers) != list(mcfg.moe_layers):
-        raise ConfigError(f"cache.trace: {path} was recorded on a model with {tr.n_experts} experts and MoE layers "
-                          f"{list(tr.moe_layers)}; this model has {mcfg.n_experts} and {list(mcfg.moe_layers)}")
-    return tr
+        options = plugins.chosen_policy_options(policy, cache.get("policy_options") or {})
+        if policy == "belady" and run.expert_cache == "warm":
+            raise ValueError("run.expert_cache=warm adds lookups the recorded future does not hold; allowed with "
+                             "belady: run.expert_cache=cold")
+        return POLICIES.get(policy).prepare(options, mcfg)
+    except PluginOptionsError as exc:
+        raise ConfigError(str(exc)) from None
+    except ValueError as exc:
+        raise ConfigError(f"cache.policy_options (cache.policy={policy}): {exc}") from None
 
 
-def _popularity_table(path: str, mcfg: ModelConfig) -> dict[int, list[float]]:
-    import numpy as np
-
-    p = Path(path)
+def _plugin(registry: Any, key: str, name: str, options: dict[str, Any]) -> Any:
     try:
-        if p.suffix == ".npy":
-            table = np.load(p, allow_pickle=False)
-        elif p.suffix == ".json":
-            table = np.asarray(json.loads(p.read_text()), dtype=float)
-        else:
-            table = np.loadtxt(p, delimiter=",", ndmin=2)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"cache.popularity: cannot read {path} ({exc}); expected .json, .csv or .npy") from None
-    shape = (mcfg.n_moe_layers, mcfg.n_experts)
-    if table.shape != shape:
-        raise ConfigError(f"cache.popularity: {path} holds a table of shape {table.shape}; this model needs "
-                          f"{shape} ([moe layers][experts])")
-    return dict(zip(mcfg.moe_layers, table.tolist()))
+        return plugins.parse(registry, name, options, key)
+    except UnknownPluginError as exc:
+        raise ConfigError(f"{key}.name: {exc}") from None
+    except PluginOptionsError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def validate(cfg: DictConfig) -> RunSpec:
@@ -351,12 +288,15 @@ def validate(cfg: DictConfig) -> RunSpec:
     mcfg = _model_config(model)
     placement = dict(c["placement"])
     pname = placement.pop("name")
-    engine = c["engine"]["name"]
-    if engine not in ENGINES:
-        raise _allowed("engine.name", list(ENGINES), engine)
+    from harness.engines import ENGINES
+    engine_opts = dict(c["engine"])
+    engine = engine_opts.pop("name")
+    engine_options = _plugin(ENGINES, "engine", engine, engine_opts)
+    prefetch = c["prefetch"]["name"]
+    prefetch_options = dataclasses.asdict(_plugin(PREFETCHERS, "prefetch", prefetch,
+                                                  dict(c["prefetch"].get("options") or {})))
     for key, value, allowed in (("workload.name", workload.name, WORKLOADS),
                                 ("workload.tokens", workload.tokens, TOKEN_SOURCES),
-                                ("prefetch.name", c["prefetch"]["name"], PREFETCH),
                                 ("hardware.device", hardware.device, DEVICES),
                                 ("run.profiler", run.profiler, PROFILERS),
                                 ("run.resume", run.resume, RESUME_MODES),
@@ -394,16 +334,16 @@ def validate(cfg: DictConfig) -> RunSpec:
             f"workload.context_tokens: {workload.context_tokens} (+ {workload.gen_tokens} generated + 2 turns of "
             f"{workload.turn_tokens}) = {needed} tokens is longer than the model allows "
             f"(max_position_embeddings {mcfg.max_position_embeddings} for {mcfg.name or model.name!r})")
-    _placement_options(pname, placement, mcfg)
+    placement = _placement_options(pname, placement, mcfg)
     capacity: int | str | None = _capacity(c["cache"]["capacity"], mcfg)
     uses_cache = needs_cache(pname, placement)
     if not uses_cache:
         capacity = None
-    if c["prefetch"]["name"] != "none" and not uses_cache:
-        raise ConfigError(f"prefetch={c['prefetch']['name']}: needs a placement with a device expert cache "
+    if prefetch != "none" and not uses_cache:
+        raise ConfigError(f"prefetch={prefetch}: needs a placement with a device expert cache "
                           f"(fetch, or stream with stream_fallback=fetch); got placement={pname}")
     policy_options = _policy_options(c["cache"], mcfg, run) if uses_cache else {}
     return RunSpec(model=model, placement=pname, placement_options=placement, capacity=capacity,
-                   policy=c["cache"]["policy"] if uses_cache else None, prefetch=c["prefetch"]["name"],
+                   policy=c["cache"]["policy"] if uses_cache else None, prefetch=prefetch,
                    workload=workload, hardware=hardware, run=run, engine=engine, model_config=mcfg,
-                   policy_options=policy_options)
+                   policy_options=policy_options, prefetch_options=prefetch_options, engine_options=engine_options)

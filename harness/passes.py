@@ -27,7 +27,7 @@ import torch
 
 from engine.nvtx_ranges import NvtxRanges
 from engine.timeline import Instruments, Timeline
-from harness.engines import Adapter
+from harness.engines.base import EngineAdapter as Adapter
 from harness.profiling import nsys
 from harness.profiling.torchprof import memcpy_summary
 from harness.scenario import RepeatResult, run_repeat

@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 
 from harness.config import RunSpec
-from harness.engines import MoebenchAdapter, release_cached
+from harness.engines import release_cached
+from harness.engines.moebench import MoebenchAdapter
 from harness.scenario import PhaseResult, RepeatResult, run_repeat
 from harness.sweep import model_identity
 from workloads.base import WorkloadSample

@@ -35,7 +35,8 @@ from harness import results
 from harness.ablation import Ablation, ablation_metrics
 from harness.config import RunSpec, validate
 from harness.contract import PREFIX_CACHE
-from harness.engines import Adapter, MoebenchAdapter, get_adapter, release_cached, session_tokens_of
+from harness.engines import EngineAdapter as Adapter, get_adapter, release_cached, session_tokens_of
+from harness.engines.moebench import MoebenchAdapter
 from harness.machine import MachineLoad
 from harness.manifest import collect_manifest
 from harness.measure import PhaseProbe
@@ -198,7 +199,9 @@ class Job:
 
     def _load(self, spec: RunSpec) -> tuple[Adapter, bool]:
         kind = _resolved_kind(spec.hardware.device)
-        prefetch_options = {"steps": self.reference.steps} if spec.prefetch == "trace_oracle" else None
+        prefetch_options = dict(spec.prefetch_options)
+        if spec.prefetch == "trace_oracle":                             # the oracle replays the reference's passes
+            prefetch_options["steps"] = self.reference.steps
         key_extra = (self.reference.key,) if spec.prefetch == "trace_oracle" else ()
         with PhaseProbe(kind, None) as probe:
             eng, loaded = get_adapter(spec, prefetch_options=prefetch_options, key_extra=key_extra)

@@ -24,7 +24,7 @@ import torch
 from engine.counters import METRICS as COUNTER_METRICS
 from engine.timeline import Timeline
 from harness.contract import CHECK_METRICS, OFFLOAD_PHASE
-from harness.engines import Adapter
+from harness.engines.base import EngineAdapter as Adapter, Produced
 from harness.measure import PhaseProbe, percentile, rates
 from harness.profiling.overlap import OVERLAP_METRICS, overlap_metrics
 from workloads.base import WorkloadSample
@@ -61,13 +61,9 @@ class RepeatResult:
 PhaseHook = Callable[[str, Adapter, object], None]
 
 
-def _argmax(logits: torch.Tensor) -> list[int]:
-    return logits.argmax(-1).tolist()   # .tolist() synchronises: the token is available on the host
-
-
-def _host(logits: torch.Tensor) -> torch.Tensor:
+def _host(logits: torch.Tensor | None) -> torch.Tensor | None:
     """A host fp32 copy of logits, for the check (the token was already read, so no extra sync)."""
-    return logits.detach().to("cpu", dtype=torch.float32, copy=True)
+    return None if logits is None else logits.detach().to("cpu", dtype=torch.float32, copy=True)
 
 
 def _phase(name: str, probe: PhaseProbe, tokens: int | None, extra: dict[str, float | None],
@@ -98,9 +94,9 @@ def prime_expert_cache(eng: Adapter, sample: WorkloadSample, gen_tokens: int) ->
     decode `gen_tokens - 1` steps, then drop that session (its KV, never its expert state)."""
     sess = eng.new_session(len(sample.contexts))
     try:
-        tok = _argmax(eng.prefill(sess, sample.contexts))
-        for _ in range(gen_tokens - 1):
-            tok = _argmax(eng.decode_step(sess, tok))
+        tok = eng.prefill(sess, sample.contexts).tokens
+        for _ in eng.decode(sess, tok, gen_tokens - 1):
+            pass
     finally:
         eng.close_session(sess)
 
@@ -131,13 +127,14 @@ def run_repeat(eng: Adapter, sample: WorkloadSample, gen_tokens: int, keep_logit
             tokens, extra = body()
         res = _phase(name, p, tokens, extra, timeline, eng.emulated)
         res.engine["emulated_device_peak_bytes"] = eng.device_peak()
+        res.engine.update(eng.phase_metrics())
         res.expert_cache = start_state
         result.phases.append(res)
         result.windows.append((name, p.t_start, p.t_end))
         return res
 
     try:
-        produced: list[torch.Tensor] = []
+        produced: list[Produced] = []
 
         def fresh() -> tuple[int, dict]:
             out = eng.prefill(sess, sample.contexts)
@@ -154,14 +151,16 @@ def run_repeat(eng: Adapter, sample: WorkloadSample, gen_tokens: int, keep_logit
 
             def decode() -> tuple[int, dict]:
                 nonlocal tok
-                for _ in range(gen_tokens - 1):
-                    t0 = time.perf_counter()
-                    out = eng.decode_step(sess, tok)
-                    tok = _argmax(out)
-                    result.steps.append(time.perf_counter() - t0)
+                steps = eng.decode(sess, tok, gen_tokens - 1)
+                t0 = time.perf_counter()
+                for out in steps:                 # each step timed from the end of the previous one
+                    t1 = time.perf_counter()
+                    result.steps.append(t1 - t0)
+                    tok = out.tokens
                     step_tokens.append(tok)
-                    if keep_logits:
-                        logits_of_steps.append(_host(out))
+                    if keep_logits and out.logits is not None:
+                        logits_of_steps.append(_host(out.logits))
+                    t0 = time.perf_counter()
                 return batch * (gen_tokens - 1), {"tpot_s_p50": percentile(result.steps, 50),
                                                   "tpot_s_p90": percentile(result.steps, 90),
                                                   "tpot_s_p99": percentile(result.steps, 99)}
@@ -194,13 +193,12 @@ def run_repeat(eng: Adapter, sample: WorkloadSample, gen_tokens: int, keep_logit
     return result
 
 
-def _note(ph: PhaseResult, out: torch.Tensor, keep_logits: bool) -> list[int]:
+def _note(ph: PhaseResult, out: Produced, keep_logits: bool) -> list[int]:
     """Record the token a prefill phase produced (and its logits); returns it."""
-    tok = _argmax(out)
-    ph.tokens = [tok]
-    if keep_logits:
-        ph.logits = [_host(out)]
-    return tok
+    ph.tokens = [out.tokens]
+    if keep_logits and out.logits is not None:
+        ph.logits = [_host(out.logits)]
+    return out.tokens
 
 
 def check_phase(got: PhaseResult, ref: PhaseResult | None) -> dict[str, float | None]:

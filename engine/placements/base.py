@@ -28,6 +28,7 @@ from engine.devices import Device
 from engine.hooks import Instrument
 from engine.layers import expert_ffn
 from engine.policies.base import EvictionPolicy
+from engine.registry import NoOptions
 
 
 @dataclass
@@ -39,11 +40,6 @@ class PlacementContext:
     instrument: Instrument
     capacity: int | None                                    # fetch-cache slots per layer, resolved
     policy_factory: Callable[[int], EvictionPolicy] | None  # layer -> policy instance
-
-
-@dataclass(frozen=True)
-class NoOptions:
-    pass
 
 
 class Placement(ABC):

@@ -18,16 +18,31 @@ current step). `victim` must return a resident, unprotected expert.
 """
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence, Set
-from typing import Any
+from typing import Any, ClassVar
+
+from engine.registry import NoOptions
 
 
 class EvictionPolicy(ABC):
-    """Chooses victims for one fixed-capacity cache. Subclasses register by `name`."""
+    """Chooses victims for one fixed-capacity cache. Subclasses register by `name`.
+
+    `Options` is the policy's configuration as a user gives it (what the harness exposes as
+    `cache.policy_options`): plain values and file paths. `prepare` turns it into constructor
+    keyword arguments (reading any files) for a model; data a caller already has can be passed
+    to the constructor directly (`make_policy(..., popularity=counts)`)."""
 
     name: str = ""
+    Options: ClassVar[type] = NoOptions
+
+    @classmethod
+    def prepare(cls, options: Any, cfg: Any) -> dict[str, Any]:
+        """Constructor keyword arguments from config-level `options` for model `cfg`; raises
+        ValueError naming the option and what it must hold."""
+        return {k: v for k, v in dataclasses.asdict(options).items() if v is not None}
 
     def __init__(self, capacity: int, n_experts: int, layer: int = 0) -> None:
         if capacity < 1:

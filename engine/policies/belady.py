@@ -23,13 +23,28 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left
 from collections.abc import Sequence, Set
+from dataclasses import dataclass
 from typing import Any
 
 from engine.policies.base import EvictionPolicy, layer_row
 
 
+@dataclass(frozen=True)
+class BeladyOptions:
+    trace: str | None = None        # a routing trace (.npz) of the same job: the future lookups
+
+
 class Belady(EvictionPolicy):
     name = "belady"
+    Options = BeladyOptions
+
+    @classmethod
+    def prepare(cls, options: BeladyOptions, cfg: Any) -> dict[str, Any]:
+        from engine.trace import lookup_sequences, trace_for_model
+        if not options.trace:
+            raise ValueError("belady evicts by the known future and needs trace=FILE: a routing trace of the same "
+                             "job (run.record_trace=true writes <job dir>/routing.npz)")
+        return {"future": lookup_sequences(trace_for_model(options.trace, cfg), model_layers=True)}
 
     def __init__(
         self,

@@ -15,13 +15,37 @@ order, so at least one slot must stay unpinned: `pinned <= capacity - 1`, defaul
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from engine.policies.base import OrderedPolicy, layer_row
 
 
+@dataclass(frozen=True)
+class StaticOptions:
+    popularity: str | None = None   # a table file (.json/.csv/.npy): [moe layers][experts] counts
+    trace: str | None = None        # or a routing trace (.npz): its expert counts
+    pinned: int | None = None       # experts pinned per layer (default capacity - 1)
+
+
 class Static(OrderedPolicy):
     name = "static"
+    Options = StaticOptions
+
+    @classmethod
+    def prepare(cls, options: StaticOptions, cfg: Any) -> dict[str, Any]:
+        from engine.trace import expert_counts, popularity_table, trace_for_model
+        if options.popularity and options.trace:
+            raise ValueError("give static one source of popularity: popularity=FILE or trace=FILE, not both")
+        if options.popularity:
+            table = popularity_table(options.popularity, cfg)
+        elif options.trace:
+            tr = trace_for_model(options.trace, cfg)
+            table = dict(zip(tr.moe_layers, expert_counts(tr).tolist()))
+        else:
+            raise ValueError("static pins by popularity and needs popularity=FILE (.json/.csv/.npy, [moe layers]"
+                             "[experts] counts) or trace=FILE (a routing trace, run.record_trace=true writes one)")
+        return {"popularity": table, **({"pinned": options.pinned} if options.pinned is not None else {})}
 
     def __init__(
         self,

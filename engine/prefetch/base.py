@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from engine.cache import ExpertCache
 from engine.config import ModelConfig
+from engine.registry import NoOptions
 
 
 @dataclass
@@ -30,7 +31,11 @@ class PrefetchContext:
 
 
 class Prefetcher(ABC):
+    """`Options` is the prefetcher's configuration (Hydra: `prefetch.options`), passed to the
+    constructor as keyword arguments; data from the run itself (trace_oracle's `steps`) is too."""
+
     name: str = ""
+    Options: ClassVar[type] = NoOptions
 
     def __init__(self, ctx: PrefetchContext, **options: Any) -> None:
         if options:

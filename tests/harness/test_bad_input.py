@@ -66,24 +66,26 @@ def test_damaged_trace_files_are_refused_at_validation(tmp_path, damage):
         path.write_bytes(data[:body] + bytes([data[body] ^ 0xFF]) + data[body + 1:])
     else:
         path.write_bytes(b"PK\x03\x04 nothing like a zip")
-    msg = refused("cache.policy=belady", f"cache.trace={path}", match="cache.trace")
+    msg = refused("cache.policy=belady", f"cache.policy_options.trace={path}", match="cache.policy_options")
     assert str(path) in msg and ("npz" in msg or "empty" in msg)
 
 
 def test_a_good_trace_feeds_belady_and_static(tmp_path):
     path = _trace_file(tmp_path / "t.npz")
-    spec = validate(cfg_with("cache.policy=belady", f"cache.trace={path}"))
+    spec = validate(cfg_with("cache.policy=belady", f"cache.policy_options.trace={path}"))
     assert set(spec.policy_options["future"]) == {0, 1, 2, 3}
-    spec = validate(cfg_with("cache.policy=static", f"cache.trace={path}"))
+    spec = validate(cfg_with("cache.policy=static", f"cache.policy_options.trace={path}"))
     assert len(spec.policy_options["popularity"][0]) == 8
     table = tmp_path / "pop.json"
     table.write_text(json.dumps([[1] * 8] * 4))
-    assert validate(cfg_with("cache.policy=static", f"cache.popularity={table}")).policy_options["popularity"][3] == [1] * 8
+    spec = validate(cfg_with("cache.policy=static", f"cache.policy_options.popularity={table}"))
+    assert spec.policy_options["popularity"][3] == [1] * 8
     table.write_text(json.dumps([[1] * 8] * 3))
-    refused("cache.policy=static", f"cache.popularity={table}", match=r"shape \(3, 8\).*needs \(4, 8\)")
+    refused("cache.policy=static", f"cache.policy_options.popularity={table}", match=r"shape \(3, 8\).*needs \(4, 8\)")
+    refused("cache.policy=lru", f"cache.policy_options.trace={path}", match=r"\['trace'\] do not apply to cache.policy=lru")
 
 
-@pytest.mark.parametrize("policy,needs", [("belady", "cache.trace=FILE"), ("static", "cache.popularity=FILE")])
+@pytest.mark.parametrize("policy,needs", [("belady", "trace=FILE"), ("static", "popularity=FILE")])
 def test_static_and_belady_without_their_data_are_refused(policy, needs):
     refused(f"cache.policy={policy}", match=needs.replace(".", r"\."))
 
@@ -106,7 +108,7 @@ def test_a_wrong_capacity_is_refused_under_every_placement(placement):
 def test_bad_input_writes_nothing_and_loads_nothing(tmp_path):
     loads = len(engines.LOADS)
     out = run_job(cfg_with("cache.policy=belady"), JobContext(tmp_path / "j", "s", "j"), Reporter(quiet=True))
-    assert out.error and "cache.trace" in out.error and len(out.rows) == 1
+    assert out.error and "cache.policy_options" in out.error and len(out.rows) == 1
     assert len(engines.LOADS) == loads and not (tmp_path / "j").exists()
 
 

@@ -173,10 +173,19 @@ def test_a_failing_profiling_pass_keeps_the_measured_rows(tmp_path):
 
 def test_transformers_computes_only_the_last_position(tmp_path):
     spec = validate(cfg_with("engine=hf", "placement=resident", f"run.out={tmp_path}", *SMALL))
-    hf = engines.HFAdapter(spec)
+    from harness.engines.hf import HFAdapter
+    hf = HFAdapter(spec)
     shapes = []
     hook = hf.model.lm_head.register_forward_hook(lambda m, i, o: shapes.append(tuple(o.shape)))
     sess = hf.new_session(1)
     logits = hf.prefill(sess, [list(range(10, 40))])
     hook.remove()
     assert shapes == [(1, 1, spec.model_config.vocab_size)] and logits.shape == (1, spec.model_config.vocab_size)
+
+
+def test_a_reference_that_does_not_fit_host_ram_is_refused_with_the_arithmetic(tmp_path):
+    loads = len(engines.LOADS)
+    out, df = job(tmp_path, "model=mixtral-8x7b", "placement=fetch", "cache.capacity=2", *SMALL)
+    assert out.error and "numerical reference" in out.error and "run.check_reference=false" in out.error
+    assert "of host RAM" in out.error and "available" in out.error          # the arithmetic, from the engine
+    assert len(engines.LOADS) == loads

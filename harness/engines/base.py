@@ -1,0 +1,105 @@
+"""The engine adapter interface: the one surface the scenario drives, whatever runs the model
+(moebench's engine, Hugging Face transformers, llama.cpp's server).
+
+Owns: the contract between the scenario and an engine -- sessions, a prefill that produces the
+first token (`Produced`: ids per row and, when the engine has them, the logits that chose them),
+a decode that *yields* one `Produced` per step (so the scenario times each step, and a streaming
+server can yield tokens as they arrive), KV displacement, counters (None where an engine cannot
+count: never 0), engine-side timings of the last phase (`phase_metrics`, source=engine), and the
+knobs that become row columns. Does not own: timing, phases or checks (harness.scenario), building
+or caching adapters (harness.engines).
+
+An engine family member is one module with a subclass registered in `harness.engines.ENGINES`
+(or the entry-point group `moebench.engines`); its `Options` dataclass is its Hydra schema under
+`engine.` (harness.config registers it), and `build(spec, options)` makes it.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from engine.hooks import NULL, Instrument
+from engine.registry import NoOptions
+
+
+@dataclass
+class Produced:
+    """What one forward pass gave: one id per sequence, and its logits [B, V] when available."""
+
+    tokens: list[int]
+    logits: torch.Tensor | None = None
+
+
+class EngineAdapter(ABC):
+    name: ClassVar[str] = ""
+    Options: ClassVar[type] = NoOptions
+    device_kind: str = "cpu"
+    device_name: str = "cpu"
+    emulated: bool = False
+    resolved_capacity: int | None = None
+    has_expert_cache: bool = False     # whether phases start from a cold or warm expert cache
+    instrument: Instrument = NULL
+
+    @classmethod
+    @abstractmethod
+    def build(cls, spec: Any, options: Any, **kw: Any) -> "EngineAdapter":
+        """The adapter for a validated RunSpec and this engine's parsed Options."""
+
+    @abstractmethod
+    def new_session(self, batch: int) -> Any: ...
+
+    @abstractmethod
+    def prefill(self, sess: Any, rows: list[list[int]]) -> Produced:
+        """Append `rows` [B][T] to the session; the next token per row."""
+
+    @abstractmethod
+    def decode(self, sess: Any, tokens: list[int], steps: int) -> Iterator[Produced]:
+        """Feed `tokens` (one per row), then each produced token, `steps` times; yield each step's output."""
+
+    @abstractmethod
+    def offload(self, sess: Any) -> None: ...
+
+    @abstractmethod
+    def restore(self, sess: Any) -> None: ...
+
+    @abstractmethod
+    def close_session(self, sess: Any) -> None: ...
+
+    def counters(self) -> dict[str, int] | None:
+        """Cumulative engine counters, or None when this engine cannot measure them."""
+        return None
+
+    def phase_metrics(self) -> dict[str, float | None]:
+        """Engine-side measurements of the requests since the last call (e.g. a server's own timings)."""
+        return {}
+
+    def knobs(self) -> dict[str, Any]:
+        """Engine settings that become row columns (e.g. llama.cpp's -ngl, --n-cpu-moe)."""
+        return {}
+
+    def reset(self) -> None:
+        """Cold state between repeats (empty expert caches)."""
+
+    def set_instrument(self, instrument: Instrument | None) -> bool:
+        """Attach a timeline/NVTX instrument (None detaches); False if this engine has no hook."""
+        return False
+
+    def reset_device_peak(self) -> None:
+        """Start a new window for `device_peak`."""
+
+    def device_peak(self) -> int | None:
+        """Peak bytes the emulated device accounted since `reset_device_peak` (None: not emulated --
+        a real device's peak comes from its allocator, harness.measure)."""
+        return None
+
+    def close(self) -> None:
+        """Free the engine's memory (device and host)."""
+
+
+def argmax(logits: torch.Tensor) -> list[int]:
+    """Greedy ids of logits [B, V]; `.tolist()` synchronises, so the token is on the host."""
+    return logits.argmax(-1).tolist()

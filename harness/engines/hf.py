@@ -1,0 +1,81 @@
+"""`engine=hf`: Hugging Face transformers' own model on the same weights, the numerical and speed
+reference beside ours; on CUDA, accelerate's `device_map` offload within the device budget.
+
+Owns: loading the checkpoint (a preset is exported with engine.export first, so both engines run
+the same seeded weights), the same work as ours per pass (logits of the last position only,
+`logits_to_keep=1`), its KV cache as a session, and moving that cache to host RAM and back.
+Counters it cannot give stay None (never 0).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.checkpoint import DTYPES
+from engine.export import export_preset
+from harness.engines.base import EngineAdapter, Produced, argmax
+
+
+class HFAdapter(EngineAdapter):
+    name = "hf"
+
+    def __init__(self, spec: Any) -> None:
+        import transformers
+
+        path = spec.model.path or str(export_preset(spec.model.name, spec.model.seed, spec.model_config,
+                                                    Path(spec.run.out) / ".checkpoints"))
+        dtype = "auto" if spec.model.dtype == "auto" else DTYPES[spec.model.dtype]
+        cuda = spec.hardware.device == "cuda" or (spec.hardware.device == "auto" and torch.cuda.is_available())
+        kwargs: dict[str, Any] = {"dtype": dtype}
+        if cuda:
+            kwargs["device_map"] = "auto"
+            if spec.hardware.device_memory:
+                kwargs["max_memory"] = {0: spec.hardware.device_memory, "cpu": "1000GiB"}
+        self.model = transformers.AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
+        self.device = torch.device("cuda") if cuda else torch.device("cpu")
+        self.device_kind = "cuda" if cuda else "cpu"
+        self.device_name = torch.cuda.get_device_name() if cuda else "cpu"
+        self.emulated = False     # transformers runs on the CPU for real here: no device is emulated
+
+    @classmethod
+    def build(cls, spec: Any, options: Any, **kw: Any) -> "HFAdapter":
+        return cls(spec)
+
+    def new_session(self, batch: int):
+        from transformers import DynamicCache
+        return {"past": DynamicCache(config=self.model.config)}
+
+    @torch.inference_mode()
+    def _forward(self, sess, ids: torch.Tensor) -> torch.Tensor:
+        # the same work as ours: logits of the last position only, never [B, T, V]
+        out = self.model(ids.to(self.device), past_key_values=sess["past"], use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1]
+
+    def prefill(self, sess, rows) -> Produced:
+        out = self._forward(sess, torch.tensor(rows))
+        return Produced(argmax(out), out)
+
+    def decode(self, sess, tokens: list[int], steps: int) -> Iterator[Produced]:
+        for _ in range(steps):
+            out = self._forward(sess, torch.tensor(tokens)[:, None])
+            tokens = argmax(out)
+            yield Produced(tokens, out)
+
+    def offload(self, sess) -> None:
+        for layer in sess["past"].layers:
+            layer.keys, layer.values = layer.keys.to("cpu", copy=True), layer.values.to("cpu", copy=True)
+
+    def restore(self, sess) -> None:
+        for layer in sess["past"].layers:
+            layer.keys, layer.values = layer.keys.to(self.device, copy=True), layer.values.to(self.device, copy=True)
+
+    def close_session(self, sess) -> None:
+        sess["past"] = None
+
+    def close(self) -> None:
+        self.model = None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()

@@ -1,0 +1,91 @@
+"""`engine=moebench`: our exact offloading engine (engine.Engine) behind the adapter interface.
+
+Owns: building the engine for a RunSpec -- the job's placement held to the job's device budget,
+or (`placement="resident"`) the same model with every expert resident: on the job's device for
+the ablation, or unbudgeted on `device="cpu"` for the reference in host RAM -- and forwarding
+sessions, passes, KV displacement, counters, instrumentation and the emulated device's ledger.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from engine import Engine
+from engine.hooks import NULL, Instrument
+from harness.engines.base import EngineAdapter, Produced, argmax
+
+
+class MoebenchAdapter(EngineAdapter):
+    name = "moebench"
+
+    def __init__(self, spec: Any, placement: str | None = None, device: str | None = None,
+                 prefetch_options: dict[str, Any] | None = None) -> None:
+        from harness.engines import session_tokens_of
+
+        w = spec.workload
+        src = spec.model.path or spec.model.name
+        overrides = {"num_layers": spec.model_config.num_layers, "moe_layers": spec.model_config.moe_layers} \
+            if spec.model.num_layers else None
+        resident = placement == "resident"
+        self.engine = Engine.from_pretrained(
+            src, placement="resident" if resident else spec.placement,
+            cache_capacity=None if resident else spec.capacity, cache_policy=spec.policy or "lru",
+            policy_options=None if resident else spec.policy_options,
+            device=device or spec.hardware.device, dtype=spec.model.dtype, ubatch=w.ubatch,
+            max_context=session_tokens_of(spec), batch=w.batch, seed=spec.model.seed,
+            device_memory=None if device == "cpu" else spec.hardware.device_memory,
+            model_overrides=overrides, prefetch="none" if resident else spec.prefetch,
+            prefetch_options=None if resident else prefetch_options, **({} if resident else spec.placement_options))
+        dev = self.engine.device
+        self.device_kind, self.device_name, self.emulated = dev.kind, dev.name, dev.emulated
+        self.resolved_capacity = self.engine.plan.capacity
+        self.has_expert_cache = self.engine.placement.cache is not None
+
+    @classmethod
+    def build(cls, spec: Any, options: Any, **kw: Any) -> "MoebenchAdapter":
+        return cls(spec, **kw)
+
+    def new_session(self, batch: int):
+        return self.engine.new_session(batch)
+
+    def prefill(self, sess, rows) -> Produced:
+        out = self.engine.prefill(sess, rows)
+        return Produced(argmax(out), out)
+
+    def decode(self, sess, tokens: list[int], steps: int) -> Iterator[Produced]:
+        for _ in range(steps):
+            out = self.engine.decode_step(sess, tokens)
+            tokens = argmax(out)
+            yield Produced(tokens, out)
+
+    def offload(self, sess) -> None:
+        sess.offload()
+
+    def restore(self, sess) -> None:
+        sess.restore()
+
+    def close_session(self, sess) -> None:
+        sess.close()
+
+    def counters(self) -> dict[str, int]:
+        return self.engine.counters
+
+    def reset(self) -> None:
+        self.engine.reset()
+
+    def set_instrument(self, instrument: Instrument | None) -> bool:
+        self.engine.set_instrument(instrument)
+        self.instrument = instrument or NULL
+        return True
+
+    def reset_device_peak(self) -> None:
+        ledger = self.engine.device.ledger
+        ledger.peak = ledger.total
+
+    def device_peak(self) -> int | None:
+        return self.engine.device.ledger.peak if self.emulated else None
+
+    def close(self) -> None:
+        if getattr(self, "engine", None) is not None:
+            self.engine.close()
+            self.engine = None
