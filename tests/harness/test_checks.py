@@ -178,7 +178,7 @@ def test_transformers_computes_only_the_last_position(tmp_path):
     shapes = []
     hook = hf.model.lm_head.register_forward_hook(lambda m, i, o: shapes.append(tuple(o.shape)))
     sess = hf.new_session(1)
-    logits = hf.prefill(sess, [list(range(10, 40))])
+    logits = hf.prefill(sess, [list(range(10, 40))]).logits
     hook.remove()
     assert shapes == [(1, 1, spec.model_config.vocab_size)] and logits.shape == (1, spec.model_config.vocab_size)
 
