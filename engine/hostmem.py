@@ -98,7 +98,7 @@ def host_empty(shape: tuple[int, ...], dtype: torch.dtype, pin: bool,
         return torch.empty(shape, dtype=dtype)
     global _registered_bytes
     size = host_alloc_bytes(nbytes, "register")
-    mapping = _Mapping(-1, size)
+    mapping = _Mapping(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)   # plain process memory
     flat = torch.frombuffer(mapping, dtype=torch.uint8)            # holds `mapping` while any view lives
     ptr = flat.data_ptr()
     register(ptr, size)
