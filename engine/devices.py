@@ -157,6 +157,9 @@ class Device:
         # one worker: copies complete in issue order, like a CUDA copy stream
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="moebench-copy") if kind == "cpu" else None
         self.instrument: Instrument = NULL
+        # race amplifier for tests (CUDA): every copy first waits this many GPU cycles on the copy
+        # stream, so a read that does not wait for its copy's event sees stale bytes
+        self.copy_delay_cycles = 0
 
     @classmethod
     def create(cls, spec: str = "auto", budget_bytes: int | str | None = None) -> "Device":
@@ -234,6 +237,8 @@ class Device:
         with torch.cuda.stream(self.copy_stream):
             if after is not None:
                 self.copy_stream.wait_event(after)
+            if self.copy_delay_cycles:
+                torch.cuda._sleep(self.copy_delay_cycles)
             if timed and self.copy_stream.query():      # idle: hold it until the copy below is queued
                 torch.cuda._sleep(COPY_GATE_CYCLES)
             start, end = torch.cuda.Event(enable_timing=timed), torch.cuda.Event(enable_timing=timed)

@@ -10,6 +10,7 @@ Does not own: which phases exist (harness.scenario) or storage (harness.results)
     probe.time_s, probe.peak_device_bytes, probe.peak_device_reserved_bytes, probe.peak_host_rss_bytes,
     probe.counters
     peak, live = cpu_allocation_peak(lambda: eng.prefill(sess, rows))   # the emulated device's transients
+    transient_peak(device_kind, lambda: eng.prefill(sess, rows))        # either device
 
 Device peaks are per phase: both CUDA peak counters are reset when the phase starts.
 `peak_device_bytes` is torch's allocated peak (tensors), `peak_device_reserved_bytes` the
@@ -144,6 +145,20 @@ def cpu_allocation_peak(fn: Callable[[], Any]) -> tuple[int, int]:
         live += int(e["args"]["Bytes"])
         peak = max(peak, live)
     return peak, live
+
+
+def transient_peak(device_kind: str, fn: Callable[[], Any]) -> int:
+    """The most bytes `fn` held allocated at once beyond what was allocated before it: the CUDA
+    allocator's peak minus its starting point, or on the CPU (the emulated device)
+    `cpu_allocation_peak`'s peak."""
+    if device_kind != "cuda":
+        return cpu_allocation_peak(fn)[0]
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
 
 
 def percentile(samples: list[float], q: float) -> float | None:

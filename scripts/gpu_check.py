@@ -22,11 +22,9 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -192,54 +190,35 @@ def check_allocator_cap(t: Table) -> None:
 
 
 def check_copy_stream(t: Table) -> None:
-    """torch.profiler's memcpy events carry CUPTI stream ids, not torch's: a marker copy of a
-    unique size on the engine's copy stream names that stream's id."""
-    from torch.profiler import ProfilerActivity, profile
+    """torch.profiler's memcpy events carry CUPTI stream ids, not torch's: a marker copy on the
+    engine's copy stream names that stream (harness.profiling.passes.copy_streams)."""
+    from harness.profiling.passes import copy_streams
 
     eng = Engine.from_pretrained(TINY, device="cuda", placement="fetch", cache_capacity=2)
-    eb = eng.model.store.expert_bytes
-    marker_n = 12345
-    src = torch.empty(marker_n, dtype=torch.uint8).pin_memory()
-    dst = torch.empty(marker_n, dtype=torch.uint8, device="cuda")
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        with torch.cuda.stream(eng.device.copy_stream):
-            dst.copy_(src, non_blocking=True)
-        eng.generate(PROMPT, 4)
-        torch.cuda.synchronize()
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        prof.export_chrome_trace(f.name)
-        events = json.load(open(f.name))["traceEvents"]
-    memcpy = [e for e in events if e.get("cat") == "gpu_memcpy" and "HtoD" in e.get("name", "")]
-    marker = [e["args"].get("stream") for e in memcpy if e["args"].get("bytes") == marker_n]
-    experts = [e["args"].get("stream") for e in memcpy if e["args"].get("bytes") == eb]
-    kernels = {e["args"].get("stream") for e in events if e.get("cat") == "kernel"}
+    got = copy_streams(lambda: eng.generate(PROMPT, 4), eng.device.copy_stream, eng.model.store.expert_bytes)
+    marker, experts = got["marker"], got["copies"]
     t.add("copy_stream", "fetch,cap=2", "expert_memcpy_events", len(experts), len(experts) == eng.counters["expert_misses"])
     ok = len(marker) == 1 and experts and all(s == marker[0] for s in experts)
     t.add("copy_stream", "fetch,cap=2", "expert_copies_on_copy_stream", f"{set(experts)} vs {marker}", ok)
-    t.add("copy_stream", "fetch,cap=2", "copy_stream_runs_no_kernels", f"kernels on {sorted(kernels)}",
-          bool(marker) and marker[0] not in kernels)
+    t.add("copy_stream", "fetch,cap=2", "copy_stream_runs_no_kernels", f"kernels on {sorted(got['kernels'])}",
+          bool(marker) and marker[0] not in got["kernels"])
     eng.close()
 
 
 def check_race(t: Table) -> None:
-    """Delay every copy behind a spin on the copy stream: the compute stream's event waits must
-    still make results exact; removing them must make results wrong (the amplifier works)."""
+    """Delay every copy behind a spin on the copy stream (Device.copy_delay_cycles): the compute
+    stream's event waits must still make results exact; removing them must make results wrong
+    (the amplifier works)."""
     from engine.devices import Device
 
     ref = reference()
-    real_copy, real_wait = Device.copy_h2d, Device.wait
-
-    def slow_copy(self, dst, src, after=None, info=None):
-        with torch.cuda.stream(self.copy_stream):
-            torch.cuda._sleep(2_000_000)                   # ~1 ms at 2 GHz before every copy
-        return real_copy(self, dst, src, after, info)
-
+    real_wait = Device.wait
     for schedule in (True, False):
         case = f"fetch,cap=2,issue_ahead={schedule}"
-        Device.copy_h2d = slow_copy
         try:
             eng = Engine.from_pretrained(TINY, device="cuda", placement="fetch", cache_capacity=2, ubatch=32,
                                          issue_ahead=schedule)
+            eng.device.copy_delay_cycles = 2_000_000             # ~1 ms at 2 GHz before every copy
             toks, logits = run(eng)
             d = max_diff(logits, ref[1])
             t.add("race", case, "max_abs_logit_diff_with_slow_copies", d, d <= 1e-5 and toks == ref[0])
@@ -250,7 +229,7 @@ def check_race(t: Table) -> None:
             t.add("race", case, "max_abs_logit_diff_without_waits", d, not d <= 1e-5 or toks != ref[0])   # NaN: wrong too
             eng.close()
         finally:
-            Device.copy_h2d, Device.wait = real_copy, real_wait
+            Device.wait = real_wait
             torch.cuda.synchronize()
 
 
@@ -361,23 +340,22 @@ def check_overlap(t: Table) -> None:
 
 
 def check_memory(t: Table) -> None:
-    from harness.measure import PhaseProbe
+    from harness.measure import PhaseProbe, transient_peak
 
     for dtype, T in (("float32", 256), ("bfloat16", 512)):
         case = f"{dtype},T={T}"
         eng = Engine.from_pretrained(TINY, device="cuda", dtype=dtype, ubatch=T, max_context=T + 1, batch=2)
         sess = eng.new_session(2)
-        eng.prefill(sess, [[1], [2]])
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        with PhaseProbe("cuda", None) as probe:
-            eng.prefill(sess, torch.randint(0, 512, (2, T)).tolist())
-        measured = probe.peak_device_bytes - base
+        eng.prefill(sess, [[1], [2]])                                  # the planned KV, allocated once
+        rows = torch.randint(0, 512, (2, T)).tolist()
+        measured = transient_peak("cuda", lambda: eng.prefill(sess, rows))
         t.add("memory", case, "measured_transient_bytes", measured)
-        t.add("memory", case, "planned_transient_bytes", eng.plan.transient, measured <= eng.plan.transient)
+        t.add("memory", case, "planned_transient_bytes", eng.plan.transient, 0 < measured <= eng.plan.transient)
+        with PhaseProbe("cuda", None) as probe:
+            eng.prefill(sess, [[3], [4]])
         t.add("memory", case, "peak_device_reserved_bytes", probe.peak_device_reserved_bytes,
               probe.peak_device_reserved_bytes is not None
-              and probe.peak_device_reserved_bytes >= probe.peak_device_bytes)
+              and probe.peak_device_reserved_bytes >= probe.peak_device_bytes > 0)
         sess.close()
         eng.close()
 
