@@ -70,8 +70,10 @@ class Engine:
         """Validate, plan, then load. Raises before allocating anything when the input is wrong.
 
         source: a Hugging Face checkpoint directory (config.json + *.safetensors) or a preset
-        name ({presets}). Extra keyword arguments are placement options (e.g. n_cpu_layers
-        for hybrid; stream_threshold, stream_fallback, stream_buffers for stream).
+        name ({presets}). Extra keyword arguments are placement options (e.g. issue_ahead for
+        fetch; n_cpu_layers for hybrid; stream_threshold, stream_fallback, stream_buffers for
+        stream). device_memory on CUDA also caps torch's allocator for this process until
+        close() (engine.devices).
         """
         # 1. what model
         ckpt_dir = Path(source)
