@@ -1,8 +1,10 @@
 """The compute device: real CUDA, or a CPU-emulated device with an accounted memory budget.
 
-Owns: where "device" tensors live, device-memory accounting against a budget, host
-buffers (pinned on CUDA), and the copy mechanism (a dedicated copy stream with CUDA
-events on CUDA; real memory copies on the emulated device).
+Owns: where "device" tensors live, device-memory accounting against a budget (and, on CUDA,
+the same budget as a cap on torch's caching allocator), host buffers (page-locked on CUDA
+for placements that copy them, engine.hostmem), the copy mechanism (a dedicated copy
+stream with CUDA events on CUDA; real memory copies on the emulated device) and the
+synchronous activation copies of the CPU-expert placements, timed where they run.
 Does not own: what to copy or when (engine.cache, placements), counters.
 
     dev = Device.create("auto", budget_bytes=None)
@@ -15,18 +17,56 @@ allocations counted against the budget, and copies are real memcpys run on a wor
 thread (torch releases the GIL in copy_), so they really overlap compute and are timed by
 wall clock; bytes moved are real but link speeds are not (results say emulated=true).
 Every asynchronous copy is reported to the instrument (`Instrument.copy`): wall-clock
-intervals on the emulated device, start/end CUDA events on CUDA.
+intervals on the emulated device, start/end CUDA events on CUDA. Synchronous copies
+(`to_host`, `to_device`) are reported the same way, marked `sync`, bracketed by events on
+the compute stream on CUDA -- so a copy's interval is the copy, not a host span that also
+waited for the kernels queued before it.
+
+Copy start events and the smallest copy `link_gbps` is trusted for. An event recorded on
+an idle copy stream completes at once, while the host is still launching the copy behind
+it (torch's copy_ plus cudaMemcpyAsync: about 5-15 us), so the start would be early by
+that launch latency L and a copy of S bytes on a link of B bytes/s would look like
+S / (S/B + L). With an instrument on, `copy_h2d` therefore queues a short spin
+(`COPY_GATE_CYCLES`, about 25 us at 2 GHz) on an idle copy stream before the start event,
+so the event and the copy are both queued before the event can complete (a copy queued
+behind earlier copies needs no gate: its start completes when they do). What remains is
+the DMA engine's fixed per-copy setup (about 1-2 us), which is real link cost, plus any
+launch latency beyond the gate on an overloaded host. Counting the worst case, a residual
+of L = 7.5 us, the relative error of one copy's rate is L*B/S; at B = 55 GB/s (PCIe 5 x16)
+it is <= 5% for S >= L*B/0.05 ~= 8.3 MB, so `link_gbps` is trusted for copies of at least
+`LINK_TRUSTED_MIN_BYTES` = 8 MiB (Mixtral-8x7B bf16 experts are 336 MiB, OLMoE's 12 MiB,
+Qwen3-30B-A3B's 9 MiB; tiny test models' are KiB and their link_gbps says nothing).
+The gate only exists in instrumented runs, which are diagnostic: speed tables come from
+runs with the instrument off (DESIGN.md §7).
+
+Device budget on CUDA. An explicit `budget_bytes` is also set as torch's per-process
+memory fraction for this GPU (`torch.cuda.set_per_process_memory_fraction(budget / total)`),
+so a transient that pushes the caching allocator's reserved memory past the budget fails
+with torch.OutOfMemoryError as it would on a card that small, instead of borrowing the
+real card's spare memory. That cap is per process and device, not per engine: every other
+engine and tensor in the same process on that GPU is held to it too (an engine built
+without a budget, like the harness's resident reference, does not lift it); building
+another engine with a budget replaces it, and `close()` (Engine.close) lifts the cap if
+it is still the one this device set. Without an explicit budget nothing is capped (the
+ledger's budget is then the free memory at creation).
 """
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from engine import hostmem
 from engine.hooks import NULL, Instrument
+
+COPY_GATE_CYCLES = 50_000            # GPU clock cycles (~25 us at 2 GHz) an idle copy stream spins when timed
+LINK_TRUSTED_MIN_BYTES = 8 << 20     # smallest copy whose event-timed rate link_gbps is trusted for
+_allocator_cap_owner: dict[int, int] = {}   # CUDA device index -> id() of the Device whose budget caps it
 
 
 class DeviceMemoryError(MemoryError):
@@ -106,13 +146,20 @@ class Device:
         self.kind = kind
         self.emulated = kind == "cpu"
         self.torch_device = torch.device("cuda", index) if kind == "cuda" else torch.device("cpu")
-        if budget_bytes is None and kind == "cuda":
-            budget_bytes = torch.cuda.mem_get_info(self.torch_device)[0]
+        self.allocator_cap: int | None = None            # bytes torch's allocator is capped at (CUDA)
+        if kind == "cuda":
+            if budget_bytes is None:
+                budget_bytes = torch.cuda.mem_get_info(self.torch_device)[0]
+            else:
+                self._cap_allocator(budget_bytes)
         self.ledger = MemoryLedger(budget_bytes)
         self.copy_stream = torch.cuda.Stream(self.torch_device) if kind == "cuda" else None
         # one worker: copies complete in issue order, like a CUDA copy stream
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="moebench-copy") if kind == "cpu" else None
         self.instrument: Instrument = NULL
+        # race amplifier for tests (CUDA): every copy first waits this many GPU cycles on the copy
+        # stream, so a read that does not wait for its copy's event sees stale bytes
+        self.copy_delay_cycles = 0
 
     @classmethod
     def create(cls, spec: str = "auto", budget_bytes: int | str | None = None) -> "Device":
@@ -124,6 +171,20 @@ class Device:
         if self.kind == "cuda":
             return torch.cuda.get_device_name(self.torch_device)
         return "cpu (emulated device)"
+
+    # --- the budget as an allocator cap (CUDA) ------------------------------------------
+    def _cap_allocator(self, budget: int) -> None:
+        total = torch.cuda.get_device_properties(self.torch_device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), self.torch_device)
+        self.allocator_cap = min(budget, total)
+        _allocator_cap_owner[self.torch_device.index] = id(self)
+
+    def close(self) -> None:
+        """Lift the allocator cap this device set (if no later device replaced it)."""
+        if self.allocator_cap is not None and _allocator_cap_owner.get(self.torch_device.index) == id(self):
+            torch.cuda.set_per_process_memory_fraction(1.0, self.torch_device)
+            del _allocator_cap_owner[self.torch_device.index]
+        self.allocator_cap = None
 
     # --- allocation ------------------------------------------------------------------
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype, label: str) -> torch.Tensor:
@@ -141,9 +202,14 @@ class Device:
     def release(self, label: str, t: torch.Tensor) -> None:
         self.ledger.give(label, t.numel() * t.element_size())
 
-    def host_empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        """Host buffer; page-locked on CUDA so a host->device copy is one DMA."""
-        return torch.empty(shape, dtype=dtype, pin_memory=self.kind == "cuda")
+    def pin_method(self, pin: bool) -> str:
+        """How `host_empty(..., pin)` allocates (an engine.hostmem.PIN_METHODS name)."""
+        return "register" if pin and self.kind == "cuda" else "none"
+
+    def host_empty(self, shape: tuple[int, ...], dtype: torch.dtype, pin: bool = False) -> torch.Tensor:
+        """Host buffer of exactly `shape`; with `pin`, page-locked on CUDA (so a copy from or
+        to it is one asynchronous DMA) for as long as any view of it lives."""
+        return hostmem.host_empty(shape, dtype, pin=self.pin_method(pin) == "register")
 
     # --- copies and ordering ---------------------------------------------------------
     def copy_h2d(self, dst: torch.Tensor, src: torch.Tensor, after: Any = None,
@@ -152,8 +218,10 @@ class Device:
 
         CUDA: on the dedicated copy stream, first waiting for `after` (the event of the
         last compute that read `dst`), so a buffer is never overwritten while in use;
-        start and end events bracket the copy. Emulated: on the copy worker thread (the
-        main thread's compute is synchronous, so `dst`'s readers are already done).
+        start and end events bracket the copy (with an instrument on, an idle stream is
+        gated first so the start event does not run ahead of the copy's launch -- see the
+        module docstring). Emulated: on the copy worker thread (the main thread's compute
+        is synchronous, so `dst`'s readers are already done).
         """
         nbytes = src.numel() * src.element_size()
         info = info or {}
@@ -165,28 +233,37 @@ class Device:
                 if inst.enabled:
                     inst.copy(t0, time.perf_counter(), nbytes, info)
             return CopyHandle(nbytes, future=self._worker.submit(run))
+        timed = inst.enabled
         with torch.cuda.stream(self.copy_stream):
             if after is not None:
                 self.copy_stream.wait_event(after)
-            start, end = torch.cuda.Event(enable_timing=inst.enabled), torch.cuda.Event(enable_timing=inst.enabled)
+            if self.copy_delay_cycles:
+                torch.cuda._sleep(self.copy_delay_cycles)
+            if timed and self.copy_stream.query():      # idle: hold it until the copy below is queued
+                torch.cuda._sleep(COPY_GATE_CYCLES)
+            start, end = torch.cuda.Event(enable_timing=timed), torch.cuda.Event(enable_timing=timed)
             start.record(self.copy_stream)
             dst.copy_(src, non_blocking=True)
             end.record(self.copy_stream)
-        if inst.enabled:
+        if timed:
             inst.copy_events(start, end, nbytes, info)
         return CopyHandle(nbytes, start=start, end=end)
 
     def wait(self, handle: CopyHandle | None) -> None:
         """Block compute until the copy is done: the compute stream waits on the copy's end
-        event (no device-wide synchronise) on CUDA; the worker's future on the emulated device."""
+        event (no device-wide synchronise) on CUDA; the worker's future on the emulated device.
+        The instrument hears of it as compute-stream idle time (`Instrument.idle('wait')`)."""
         if handle is None:
             return
         if handle.future is not None:
             if handle.future.done() or not self.instrument.enabled:
                 handle.future.result()
             else:
-                with self.instrument.span("wait", bytes=handle.nbytes):
+                with self.instrument.idle("wait", bytes=handle.nbytes):
                     handle.future.result()
+        elif self.instrument.enabled:
+            with self.instrument.idle("wait", bytes=handle.nbytes):
+                torch.cuda.current_stream(self.torch_device).wait_event(handle.end)
         else:
             torch.cuda.current_stream(self.torch_device).wait_event(handle.end)
 
@@ -198,13 +275,36 @@ class Device:
         ev.record(torch.cuda.current_stream(self.torch_device))
         return ev
 
-    def to_host(self, t: torch.Tensor) -> torch.Tensor:
-        """Device -> host copy (a real copy on the emulated device too)."""
-        return t.to("cpu", copy=True) if self.emulated else t.to("cpu")
+    @contextmanager
+    def sync_copy(self, nbytes: int, info: dict[str, Any]) -> Iterator[None]:
+        """Time a synchronous copy where it runs: CUDA events on the compute stream (the start
+        completes when the kernels queued before it have), wall clock on the emulated device."""
+        inst = self.instrument
+        if not inst.enabled:
+            yield
+            return
+        info = {**info, "sync": True}
+        if self.emulated:
+            t0 = time.perf_counter()
+            yield
+            inst.copy(t0, time.perf_counter(), nbytes, info)
+            return
+        stream = torch.cuda.current_stream(self.torch_device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+        yield
+        end.record(stream)
+        inst.copy_events(start, end, nbytes, info)
 
-    def to_device(self, t: torch.Tensor) -> torch.Tensor:
-        """Host -> device copy of activations (not accounted: transient)."""
-        return t.clone() if self.emulated else t.to(self.torch_device, non_blocking=False)
+    def to_host(self, t: torch.Tensor, info: dict[str, Any] | None = None) -> torch.Tensor:
+        """Device -> host copy (a real copy on the emulated device too), timed where it runs."""
+        with self.sync_copy(t.numel() * t.element_size(), {"direction": "d2h", **(info or {})}):
+            return t.to("cpu", copy=True) if self.emulated else t.to("cpu")
+
+    def to_device(self, t: torch.Tensor, info: dict[str, Any] | None = None) -> torch.Tensor:
+        """Host -> device copy of activations (not accounted: transient), timed where it runs."""
+        with self.sync_copy(t.numel() * t.element_size(), {"direction": "h2d", **(info or {})}):
+            return t.clone() if self.emulated else t.to(self.torch_device, non_blocking=False)
 
     def synchronize(self) -> None:
         """Wait for all device work, copies included."""

@@ -30,6 +30,7 @@ from engine.checkpoint import Checkpoint, torch_dtype
 from engine.config import ModelConfig, preset, PRESETS
 from engine.counters import Counters
 from engine.devices import Device, fmt_bytes, parse_bytes
+from engine.hostmem import host_alloc_bytes
 from engine.hooks import NULL, Instrument
 from engine.kv import Session
 from engine.model import MoEModel, TensorSource
@@ -69,8 +70,10 @@ class Engine:
         """Validate, plan, then load. Raises before allocating anything when the input is wrong.
 
         source: a Hugging Face checkpoint directory (config.json + *.safetensors) or a preset
-        name ({presets}). Extra keyword arguments are placement options (e.g. n_cpu_layers
-        for hybrid; stream_threshold, stream_fallback, stream_buffers for stream).
+        name ({presets}). Extra keyword arguments are placement options (e.g. issue_ahead for
+        fetch; n_cpu_layers for hybrid; stream_threshold, stream_fallback, stream_buffers for
+        stream). device_memory on CUDA also caps torch's allocator for this process until
+        close() (engine.devices).
         """
         # 1. what model
         ckpt_dir = Path(source)
@@ -101,14 +104,18 @@ class Engine:
             raise ValueError(f"max_context {context} exceeds the model's max_position_embeddings "
                              f"{cfg.max_position_embeddings}")
         dev = Device.create(device, device_memory)
-        plan = plan_memory(cfg, placement, cache_capacity if placement_cls.uses_cache(placement_options) else None,
-                           dev.ledger.budget, context, batch, ubatch, dt.itemsize, placement_options, reserve_bytes)
-        _check_host_ram(cfg, dt, ckpt_dir)
+        try:
+            plan = plan_memory(cfg, placement, cache_capacity if placement_cls.uses_cache(placement_options) else None,
+                               dev.ledger.budget, context, batch, ubatch, dt.itemsize, placement_options,
+                               reserve_bytes, device_kind=dev.kind)
+        except BaseException:
+            dev.close()
+            raise
         log.debug("%s", plan)
         # 3. load; on any failure free what was taken so nothing half-built stays accounted
         counters = Counters(cfg.num_layers)
         instrument = instrument or NULL
-        ckpt = Checkpoint(ckpt_dir) if ckpt_dir is not None else None
+        ckpt = None
         model = MoEModel(cfg, dev, dt, instrument)
         try:
             ctx = PlacementContext(cfg, dev, model.store, counters, instrument, plan.capacity,
@@ -116,7 +123,9 @@ class Engine:
                                                               **(policy_options or {})))
                                    if plan.capacity is not None else None)
             strategy = placement_cls(ctx, **placement_options)
-            model.load(TensorSource(cfg, ckpt, seed), strategy.expert_on_device)
+            _check_host_ram(cfg, dt, ckpt_dir, host_ram_needed(cfg, dt, strategy, dev, plan))
+            ckpt = Checkpoint(ckpt_dir) if ckpt_dir is not None else None
+            model.load(TensorSource(cfg, ckpt, seed), strategy.expert_on_device, pin_host=strategy.copies_experts)
             strategy.setup()
             if prefetch != "none":
                 routers = {l: model.layers[l].router for l in cfg.moe_layers}
@@ -129,6 +138,7 @@ class Engine:
         except BaseException:
             model = strategy = None   # drop the half-built weights before the error propagates
             dev.ledger.held.clear()
+            dev.close()
             if dev.kind == "cuda":
                 torch.cuda.empty_cache()
             raise
@@ -256,9 +266,11 @@ class Engine:
         return GenerateResult(tokens=[list(col) for col in zip(*generated)], logits=out_logits, session=session)
 
     def close(self) -> None:
-        """Drop weights and caches (device memory is returned to the allocator)."""
+        """Drop weights and caches (device memory is returned to the allocator) and lift the
+        allocator cap this engine's budget set (engine.devices)."""
         self.model = self.placement = None
         self.device.ledger.held.clear()
+        self.device.close()
         if self.device.kind == "cuda":
             torch.cuda.empty_cache()
 
@@ -267,15 +279,33 @@ def cfg_dtype(cfg: ModelConfig, dtype: str) -> torch.dtype:
     return torch_dtype(cfg.torch_dtype if dtype == "auto" else dtype)
 
 
-def _check_host_ram(cfg: ModelConfig, dt: torch.dtype, ckpt_dir: Path | None) -> None:
+def host_ram_needed(cfg: ModelConfig, dt: torch.dtype, strategy: Any, dev: Device,
+                    plan: MemoryPlan) -> list[tuple[str, int]]:
+    """The host RAM a load takes, as (what, bytes) rows: non-expert weights (they pass through
+    host RAM on CUDA and live there on the emulated device), one host expert store allocation
+    per offloaded layer at the bytes its pinning method really takes (engine.hostmem), and on
+    the emulated device the "device" expert bytes, which are host allocations too."""
+    layer_bytes = cfg.n_experts * cfg.expert_params * dt.itemsize
+    host_layers = [l for l in cfg.moe_layers if not strategy.expert_on_device(l)]
+    method = dev.pin_method(strategy.copies_experts)
+    rows = [("non-expert weights", cfg.non_expert_params() * dt.itemsize),
+            (f"host expert store ({len(host_layers)} layers x {fmt_bytes(layer_bytes)}, {method})",
+             len(host_layers) * host_alloc_bytes(layer_bytes, method))]
+    if dev.emulated:
+        rows.append(("device experts (emulated: in host RAM)", plan.experts))
+    return rows
+
+
+def _check_host_ram(cfg: ModelConfig, dt: torch.dtype, ckpt_dir: Path | None, needed: list[tuple[str, int]],
+                    available: int | None = None) -> None:
     """Refuse, with the arithmetic, to materialise a model that cannot fit in host RAM."""
-    need = (cfg.non_expert_params() + cfg.n_moe_layers * cfg.n_experts * cfg.expert_params) * dt.itemsize
-    avail = psutil.virtual_memory().available
+    need = sum(n for _, n in needed)
+    avail = psutil.virtual_memory().available if available is None else available
     if need > avail:
         what = "checkpoint" if ckpt_dir else f"preset {cfg.name!r} (seeded random weights)"
-        raise MemoryError(f"{what} needs {fmt_bytes(need)} of host RAM at {str(dt).split('.')[-1]} "
-                          f"({cfg.non_expert_params():,} non-expert + {cfg.n_moe_layers} layers x {cfg.n_experts} "
-                          f"experts x {cfg.expert_params:,} params), but only {fmt_bytes(avail)} is available; "
+        lines = "\n".join(f"  {name:<56} {fmt_bytes(n):>12}" for name, n in needed)
+        raise MemoryError(f"{what} needs {fmt_bytes(need)} of host RAM at {str(dt).split('.')[-1]}, "
+                          f"but only {fmt_bytes(avail)} is available:\n{lines}\n"
                           "use engine.planner.plan_memory for sizing without weights, or model_overrides "
                           "(e.g. num_layers) for a truncated run")
 

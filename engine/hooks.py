@@ -5,7 +5,10 @@ the do-nothing default. Does not own: NVTX, timelines or profilers -- those are
 `Instrument` subclasses supplied by the harness (profiling issue).
 
 Span kinds used by the engine: step, layer, attention, router, expert, copy. Copies that
-run asynchronously are reported through `copy` / `copy_events` instead of spans.
+run asynchronously (and synchronous ones, marked `sync`) are reported through `copy` /
+`copy_events` instead of spans; time in which the device's compute stream runs none of the
+engine's work -- waiting for a copy ('wait'), or while the experts run on the host ('host')
+-- is bracketed by `idle(why)`, so an instrument can tell device compute from stalls.
 With the default `NULL`, a span costs one method call and a shared context manager.
 """
 from __future__ import annotations
@@ -22,6 +25,11 @@ class Instrument:
     enabled = False
 
     def span(self, kind: str, **attrs: Any) -> AbstractContextManager:
+        return _NULL_CTX
+
+    def idle(self, why: str, **attrs: Any) -> AbstractContextManager:
+        """The compute stream does none of the engine's work inside this block: it waits for
+        a copy (why='wait') or the work runs on the host (why='host')."""
         return _NULL_CTX
 
     def copy(self, t0: float, t1: float, nbytes: int, info: dict[str, Any]) -> None:

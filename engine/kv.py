@@ -3,8 +3,18 @@
 Owns: per-sequence key/value tensors (one [B, K, capacity, h] buffer pair per layer,
 allocated once at the planned context, or grown by doubling when unplanned), the
 session's token bookkeeping, and moving the KV to host RAM and back (counted as
-d2h/h2d bytes). Does not own: attention math (engine.layers) or when a
+d2h/h2d `kv` bytes). Does not own: attention math (engine.layers) or when a
 session is displaced (the caller decides).
+
+Displaced KV lives in one exact-size host buffer per displacement, page-locked on CUDA
+(engine.hostmem: registered in place, not torch's power-of-two pinned pool). Pinned because
+`restore` is a measured phase (`restore_s`): from pinned memory the host->device copies are
+asynchronous DMA at link speed, as in a serving engine's pinned swap space, while from
+pageable memory the driver stages every copy through a bounce buffer synchronously, so
+restore_s would time a CPU memcpy rather than the link; the device->host copies of
+`offload` go to the same pinned buffer for the same reason. One buffer for all layers, so
+the registration (about as costly as touching the pages once) is paid once per
+displacement, between turns, outside the phase that restores it.
 
     sess = engine.new_session(batch=2)
     engine.generate(prompts, 8, session=sess)     # KV stays on the device
@@ -82,18 +92,21 @@ class Session:
 
     # --- displacement to host RAM -------------------------------------------------------
     def offload(self) -> None:
-        """Move the filled KV to host RAM (pinned on CUDA) and free the device buffers."""
+        """Move the filled KV to host RAM (one pinned buffer on CUDA) and free the device buffers."""
         if not self.on_device:
             return
+        filled = [t[:, :, : self.length] for pair in zip(self.k, self.v) for t in pair]   # k0, v0, k1, v1, ...
+        per = [t.numel() for t in filled]
+        host = self.device.host_empty((sum(per),), self.dtype, pin=True).split(per)     # views of one buffer
         host_k, host_v = [], []
-        for layer in range(self.n_layers):
-            for src, dst in ((self.k[layer], host_k), (self.v[layer], host_v)):
-                filled = src[:, :, : self.length]
-                h = self.device.host_empty(tuple(filled.shape), self.dtype)
-                h.copy_(filled)
-                self.counters.add("d2h_bytes", h.numel() * h.element_size(), layer)
-                dst.append(h)
-                self.device.release(self._label, src)
+        for i, (src, h) in enumerate(zip(filled, host)):
+            h = h.view(src.shape)
+            h.copy_(src)
+            layer = i // 2
+            self.counters.transfer("d2h", "kv", h.numel() * h.element_size(), layer)
+            (host_k if i % 2 == 0 else host_v).append(h)
+        for t in (*self.k, *self.v):
+            self.device.release(self._label, t)
         self.k, self.v, self.capacity, self.on_device = host_k, host_v, 0, False
 
     def restore(self) -> None:
@@ -107,12 +120,12 @@ class Session:
         self._grow(n)
         self.length = n
         nbytes = sum(h.numel() * h.element_size() for h in (*host_k, *host_v))
-        with self.device.instrument.span("copy", what="kv_restore", bytes=nbytes):
+        with self.device.sync_copy(nbytes, {"what": "kv_restore", "direction": "h2d"}):
             for layer in range(self.n_layers):
                 for h, d in ((host_k[layer], self.k[layer]), (host_v[layer], self.v[layer])):
                     d[:, :, :n].copy_(h, non_blocking=True)
-                    self.counters.add("h2d_bytes", h.numel() * h.element_size(), layer)
-            self.device.synchronize()
+                    self.counters.transfer("h2d", "kv", h.numel() * h.element_size(), layer)
+        self.device.synchronize()    # the host buffer is freed when this returns: no copy may still read it
 
     def close(self) -> None:
         """Free the device buffers."""

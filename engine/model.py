@@ -89,7 +89,9 @@ class MoEModel:
         self.step_log: dict[int, list[list[int]]] | None = None   # per layer, experts of each pass
 
     # --- loading -------------------------------------------------------------------------
-    def load(self, src: TensorSource, expert_on_device: Callable[[int], bool]) -> None:
+    def load(self, src: TensorSource, expert_on_device: Callable[[int], bool], pin_host: bool = False) -> None:
+        """Every tensor into its home; host expert rows page-locked on CUDA with `pin_host`
+        (for placements that copy experts to the device)."""
         cfg, dev, dt = self.cfg, self.device, self.dtype
         D, H, K, hd, V = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.vocab_size
 
@@ -127,7 +129,7 @@ class MoEModel:
                     L.shared = (w(m + "gate_proj.weight", (S, D)), w(m + "up_proj.weight", (S, D)),
                                 w(m + "down_proj.weight", (D, S)))
                     L.shared_gate = w(p + "mlp.shared_expert_gate.weight", (1, D))
-                rows = self.store.allocate(i, dev, expert_on_device(i))
+                rows = self.store.allocate(i, dev, expert_on_device(i), pin=pin_host)
                 staging = torch.empty(cfg.expert_params, dtype=dt)
                 for e in range(cfg.n_experts):
                     src.expert_into(i, e, staging)   # one expert at a time: never two copies of the weights
@@ -150,14 +152,17 @@ class MoEModel:
         mask = causal_mask(T, past, cfg.sliding_window, ids.device)
         x = F.embedding(ids, self.embed)                                           # [B, T, D]
         self.placement.begin_forward(B * T)
-        if self.prefetcher is not None:
-            self.prefetcher.begin_forward()
+        prefetcher = self.prefetcher
+        if prefetcher is not None:
+            prefetcher.begin_forward()               # counts passes even when this one is not prefetched
+            if not self.placement.prefetchable():
+                prefetcher = None
         for i, L in enumerate(self.layers):
             with span("layer", layer=i):
                 with span("attention", layer=i):
                     x = x + self._attention(i, L, rms_norm(x, L.ln1, cfg.rms_norm_eps), sess, cos, sin, mask)
                 h = rms_norm(x, L.ln2, cfg.rms_norm_eps)
-                x = x + self._mlp(i, L, h.view(B * T, -1)).view(B, T, -1)
+                x = x + self._mlp(i, L, h.view(B * T, -1), prefetcher).view(B, T, -1)
         sess.advance(T)
         x = rms_norm(x if all_logits else x[:, -1], self.norm, cfg.rms_norm_eps)  # [B, T, D] or [B, D]
         return F.linear(x, self.lm_head)
@@ -180,8 +185,9 @@ class MoEModel:
         k_all, v_all = sess.append(i, k, v)                                        # [B, K, S, h]
         return F.linear(attention(q, k_all, v_all, mask), L.o, L.o_b)            # [B, T, D]
 
-    def _mlp(self, i: int, L: LayerWeights, h: torch.Tensor) -> torch.Tensor:
-        """h [N, D] -> [N, D]."""
+    def _mlp(self, i: int, L: LayerWeights, h: torch.Tensor, prefetcher=None) -> torch.Tensor:
+        """h [N, D] -> [N, D]. A prefetcher hears the routing before the experts run (the
+        cache queues its copies behind this layer's own)."""
         cfg = self.cfg
         if L.dense is not None:
             return dense_mlp(h, *L.dense, cfg.hidden_act)
@@ -191,8 +197,8 @@ class MoEModel:
             self.on_route(i, ids, weights)
         if self.step_log is not None:
             self.step_log.setdefault(i, []).append(ids.unique().tolist())
-        if self.prefetcher is not None:
-            self.prefetcher.after_route(i, h, ids)
+        if prefetcher is not None:
+            prefetcher.after_route(i, h, ids)
         out = self.placement.run(i, h, ids, weights)
         if L.shared is not None:     # Qwen2-MoE: shared expert scaled by a sigmoid gate
             out = out + torch.sigmoid(F.linear(h, L.shared_gate)) * dense_mlp(h, *L.shared, cfg.hidden_act)

@@ -16,7 +16,7 @@ from typing import Any
 from engine.hooks import Instrument
 
 COLORS = {"step": "blue", "layer": "purple", "attention": "green", "router": "yellow", "expert": "orange",
-          "copy": "red", "phase": "cyan"}
+          "copy": "red", "phase": "cyan", "wait": "white", "host": "grey"}
 
 
 class NvtxRanges(Instrument):
@@ -59,3 +59,7 @@ class NvtxRanges(Instrument):
         finally:
             self._domain.pop_range()
 
+
+    def idle(self, why: str, **attrs: Any) -> Any:
+        """Compute-stream stalls (waiting for a copy, experts on the host) as their own ranges."""
+        return self.span(why, **attrs)

@@ -1,11 +1,23 @@
 """An in-process timeline: the engine's spans and copies as intervals, and their export as a
 Chrome/Perfetto trace.
 
-Owns: recording spans (step, layer, attention, router, expert, copy) and asynchronous
-copy intervals, with host `perf_counter` times; on CUDA, compute spans and copies are
-also bracketed by CUDA events and resolved onto the host clock at `collect()`, so what
-is recorded is when the GPU did the work, not when Python launched it.
-Does not own: the overlap arithmetic (harness.profiling.overlap) or NVTX (engine.nvtx_ranges).
+Owns: recording spans (step, layer, attention, router, expert, copy), copy intervals
+(asynchronous, and synchronous ones marked `sync`) and compute-stream idle time, with host
+`perf_counter` times; on CUDA, compute spans and copies are also bracketed by CUDA events
+and resolved onto the host clock at `collect()`, so what is recorded is when the GPU did
+the work, not when Python launched it. Does not own: the overlap arithmetic
+(harness.profiling.overlap) or NVTX (engine.nvtx_ranges).
+
+Device compute (`compute_intervals`) is all of the engine's work on the compute stream,
+not only the attention/router/expert spans: embedding, norms, residual adds, shared
+experts, the final norm and lm_head count too. On CUDA it is recorded as event-timed
+segments: a segment opens when a step begins, closes just before the compute stream is made
+to wait for a copy (or hands the experts to the host) and reopens right after that wait
+-- its start event completes only once the wait is satisfied -- so the gaps between
+segments are exactly the stalls. On the emulated device the main thread is the compute
+stream: compute is the step (and layer) spans minus idle time (`wait`, `host`) and minus
+synchronous copies. Copy intervals are trusted as link rates only for copies of at least
+engine.devices.LINK_TRUSTED_MIN_BYTES (see engine.devices for the reasoning).
 
     tl = Timeline("cpu")
     eng.set_instrument(tl)
@@ -19,7 +31,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +39,9 @@ import torch
 
 from engine.hooks import Instrument
 
-COMPUTE = ("attention", "router", "expert")   # span kinds that are device compute (CUDA: timed by events)
+COMPUTE = ("attention", "router", "expert")   # spans also event-timed on CUDA, for the trace view
+SEGMENT = "compute"                           # event-timed compute-stream segments (CUDA)
+IDLE = ("wait", "host")                       # compute stream idle: waiting for a copy / experts on the host
 
 
 @dataclass
@@ -49,6 +63,8 @@ class Timeline(Instrument):
         self._lock = threading.Lock()      # copies are reported from the copy worker thread
         self.origin = time.perf_counter()
         self._ref: tuple[Any, float] | None = None
+        self._segment: Any = None          # CUDA: start event of the open compute segment
+        self._steps = 0                    # steps open (segments exist only inside a step)
         if device_kind == "cuda":
             torch.cuda.synchronize()
             ev = torch.cuda.Event(enable_timing=True)
@@ -63,11 +79,17 @@ class Timeline(Instrument):
         if cuda:
             start = torch.cuda.Event(enable_timing=True)
             start.record()
+        if kind == "step":
+            self._steps += 1
+            self._open_segment()
         t0 = time.perf_counter()
         try:
             yield
         finally:
             t1 = time.perf_counter()
+            if kind == "step":
+                self._close_segment()
+                self._steps -= 1
             s = Span(kind, t0, t1, attrs, "copy" if kind == "copy" else "compute")
             if cuda:
                 end = torch.cuda.Event(enable_timing=True)
@@ -75,6 +97,33 @@ class Timeline(Instrument):
                 s.events = (start, end)
             with self._lock:
                 self.spans.append(s)
+
+    @contextmanager
+    def idle(self, why: str, **attrs: Any) -> Iterator[None]:
+        self._close_segment()
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            t1 = time.perf_counter()
+            if self._steps:
+                self._open_segment()
+            with self._lock:
+                self.spans.append(Span(why, t0, t1, attrs))
+
+    def _open_segment(self) -> None:
+        if self._ref is not None and self._segment is None:
+            self._segment = torch.cuda.Event(enable_timing=True)
+            self._segment.record()
+
+    def _close_segment(self) -> None:
+        if self._segment is None:
+            return
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        with self._lock:
+            self.spans.append(Span(SEGMENT, 0.0, 0.0, {}, "compute", (self._segment, end)))
+        self._segment = None
 
     def copy(self, t0: float, t1: float, nbytes: int, info: dict[str, Any]) -> None:
         with self._lock:
@@ -106,12 +155,15 @@ class Timeline(Instrument):
                 if s.kind in kinds and s.t1 > t0 and s.t0 < t1]
 
     def compute_intervals(self, t0: float = float("-inf"), t1: float = float("inf")) -> list[tuple[float, float]]:
-        """When the device computed. CUDA: the event-timed attention/router/expert spans.
-        Emulated device: the main thread *is* the device's compute stream, so everything it
-        does inside a layer counts (routing bookkeeping included) except waiting for copies."""
+        """When the device computed (see the module docstring). CUDA: the event-timed
+        compute-stream segments. Emulated device: the main thread *is* the device's compute
+        stream, so everything it does inside a step counts (routing bookkeeping included)
+        except idle time and synchronous copies."""
         if self.device_kind == "cuda":
-            return self.intervals(COMPUTE, t0, t1)
-        return subtract(self.intervals("layer", t0, t1), self.intervals("wait", t0, t1))
+            return self.intervals(SEGMENT, t0, t1)
+        sync = [(max(s.t0, t0), min(s.t1, t1)) for s in self.spans
+                if s.kind == "copy" and s.attrs.get("sync") and s.t1 > t0 and s.t0 < t1]
+        return subtract(self.intervals(("step", "layer"), t0, t1), self.intervals(IDLE, t0, t1) + sync)
 
     def clear(self) -> None:
         with self._lock:
@@ -174,12 +226,17 @@ class Instruments(Instrument):
         self.enabled = bool(self.parts)
 
     @contextmanager
-    def span(self, kind: str, **attrs: Any) -> Iterator[None]:
-        from contextlib import ExitStack
+    def _each(self, hook: str, *args: Any, **attrs: Any) -> Iterator[None]:
         with ExitStack() as stack:
             for p in self.parts:
-                stack.enter_context(p.span(kind, **attrs))
+                stack.enter_context(getattr(p, hook)(*args, **attrs))
             yield
+
+    def span(self, kind: str, **attrs: Any) -> AbstractContextManager:
+        return self._each("span", kind, **attrs)
+
+    def idle(self, why: str, **attrs: Any) -> AbstractContextManager:
+        return self._each("idle", why, **attrs)
 
     def copy(self, t0: float, t1: float, nbytes: int, info: dict[str, Any]) -> None:
         for p in self.parts:
@@ -188,3 +245,4 @@ class Instruments(Instrument):
     def copy_events(self, start: Any, end: Any, nbytes: int, info: dict[str, Any]) -> None:
         for p in self.parts:
             p.copy_events(start, end, nbytes, info)
+

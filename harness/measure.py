@@ -7,7 +7,15 @@ Does not own: which phases exist (harness.scenario) or storage (harness.results)
 
     with PhaseProbe(device, counters_fn) as probe:
         ... run the phase ...
-    probe.time_s, probe.peak_device_bytes, probe.peak_host_rss_bytes, probe.counters
+    probe.time_s, probe.peak_device_bytes, probe.peak_device_reserved_bytes, probe.peak_host_rss_bytes,
+    probe.counters
+    peak, live = cpu_allocation_peak(lambda: eng.prefill(sess, rows))   # the emulated device's transients
+    transient_peak(device_kind, lambda: eng.prefill(sess, rows))        # either device
+
+Device peaks are per phase: both CUDA peak counters are reset when the phase starts.
+`peak_device_bytes` is torch's allocated peak (tensors), `peak_device_reserved_bytes` the
+caching allocator's reserved peak (segments it took from the driver: what a device budget
+caps, engine.devices); on the CPU both are None, never 0.
 """
 from __future__ import annotations
 
@@ -17,6 +25,9 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+import json
+import tempfile
 
 import psutil
 import torch
@@ -84,6 +95,7 @@ class PhaseProbe:
         self._counters = counters
         self.time_s = 0.0
         self.peak_device_bytes: int | None = None
+        self.peak_device_reserved_bytes: int | None = None
         self.peak_host_rss_bytes: int | None = None
         self.counters: dict[str, int] | None = None
 
@@ -106,7 +118,47 @@ class PhaseProbe:
             self.counters = {k: after[k] - self._before[k] for k in after}
         if self.device_kind == "cuda":
             self.peak_device_bytes = torch.cuda.max_memory_allocated()
+            self.peak_device_reserved_bytes = torch.cuda.max_memory_reserved()
         self.peak_host_rss_bytes = self._host.stop()
+
+
+def cpu_allocation_peak(fn: Callable[[], Any]) -> tuple[int, int]:
+    """(peak, live): the most bytes of CPU-allocator memory that `fn` had allocated at once, and
+    how many of them were still allocated when it returned.
+
+    Read from torch.profiler's memory events (profile_memory=True), which record every
+    allocation and free of torch's CPU allocator while profiling -- kernel workspaces that
+    never surface as Python tensors included -- in time order; memory allocated before `fn`
+    does not count. A diagnostic (the profiler slows `fn` down), not a timed measurement."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    with tempfile.TemporaryDirectory() as d:
+        path = f"{d}/trace.json"
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    mem = sorted((e for e in events if e.get("name") == "[memory]"), key=lambda e: e["ts"])
+    live = peak = 0
+    for e in mem:
+        live += int(e["args"]["Bytes"])
+        peak = max(peak, live)
+    return peak, live
+
+
+def transient_peak(device_kind: str, fn: Callable[[], Any]) -> int:
+    """The most bytes `fn` held allocated at once beyond what was allocated before it: the CUDA
+    allocator's peak minus its starting point, or on the CPU (the emulated device)
+    `cpu_allocation_peak`'s peak."""
+    if device_kind != "cuda":
+        return cpu_allocation_peak(fn)[0]
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
 
 
 def percentile(samples: list[float], q: float) -> float | None:

@@ -209,7 +209,7 @@ class Job:
         load = {"time_s": probe.time_s if loaded else None,
                 "peak_host_rss_bytes": probe.peak_host_rss_bytes if loaded else None,
                 "peak_device_bytes": probe.peak_device_bytes if loaded else None,
-                "peak_device_reserved_bytes": getattr(probe, "peak_device_reserved_bytes", None) if loaded else None,
+                "peak_device_reserved_bytes": probe.peak_device_reserved_bytes if loaded else None,
                 "emulated_device_peak_bytes": eng.device_peak() if loaded else None}
         self.emit(0, "load", load, "client", model_load="cold" if loaded else "reused", expert_cache="cold")
         return eng, loaded

@@ -72,7 +72,7 @@ def _phase(name: str, probe: PhaseProbe, tokens: int | None, extra: dict[str, fl
     client = {"time_s": t, "tokens": None if tokens is None else float(tokens),
               "tok_per_s": tokens / t if tokens and t > 0 else None,
               "peak_device_bytes": probe.peak_device_bytes,
-              "peak_device_reserved_bytes": getattr(probe, "peak_device_reserved_bytes", None),
+              "peak_device_reserved_bytes": probe.peak_device_reserved_bytes,
               "peak_host_rss_bytes": probe.peak_host_rss_bytes, **extra}
     if probe.counters is not None:
         engine: dict[str, float | None] = {k: float(v) for k, v in probe.counters.items()}

@@ -79,7 +79,7 @@ def test_copy_h2d(benchmark, mib: int) -> None:
     a memcpy on the copy worker thread)."""
     dev = Device("cpu")
     n = mib * 2**20 // 4
-    src = dev.host_empty((n,), torch.float32).normal_()
+    src = dev.host_empty((n,), torch.float32, pin=True).normal_()
     dst = dev.empty((n,), torch.float32, "bench")
 
     def copy() -> None:

@@ -4,6 +4,9 @@ Owns: the contract between the MoE block and a strategy (`run(layer, h, ids, wei
 the shared expert loop (`combine`) that every strategy uses so the accumulation order --
 and therefore the output -- never depends on placement, the CPU-execution path shared
 by `cpu` and `hybrid`, and option validation through each strategy's `Options` dataclass.
+A strategy builds its layer's dispatch once (`engine.dispatch.group_by_expert`: one host
+sync per layer) and hands it to `combine`; strategies that copy experts see the whole
+list of experts before the first one runs, so they can issue copies ahead.
 Does not own: bytes at rest (engine.cache.ExpertStore), slot management (ExpertCache),
 eviction choice (policies), memory planning arithmetic (engine.planner asks
 `device_expert_bytes`).
@@ -25,6 +28,7 @@ from engine.cache import ExpertCache, ExpertStore
 from engine.config import ModelConfig
 from engine.counters import Counters
 from engine.devices import Device
+from engine.dispatch import Routing, group_by_expert
 from engine.hooks import Instrument
 from engine.layers import expert_ffn
 from engine.policies.base import EvictionPolicy
@@ -45,6 +49,7 @@ class PlacementContext:
 class Placement(ABC):
     name: ClassVar[str] = ""
     Options: ClassVar[type] = NoOptions
+    copies_experts: ClassVar[bool] = False   # copies experts host->device (so its host store is pinned on CUDA)
 
     def __init__(self, ctx: PlacementContext, **options: Any) -> None:
         self.ctx = ctx
@@ -87,22 +92,26 @@ class Placement(ABC):
         if self.cache is not None:
             self.cache.reset()
 
+    def prefetchable(self) -> bool:
+        """Whether this forward pass looks experts up in the device cache, so copying the next
+        layer's experts into it ahead can help (False: the engine skips the prefetcher)."""
+        return self.cache is not None
+
     @abstractmethod
     def run(self, layer: int, h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """Routed-expert output for h [N, D] given top-k ids/weights [N, k]; returns [N, D]."""
 
     # --- shared pieces -----------------------------------------------------------------
-    def combine(self, layer: int, h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
+    def combine(self, layer: int, h: torch.Tensor, routing: Routing, weights: torch.Tensor,
                 weights_of: Callable[[int], torch.Tensor],
                 release: Callable[[int], None] | None = None) -> torch.Tensor:
         """The one expert loop: experts in ascending id order, index_add into a zero buffer.
 
-        N=rows, k=top-k, D=hidden, P=packed expert numel.
+        N=rows, k=top-k, D=hidden, P=packed expert numel, n=rows routed to one expert.
         """
         cfg, span = self.ctx.cfg, self.ctx.instrument.span
         out = torch.zeros_like(h)                                          # [N, D]
-        for e in ids.unique().tolist():                                    # sorted ascending
-            tok, kpos = (ids == e).nonzero(as_tuple=True)                  # [n], [n]
+        for e, tok, kpos in routing:                                       # ascending expert id
             w = weights_of(e)                                              # [P]; may wait for a copy
             with span("expert", layer=layer, expert=e, tokens=int(tok.numel())):
                 y = expert_ffn(h[tok], w, cfg.hidden_size, cfg.moe_intermediate_size, cfg.hidden_act)  # [n, D]
@@ -114,17 +123,18 @@ class Placement(ABC):
 
     def run_resident(self, layer: int, h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         rows = self.ctx.store.rows[layer]
-        return self.combine(layer, h, ids, weights, lambda e: rows[e])
+        return self.combine(layer, h, group_by_expert(ids, self.ctx.cfg.n_experts), weights, lambda e: rows[e])
 
     def run_on_cpu(self, layer: int, h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """Ship activations to the CPU, run the experts from host RAM, ship the result back."""
+        """Ship activations to the CPU, run the experts from host RAM, ship the result back.
+        The device's compute stream idles meanwhile (the instrument hears `idle('host')`)."""
         dev, counters = self.ctx.device, self.ctx.counters
-        with self.ctx.instrument.span("copy", layer=layer, direction="d2h"):
-            h_c, ids_c, w_c = dev.to_host(h), dev.to_host(ids), dev.to_host(weights)
-        counters.add("d2h_bytes", sum(t.numel() * t.element_size() for t in (h_c, ids_c, w_c)), layer)
-        rows = self.ctx.store.rows[layer]
-        out = self.combine(layer, h_c, ids_c, w_c, lambda e: rows[e])
-        with self.ctx.instrument.span("copy", layer=layer, direction="h2d"):
-            out_d = dev.to_device(out)
-        counters.add("h2d_bytes", out.numel() * out.element_size(), layer)
+        info = {"layer": layer, "what": "activations"}
+        with self.ctx.instrument.idle("host", layer=layer):
+            h_c, ids_c, w_c = dev.to_host(h, info), dev.to_host(ids, info), dev.to_host(weights, info)
+            counters.transfer("d2h", "activation", sum(t.numel() * t.element_size() for t in (h_c, ids_c, w_c)), layer)
+            rows = self.ctx.store.rows[layer]
+            out = self.combine(layer, h_c, group_by_expert(ids_c, self.ctx.cfg.n_experts), w_c, lambda e: rows[e])
+            out_d = dev.to_device(out, info)
+            counters.transfer("h2d", "activation", out.numel() * out.element_size(), layer)
         return out_d

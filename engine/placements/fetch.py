@@ -1,20 +1,38 @@
 """`fetch`: experts live in host RAM; each is copied (one copy of its packed buffer, on
 the copy stream) into a fixed-capacity per-layer device cache when first needed, and
 runs on the device. Eviction is the configured policy (mixtral-offloading's scheme with
-swappable policies and exact counters)."""
+swappable policies and exact counters).
+
+Option `issue_ahead` (default True): queue all of a layer's misses on the copy stream as
+soon as its routing is known, in compute order, so expert i computes while expert i+1
+copies; False keeps the sequential copy, wait, compute per expert, so one run can compare
+both (hits, misses and bytes are identical either way: see engine.cache)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from engine.cache import ExpertCache
 from engine.config import ModelConfig
+from engine.dispatch import group_by_expert
 from engine.placements.base import Placement
+
+
+@dataclass(frozen=True)
+class FetchOptions:
+    issue_ahead: bool = True   # queue a layer's misses up front (False: one at a time, when reached)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.issue_ahead, bool):
+            raise ValueError(f"issue_ahead must be True or False, got {self.issue_ahead!r}")
 
 
 class Fetch(Placement):
     name = "fetch"
+    Options = FetchOptions
+    copies_experts = True
 
     @classmethod
     def uses_cache(cls, options: dict[str, Any]) -> bool:
@@ -30,9 +48,11 @@ class Fetch(Placement):
         if ctx.capacity is None or ctx.policy_factory is None:
             raise ValueError("placement 'fetch' needs cache_capacity (an int or 'auto') and a cache_policy")
         self.cache = ExpertCache(ctx.store, ctx.device, ctx.counters, ctx.capacity,
-                                 list(ctx.cfg.moe_layers), ctx.policy_factory)
+                                 list(ctx.cfg.moe_layers), ctx.policy_factory, issue_ahead=self.options.issue_ahead)
 
     def run(self, layer: int, h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         cache = self.cache
-        return self.combine(layer, h, ids, weights, lambda e: cache.acquire(layer, e),
+        routing = group_by_expert(ids, self.ctx.cfg.n_experts)        # the layer's one host sync
+        cache.lookup(layer, routing.experts)
+        return self.combine(layer, h, routing, weights, lambda e: cache.acquire(layer, e),
                             lambda e: cache.release(layer, e))

@@ -11,6 +11,7 @@ import torch
 
 from engine.config import ModelConfig
 from engine.devices import CopyHandle
+from engine.dispatch import group_by_expert
 from engine.placements.base import Placement, PlacementContext
 
 FALLBACKS = ("fetch", "cpu")
@@ -34,6 +35,7 @@ class StreamOptions:
 class Stream(Placement):
     name = "stream"
     Options = StreamOptions
+    copies_experts = True
 
     def __init__(self, ctx: PlacementContext, **options: Any) -> None:
         super().__init__(ctx, **options)
@@ -64,18 +66,24 @@ class Stream(Placement):
     def begin_forward(self, n_tokens: int) -> None:
         self._streaming = n_tokens > self.options.stream_threshold
 
+    def prefetchable(self) -> bool:
+        """No prefetch while a pass streams: its layers never look the cache up, and prefetch
+        copies would only queue ahead of the streamed experts on the copy stream."""
+        return not self._streaming and self.cache is not None
+
     def run(self, layer: int, h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         if not self._streaming:
             return self.fallback.run(layer, h, ids, weights)
         dev, store, nb = self.ctx.device, self.ctx.store, self.options.stream_buffers
-        experts = ids.unique().tolist()
+        routing = group_by_expert(ids, self.ctx.cfg.n_experts)        # the layer's one host sync
+        experts = routing.experts
         ready: dict[int, CopyHandle] = {}
 
         def issue(i: int) -> None:  # copy expert i into buffer i % nb once that buffer's last reader is done
             b = i % nb
             ready[experts[i]] = dev.copy_h2d(self.buffers[b], store.expert(layer, experts[i]), after=self.last_use[b],
                                              info={"layer": layer, "expert": experts[i], "stream": True})
-            self.ctx.counters.add("h2d_bytes", store.expert_bytes, layer)
+            self.ctx.counters.transfer("h2d", "expert", store.expert_bytes, layer)
 
         for i in range(min(nb, len(experts))):
             issue(i)
@@ -91,4 +99,4 @@ class Stream(Placement):
             if i + nb < len(experts):
                 issue(i + nb)
 
-        return self.combine(layer, h, ids, weights, weights_of, release)
+        return self.combine(layer, h, routing, weights, weights_of, release)

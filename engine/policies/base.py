@@ -13,8 +13,16 @@ layer, starting at 0, and increases by one per lookup, hit or miss):
     miss  -> if the cache is full: v = policy.victim(t, protected); policy.on_evict(v)
              policy.on_insert(e, t)
 
-`protected` are resident experts that must not be evicted now (in use by the
-current step). `victim` must return a resident, unprotected expert.
+`protected` are resident experts that must not be evicted now. `victim` must return a
+resident, unprotected expert.
+
+The protection rule (`still_needed`, the one definition the device cache and the replay
+simulator share): a step (one forward pass) looks a layer's experts up in the order they
+compute, ascending id; on a miss, the experts the same step will still look up in this
+layer after this one are protected, so a copy issued ahead never evicts an expert the layer
+is about to use -- unless that leaves the policy nothing it may evict (`evictable`: static
+never evicts its pinned experts), then none is. Experts the step already looked up are not
+protected: their slots are refilled once their compute is issued.
 """
 from __future__ import annotations
 
@@ -69,6 +77,10 @@ class EvictionPolicy(ABC):
         self.resident.discard(expert)
 
     # --- decision --------------------------------------------------------------------
+    def evictable(self) -> Set[int]:
+        """The residents this policy may ever choose as a victim (all of them by default)."""
+        return self.resident
+
     @abstractmethod
     def victim(self, t: int, protected: Set[int] = frozenset()) -> int:
         """Return the resident, unprotected expert to evict for a miss at time `t`."""
@@ -114,6 +126,15 @@ class OrderedPolicy(EvictionPolicy):
 
     def victim(self, t: int, protected: Set[int] = frozenset()) -> int:
         return self._first_unprotected(self._order, protected)
+
+
+def still_needed(later: Set[int], policy: EvictionPolicy) -> Set[int]:
+    """The protection rule (module docstring): the residents of `policy` that are in `later`
+    (looked up after this one in the same step), unless the policy could then evict none."""
+    evictable = policy.evictable()
+    if all(e in later for e in evictable):
+        return frozenset()
+    return policy.resident & later
 
 
 def layer_row(value: Any, layer: int, what: str) -> list:

@@ -73,6 +73,9 @@ class Static(OrderedPolicy):
         ranked = sorted(range(n_experts), key=lambda e: (-counts[e], e))
         self.pinned: frozenset[int] = frozenset(ranked[:pinned])
 
+    def evictable(self) -> set[int]:
+        return self.resident - self.pinned
+
     def on_insert(self, expert: int, t: int) -> None:
         """Pinned experts never enter the eviction order: only unpinned ones are victims (FIFO)."""
         if expert in self.pinned:

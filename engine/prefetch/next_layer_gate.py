@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine.dispatch import tokens_per_expert
 from engine.prefetch.base import Prefetcher
 
 
@@ -18,8 +19,7 @@ class NextLayerGate(Prefetcher):
             return
         logits = F.linear(h, self.ctx.routers[nxt])                      # [N, E]
         guess = logits.topk(self.ctx.cfg.top_k, dim=-1).indices          # [N, k]
-        # most-voted first, so a small cache keeps the likeliest experts
-        counts = torch.bincount(guess.flatten(), minlength=self.ctx.cfg.n_experts)
-        order = torch.argsort(counts, descending=True, stable=True)
-        experts = [e for e in order.tolist() if counts[e] > 0]
+        votes = tokens_per_expert(guess, self.ctx.cfg.n_experts).tolist()   # [E]: the one device->host transfer
+        # most-voted first (ties: lower id first, a stable sort), so a small cache keeps the likeliest experts
+        experts = sorted((e for e, n in enumerate(votes) if n > 0), key=lambda e: -votes[e])
         self.ctx.cache.prefetch(nxt, experts)

@@ -249,7 +249,7 @@ def scenario_work(cfg: ModelConfig, placement: PlacementSpec, shape: WorkloadSha
 def _replay_cache(passes: list[PassWork], present: list[np.ndarray], placement: PlacementSpec, E: int,
                   model_layers: list[int]) -> None:
     """Fill hits/misses of the passes that go through the device cache, per layer, in the
-    engine's lookup order (per pass: the sorted unique experts)."""
+    engine's lookup order (per pass: the sorted unique experts) and protection rule."""
     cached = [i for i, p in enumerate(passes) if not p.streamed.any() and not p.on_cpu.any()]
     for m, layer in enumerate(model_layers):
         refs: list[int] = []
@@ -264,7 +264,7 @@ def _replay_cache(passes: list[PassWork], present: list[np.ndarray], placement: 
         elif placement.policy == "static":
             opts["popularity"] = np.bincount(np.asarray(refs, dtype=np.int64), minlength=E).tolist()
         policy = make_policy(placement.policy, placement.capacity, E, layer, **opts)
-        flags = np.asarray(simulate(policy, refs), dtype=bool)
+        flags = np.asarray(simulate(policy, refs, steps=owner), dtype=bool)   # a pass is a step: its protection rule
         own = np.asarray(owner, dtype=np.int64)
         hits = np.bincount(own, weights=flags, minlength=len(passes))
         misses = np.bincount(own, weights=~flags, minlength=len(passes))

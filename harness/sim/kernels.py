@@ -1,8 +1,9 @@
 """Fast numpy kernels behind the replay simulator: LRU stack distances and Belady's OPT.
 
 Owns: the two hot loops that would be too slow through the policy classes at trace scale
-(25.6M lookups): Mattson stack distances for the whole LRU hit-rate curve in one pass, and
-Belady (OPT/MIN) for several layers x capacities at once. Does not own: turning counts into
+(25.6M lookups): Mattson stack distances for the whole LRU hit-rate curve in one pass (with
+the engine's step-protection rule), and Belady (OPT/MIN) for several layers x capacities
+at once (which that rule never changes: see `belady_hits`). Does not own: turning counts into
 tables (`harness.sim.replay`) or the policies' definitions -- the slow, obvious reference for
 each is the engine's own class (`engine.policies.lru.LRU`, `engine.policies.belady.Belady`)
 run through `engine.policies.simulate.simulate`, and tests/sim checks they agree exactly.
@@ -43,13 +44,16 @@ def prev_use(ids: np.ndarray) -> np.ndarray:
     return prv
 
 
-def stack_distances(ids: np.ndarray, n_experts: int) -> np.ndarray:
+def stack_distances(ids: np.ndarray, n_experts: int, steps: np.ndarray | None = None) -> np.ndarray:
     """int32 [M]: LRU stack distance of each lookup (1 = most recent; COLD for a first use).
 
     A lookup hits an LRU cache of capacity c iff its distance <= c (LRU is a stack
     algorithm, Mattson et al. 1970), so one pass gives the whole hit-rate curve.
     The distance of a lookup at t whose expert was last used at p is 1 + the number of
     *distinct* experts used in (p, t); expert f counts iff its last use before t is after p.
+    With `steps` (steps[t]: the step of lookup t, non-decreasing; an expert at most once per
+    step) the distance is taken in the stack as it was when t's step began: (p, start of
+    the step) instead of (p, t) -- see `lru_hits_by_capacity`.
     With few experts that is one vectorised pass per expert: O(M * E) work, no Python
     loop over lookups (E=64, M=800k: about 0.3 s per layer).
     """
@@ -61,7 +65,10 @@ def stack_distances(ids: np.ndarray, n_experts: int) -> np.ndarray:
     prv = prev_use(ids)
     seen = np.flatnonzero(prv >= 0)                          # lookups with an earlier use
     p = prv[seen].astype(np.int32)                           # [S] previous use
-    before = (seen - 1).astype(np.int64)                     # [S] t-1 >= p >= 0
+    if steps is None:
+        before = (seen - 1).astype(np.int64)                 # [S] t-1 >= p >= 0
+    else:
+        before = (_step_start(np.asarray(steps))[seen] - 1).astype(np.int64)   # [S] start-1 >= p >= 0
     d = np.ones(len(seen), dtype=np.int32)
     pos = np.arange(m, dtype=np.int32)
     last = np.empty(m, dtype=np.int32)
@@ -69,17 +76,53 @@ def stack_distances(ids: np.ndarray, n_experts: int) -> np.ndarray:
         np.copyto(last, -1)
         np.copyto(last, pos, where=ids == f)
         np.maximum.accumulate(last, out=last)                # last use of f at or before each index
-        d += last[before] > p                                # f used strictly inside (p, t)
+        d += last[before] > p                                # f used strictly inside (p, before]
     dist[seen] = d
     return dist
 
 
-def lru_hits_by_capacity(ids: np.ndarray, n_experts: int) -> np.ndarray:
-    """int64 [E+1]: LRU hits for capacity c at index c (index 0 is 0), from stack distances."""
-    d = stack_distances(ids, n_experts)
+def _step_start(steps: np.ndarray) -> np.ndarray:
+    """int64 [M]: index of the first lookup of each lookup's step."""
+    m = len(steps)
+    first = np.ones(m, dtype=bool)
+    first[1:] = steps[1:] != steps[:-1]
+    return np.maximum.accumulate(np.where(first, np.arange(m), 0))
+
+
+def lru_hits_by_capacity(ids: np.ndarray, n_experts: int, steps: np.ndarray | None = None) -> np.ndarray:
+    """int64 [E+1]: LRU hits for capacity c at index c (index 0 is 0), from stack distances.
+
+    With `steps`, LRU under the engine's step-protection rule (engine.policies.base.
+    still_needed), exactly -- tests/sim check it against the LRU class run through
+    engine.policies.simulate. Why a closed form exists: under the rule, the cache holds the
+    top c of the plain recency stack at the start of every step (each step either keeps all
+    of its resident experts, or, needing more than c, ends holding its last c), so a lookup
+    hits iff its expert's position d' in the stack at its step's start is <= c -- except in
+    one case: the step's first expert misses while the whole cache is the step's own later
+    experts (every resident protected, so none is), when the expert at position c is
+    evicted before its turn and misses too. For a step whose first lookup has position
+    d'_1 and whose experts fill the top k* positions of the stack, that happens exactly at
+    capacities 1 <= c <= min(d'_1 - 1, k*).
+    """
+    d = stack_distances(ids, n_experts, steps)
     warm = d[d != COLD]
     hist = np.bincount(warm, minlength=n_experts + 1)[: n_experts + 1]    # distances never exceed E
-    return np.cumsum(hist)
+    hits = np.cumsum(hist)
+    if steps is None or len(d) == 0:
+        return hits
+    steps = np.asarray(steps)
+    start = _step_start(steps)
+    first = start == np.arange(len(steps))                   # [M] first lookup of its step
+    sid = np.cumsum(first) - 1                               # [M] dense step index
+    order = np.lexsort((d, sid))                             # by step, then position
+    rank = np.arange(len(d)) - start[order]                  # 0, 1, ... within each step
+    fills = d[order].astype(np.int64) == rank + 1            # positions 1..k* of the stack (a prefix)
+    kstar = np.bincount(sid[order][fills], minlength=int(sid[-1]) + 1)
+    d1 = np.minimum(d[first].astype(np.int64), n_experts + 1)   # COLD first lookups: never resident
+    span = np.minimum(d1 - 1, kstar)                         # [steps] capacities 1..span lose one hit
+    lost = np.bincount(np.minimum(span, n_experts), minlength=n_experts + 1)[::-1].cumsum()[::-1]
+    lost[0] = 0                                              # [E+1] lost[c] = #steps with span >= c
+    return hits - lost
 
 
 def belady_hits(seqs: Sequence[np.ndarray], n_experts: int, capacities: Sequence[int],
@@ -92,7 +135,10 @@ def belady_hits(seqs: Sequence[np.ndarray], n_experts: int, capacities: Sequence
     Exactly engine.policies.belady.Belady: on a miss into a full cache the victim is the
     resident whose next use is farthest; residents never used again count as infinitely far,
     ties among them go to the lowest expert id (np.argmax keeps the first maximum); other
-    next uses are distinct times, so they never tie. The L*C (layer, capacity) lanes advance
+    next uses are distinct times, so they never tie. The engine's step-protection rule
+    (engine.policies.base.still_needed) never changes that choice: the experts it protects
+    are used later in the current step, sooner than any other resident, so the farthest
+    next use is never one of them unless all residents are -- and then nothing is protected. The L*C (layer, capacity) lanes advance
     one lookup per Python iteration with O(1) numpy calls each -- vectorised across lanes,
     not over time, because each eviction depends on the previous ones.
 

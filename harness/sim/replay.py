@@ -5,8 +5,10 @@ Owns: `replay` (policies x capacities x layers, optional oracle-prefetch account
 the same columns. Does not own: the policies -- replay builds THE SAME classes the engine's
 device cache uses (`engine.policies.make_policy`) and drives them through the engine's
 reference loop (`engine.policies.simulate.simulate`) over the exact lookup order the engine
-produces (`engine.trace.lookup_arrays`), so a replay equals the engine's
-`counters_by_layer` for the same trace, policy and capacity. The two fast paths
+produces (`engine.trace.lookup_arrays`) with the engine's step-protection rule (a miss never
+evicts an expert its step still has to look up: `engine.policies.base.still_needed`, applied
+by `simulate(..., steps=)`), so a replay equals the engine's `counters_by_layer` for the
+same trace, policy and capacity. The two fast paths
 (`harness.sim.kernels`: stack distances for LRU, lane-vectorised Belady) are checked against
 those classes by tests/sim.
 
@@ -103,12 +105,12 @@ def replay(trace: RoutingTrace, policies: Sequence[str] | str = ("lru", "lfu", "
                     rows.append(_row(name, c, pf, model_layers[l], len(ids), int(hits[l, ci]), hidden, trace))
             continue
         for l, (ids, steps) in enumerate(layers):        # layer-major: one layer's Python list alive at a time
-            ref = ids.tolist()
+            ref, step_list = ids.tolist(), steps.tolist()
             for c in caps:
                 opts = _default_options(name, ref, counts[l])
                 opts.update(user)
                 policy = make_policy(name, c, trace.n_experts, model_layers[l], **opts)
-                flags = np.fromiter(simulate(policy, ref), dtype=bool, count=len(ids))
+                flags = np.fromiter(simulate(policy, ref, steps=step_list), dtype=bool, count=len(ids))
                 hidden = oracle_hidden(ids, steps, flags, c) if pf == "oracle" else 0
                 rows.append(_row(name, c, pf, model_layers[l], len(ids), int(flags.sum()), hidden, trace))
     return _with_totals(rows)
@@ -120,8 +122,8 @@ def lru_curve(trace: RoutingTrace) -> pd.DataFrame:
     trace.validate()
     E = trace.n_experts
     rows = []
-    for l, (ids, _) in enumerate(lookup_arrays(trace)):
-        hits = lru_hits_by_capacity(ids, E)                  # [E+1], index = capacity
+    for l, (ids, steps) in enumerate(lookup_arrays(trace)):
+        hits = lru_hits_by_capacity(ids, E, steps)           # [E+1], index = capacity
         for c in range(1, E + 1):
             rows.append(_row("lru", c, "none", trace.moe_layers[l], len(ids), int(hits[c]), 0, trace))
     return _with_totals(rows)

@@ -1,6 +1,7 @@
 """Counters are exact: the device cache's hits, misses and bytes equal hand-computed values
-for known reference strings, and the engine's counters equal an independent replay of
-the lookups it made."""
+for known reference strings, the engine's counters equal an independent replay of the
+lookups it made (with the step-protection rule), and link bytes split by purpose add up
+to the totals for every placement."""
 from __future__ import annotations
 
 import pytest
@@ -73,7 +74,8 @@ def test_engine_counters_equal_independent_replay(policy, capacity):
     per_layer = eng.counters_by_layer
     eb = eng.model.store.expert_bytes
     for layer, refs in eng.lookup_log.items():
-        hits = sum(simulate(make_policy(policy, capacity, 8, layer), refs))
+        steps = [s for s, experts in enumerate(eng.step_log[layer]) for _ in experts]   # pass of each lookup
+        hits = sum(simulate(make_policy(policy, capacity, 8, layer), refs, steps=steps))
         assert per_layer[layer]["expert_hits"] == hits
         assert per_layer[layer]["expert_misses"] == len(refs) - hits
         assert per_layer[layer]["h2d_bytes"] == (len(refs) - hits) * eb
@@ -90,6 +92,88 @@ def test_resident_moves_nothing_and_cpu_moves_activations():
     c = cpu.counters
     # per layer per forward: hidden [N, 64] fp32 + ids [N, 2] int64 + weights [N, 2] fp32 down; [N, 64] back
     rows = 6 + 3                                   # prefill rows + three decode steps
-    assert c["h2d_bytes"] == 4 * rows * 64 * 4
-    assert c["d2h_bytes"] == 4 * rows * (64 * 4 + 2 * 8 + 2 * 4)
+    assert c["h2d_bytes"] == c["h2d_activation_bytes"] == 4 * rows * 64 * 4
+    assert c["d2h_bytes"] == c["d2h_activation_bytes"] == 4 * rows * (64 * 4 + 2 * 8 + 2 * 4)
     assert c["expert_hits"] == c["expert_misses"] == 0
+
+
+def test_protection_keeps_an_expert_the_step_still_needs():
+    """One pass needing [1, 5] with 5 the least recently used resident: the miss of 1 must not
+    evict 5 (plain LRU would, and then miss 5 too)."""
+    store = ExpertStore(8, 4, torch.float32)
+    dev = Device("cpu")
+    rows = store.allocate(0, dev, on_device=False)
+    rows.copy_(torch.arange(8, dtype=torch.float32)[:, None].expand(8, 4))
+    counters = Counters(1)
+    cache = ExpertCache(store, dev, counters, 2, [0], lambda layer: make_policy("lru", 2, 8, layer))
+    for e in (5, 2):                                   # residents, 5 least recent
+        cache.acquire(0, e)
+        cache.release(0, e)
+    cache.lookup(0, [1, 5])
+    assert cache.resident(0) == {1, 5}
+    for e in (1, 5):
+        assert torch.equal(cache.acquire(0, e), rows[e])
+        cache.release(0, e)
+    t = counters.totals()
+    assert (t["expert_hits"], t["expert_misses"]) == (1, 3)
+    refs, steps = [5, 2, 1, 5], [0, 1, 2, 2]
+    assert simulate(make_policy("lru", 2, 8), refs, steps=steps) == [False, False, False, True]
+    assert simulate(make_policy("lru", 2, 8), refs) == [False, False, False, False]   # unprotected
+
+
+@pytest.mark.parametrize("capacity", [2, 3])
+def test_a_pass_needing_more_experts_than_slots_pipelines(capacity):
+    """8 experts through 2-3 slots in one pass: later copies reuse slots of experts already
+    computed, every slot holds the right bytes when its expert runs, in both copy schedules."""
+    store = ExpertStore(8, 16, torch.float32)
+    dev = Device("cpu")
+    rows = store.allocate(0, dev, on_device=False)
+    rows.normal_()
+    got = []
+    for ahead in (True, False):
+        counters = Counters(1)
+        cache = ExpertCache(store, dev, counters, capacity, [0],
+                            lambda layer: make_policy("fifo", capacity, 8, layer), issue_ahead=ahead)
+        for _ in range(3):
+            experts = list(range(8))
+            cache.lookup(0, experts)
+            for e in experts:
+                assert torch.equal(cache.acquire(0, e), rows[e])
+                cache.release(0, e)
+        got.append(counters.totals())
+    hits = simulate(make_policy("fifo", capacity, 8), list(range(8)) * 3, steps=[s for s in range(3) for _ in range(8)])
+    assert got[0] == got[1] and got[0]["expert_hits"] == sum(hits) and got[0]["expert_misses"] == 24 - sum(hits)
+
+
+@pytest.mark.parametrize("placement,options", [
+    ("resident", {}), ("fetch", {"cache_capacity": 2}), ("fetch", {"cache_capacity": 3, "prefetch": "next_layer_gate"}),
+    ("cpu", {}), ("hybrid", {"n_cpu_layers": 2}),
+    ("stream", {"cache_capacity": 2, "stream_threshold": 4}),
+    ("stream", {"stream_fallback": "cpu", "stream_threshold": 4})])
+def test_bytes_by_purpose_sum_to_totals(placement, options):
+    eng = Engine.from_pretrained("tiny-mixtral", device="cpu", placement=placement, **options)
+    sess = eng.new_session(2)
+    eng.generate([[3, 1, 4, 1, 5, 9, 2, 6]] * 2, 4, session=sess)
+    sess.offload()
+    sess.restore()
+    eng.generate([[2, 7, 1]] * 2, 3, session=sess)
+    sess.close()
+    for row in [eng.counters, *eng.counters_by_layer.values()]:
+        for d in ("h2d", "d2h"):
+            assert row[f"{d}_bytes"] == sum(row[f"{d}_{p}_bytes"] for p in ("expert", "activation", "kv"))
+    c = eng.counters
+    assert c["h2d_kv_bytes"] == c["d2h_kv_bytes"] > 0
+    assert c["d2h_expert_bytes"] == 0                   # experts are never written back
+    copies = placement in ("fetch", "stream")
+    assert (c["h2d_expert_bytes"] > 0) == copies
+    assert (c["h2d_activation_bytes"] > 0) == (c["d2h_activation_bytes"] > 0) == (placement in ("cpu", "hybrid")
+                                                                                  or "stream_fallback" in options)
+    if placement == "fetch":
+        assert c["h2d_expert_bytes"] == (c["expert_misses"] + c["prefetch_issued"]) * eng.model.store.expert_bytes
+
+
+def test_link_bytes_cannot_be_added_directly():
+    with pytest.raises(ValueError, match=r"Counters.transfer"):
+        Counters(1).add("h2d_bytes", 1)
+    with pytest.raises(ValueError, match="purpose one of"):
+        Counters(1).transfer("h2d", "weights", 1)

@@ -141,3 +141,20 @@ def test_hf_family_with_dense_layer_and_shared_expert(hf_checkpoints):
         got = Engine.from_pretrained(path, device="cpu", placement="fetch", cache_capacity=capacity).generate(ref_ids, 6)
         assert got.tokens == ref.tokens
         assert max((a - b).abs().max().item() for a, b in zip(got.logits, ref.logits)) <= TOL
+
+
+@pytest.mark.parametrize("options", [{"issue_ahead": True}, {"issue_ahead": False},
+                                     {"issue_ahead": True, "prefetch": "next_layer_gate"},
+                                     {"issue_ahead": False, "prefetch": "next_layer_gate"}])
+@pytest.mark.parametrize("capacity", [2, 3, 8])
+def test_copy_schedule_is_bitwise_invisible(options, capacity):
+    """Issuing copies ahead or one at a time, with or without prefetch, gives bitwise the
+    logits of resident, and the same lookups, hits, misses and bytes in both schedules."""
+    ref = scenario(Engine.from_pretrained(MODEL, device="cpu"), 3)
+    eng = Engine.from_pretrained(MODEL, device="cpu", placement="fetch", cache_capacity=capacity, **options)
+    toks, logits = scenario(eng, 3)
+    assert toks == ref[0] and all(torch.equal(a, b) for a, b in zip(logits, ref[1]))
+    other = dict(options, issue_ahead=not options["issue_ahead"])
+    twin = Engine.from_pretrained(MODEL, device="cpu", placement="fetch", cache_capacity=capacity, **other)
+    scenario(twin, 3)
+    assert twin.counters == eng.counters

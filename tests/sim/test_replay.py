@@ -112,10 +112,10 @@ def test_misses_non_increasing_with_capacity_for_stack_policies(tr: RoutingTrace
 def test_replay_matches_reference_loop(tr: RoutingTrace) -> None:
     """Per layer, replay's counts equal the engine's reference loop on the lookup sequence."""
     df = replay(tr, ["lru", "lfu", "fifo"], [2])
-    for l, (ids, _) in enumerate(lookup_arrays(tr)):
+    for l, (ids, steps) in enumerate(lookup_arrays(tr)):
         for p in ("lru", "lfu", "fifo"):
             got = df[(df.policy == p) & (df.layer == l)].misses.iloc[0]
-            assert got == count_faults(p, ids.tolist(), 2, n_experts=tr.n_experts)
+            assert got == count_faults(p, ids.tolist(), 2, n_experts=tr.n_experts, steps=steps.tolist())
 
 
 # --- oracle prefetch ---------------------------------------------------------------------------
@@ -174,3 +174,16 @@ def test_policy_options_pass_through() -> None:
     pinned0 = replay(tr, ["static"], [3], options={"static": {"pinned": 0}})
     fifo = replay(tr, ["fifo"], [3])
     assert total(pinned0, "static", 3) == total(fifo, "fifo", 3)   # nothing pinned: plain FIFO
+
+
+def test_step_protection_by_hand() -> None:
+    """Recency stack [7, 5] when a step needs [1, 5, 7]: at capacity 2 every resident is a later
+    expert of the step, so the miss of 1 protects none and evicts 5 (LRU); 7 still hits. At
+    capacity 3 the miss of 1 has a free slot. The closed-form LRU curve and the class agree."""
+    ex = np.array([5, 7, 1, 5, 7], dtype=np.int32).reshape(5, 1, 1)
+    tr = RoutingTrace(experts=ex, meta={"n_experts": 8, "expert_bytes": 1},
+                      step=np.array([0, 1, 2, 2, 2], dtype=np.int32)).validate()
+    df = replay(tr, ["lru"], [1, 2, 3])
+    assert [total(df, "lru", c, "hits") for c in (1, 2, 3)] == [0, 1, 2]
+    pd.testing.assert_frame_equal(lru_curve(tr)[lambda d: d.capacity <= 3].reset_index(drop=True),
+                                  df.reset_index(drop=True), check_like=True)

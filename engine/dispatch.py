@@ -1,0 +1,77 @@
+"""Token -> expert dispatch: which rows of a layer's micro-batch each expert computes.
+
+Owns: grouping one MoE layer's top-k routing into per-expert token lists with a single
+device->host transfer (`group_by_expert`), the slow obvious reference it must equal
+(`group_by_expert_reference`, one `nonzero` -- one host sync -- per expert), and per-expert
+token counts without any host sync (`tokens_per_expert`). Does not own: running experts
+(engine.placements.base.Placement.combine) or routing itself (engine.layers.route).
+
+    r = group_by_expert(ids, n_experts)        # ids [N, k] -> Routing; one .tolist()
+    for e, tok, kpos in r: ...                 # ascending expert id; rows in ascending order
+
+Dimension legend: N=rows (B*T), k=top-k, E=experts, M=N*k routed (row, slot) pairs.
+
+Why one transfer: the expert loop needs the list of used experts (host control flow) and
+each expert's rows. `unique()` plus a `nonzero()` per expert is a host sync each on CUDA
+(their output sizes depend on the data), so a layer with 8 used experts stalled the host 9
+times, and the copy issue order of a fetching placement could not be known before the
+first expert ran. Here: one stable sort of the M flattened ids and the E+1 group
+boundaries (`searchsorted`, no sync), then the boundaries read with one `.tolist()`. The
+stable sort keeps each expert's (row, slot) pairs in ascending flat position -- exactly
+the row-major order `(ids == e).nonzero()` returns -- so gathers and `index_add_` see the
+same rows in the same order and outputs stay bitwise equal.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Routing:
+    """One layer's dispatch: experts used (ascending) and, per expert, its rows and top-k slots."""
+
+    experts: list[int]
+    rows: list[torch.Tensor]        # per used expert: row indices [n] into the layer's input, ascending
+    slots: list[torch.Tensor]       # per used expert: top-k position [n] of that expert in each row
+
+    def __iter__(self) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+        return iter(zip(self.experts, self.rows, self.slots))
+
+    def __len__(self) -> int:
+        return len(self.experts)
+
+
+def group_by_expert(ids: torch.Tensor, n_experts: int) -> Routing:
+    """ids [N, k] int64 -> Routing, with exactly one device->host transfer."""
+    k = ids.shape[1]
+    flat = ids.reshape(-1)                                                      # [M]
+    sorted_ids, order = torch.sort(flat, stable=True)                           # [M], [M]
+    edges = torch.arange(n_experts + 1, device=ids.device, dtype=sorted_ids.dtype)
+    bounds = torch.searchsorted(sorted_ids, edges).tolist()                     # [E+1]: the one transfer
+    experts, rows, slots = [], [], []
+    for e in range(n_experts):
+        a, b = bounds[e], bounds[e + 1]
+        if b > a:
+            pos = order[a:b]                                                    # [n] flat positions, ascending
+            experts.append(e)
+            rows.append(pos // k)
+            slots.append(pos % k)
+    return Routing(experts, rows, slots)
+
+
+def group_by_expert_reference(ids: torch.Tensor) -> Routing:
+    """The obvious version (one `nonzero` per used expert); `group_by_expert` must equal it."""
+    experts = ids.unique().tolist()                                             # sorted ascending
+    pairs = [(ids == e).nonzero(as_tuple=True) for e in experts]                # ([n], [n]) each
+    return Routing(experts, [p[0] for p in pairs], [p[1] for p in pairs])
+
+
+def tokens_per_expert(ids: torch.Tensor, n_experts: int) -> torch.Tensor:
+    """ids [..., k] -> int64 [E]: how many (row, slot) pairs chose each expert; no host sync
+    (unlike `bincount`, whose output size is read from the data on CUDA)."""
+    flat = ids.reshape(-1)                                                      # [M]
+    counts = torch.zeros(n_experts, dtype=torch.int64, device=ids.device)       # [E]
+    return counts.index_add_(0, flat, torch.ones_like(flat))

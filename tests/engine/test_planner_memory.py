@@ -1,0 +1,55 @@
+"""The planner's transient memory against what a forward pass really allocates on the emulated
+device (torch.profiler's record of every CPU-allocator allocation and free, kernel
+workspaces included): planned >= measured peak, and not absurdly larger (<= 3x)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import Engine
+from engine.config import preset
+from engine.planner import allocator_slack, attention_workspace_bytes, plan_memory
+from harness.measure import transient_peak
+
+CASES = [  # tokens, batch, dtype, placement options, model overrides
+    (1, 2, "float32", {}, None),                                  # a decode step
+    (8, 1, "float32", {}, None),
+    (64, 2, "float32", {"placement": "fetch", "cache_capacity": 2}, None),
+    (256, 1, "float32", {}, None),
+    (256, 1, "bfloat16", {}, None),
+    (512, 2, "float32", {}, None),                                # the attention workspace matters here
+    (128, 2, "float32", {}, {"family": "qwen2_moe", "shared_expert_intermediate_size": 96}),
+    (200, 1, "float32", {}, {"family": "qwen3_moe", "qk_norm": "head"}),
+]
+
+
+def measured_and_planned(device: str, tokens: int, batch: int, dtype: str, options: dict | None = None,
+                         overrides: dict | None = None) -> tuple[int, int]:
+    """(measured transient peak, planned transient) of one prefill of `tokens` per sequence."""
+    eng = Engine.from_pretrained("tiny-mixtral", device=device, dtype=dtype, ubatch=tokens, max_context=tokens + 1,
+                                 batch=batch, model_overrides=overrides, **(options or {}))
+    sess = eng.new_session(batch)
+    eng.prefill(sess, [[1]] * batch)          # allocates the whole planned KV: not part of the transient
+    rows = torch.randint(0, 512, (batch, tokens), generator=torch.Generator().manual_seed(tokens)).tolist()
+    return transient_peak(device, lambda: eng.prefill(sess, rows)), eng.plan.transient
+
+
+@pytest.mark.parametrize("tokens,batch,dtype,options,overrides", CASES)
+def test_planned_transient_bounds_the_measured_peak(tokens, batch, dtype, options, overrides):
+    peak, planned = measured_and_planned("cpu", tokens, batch, dtype, options, overrides)
+    assert 0 < peak <= planned <= 3 * peak, (peak, planned)
+
+
+def test_cuda_plan_counts_materialised_scores_and_allocator_slack():
+    cfg = preset("mixtral-8x7b")
+    B, T, S = 1, 512, 4096
+    cuda = attention_workspace_bytes(cfg, B, T, S, 2, "cuda")
+    assert cuda >= 2 * B * cfg.num_heads * T * S * 4                     # scores + probabilities, fp32
+    assert attention_workspace_bytes(cfg, B, T, S, 2, "cpu") < cuda
+    assert allocator_slack(100, "cpu") == 0 and allocator_slack(100, "cuda") >= 22 << 20
+    on_cuda = plan_memory(cfg, "fetch", 2, None, S, B, T, 2, device_kind="cuda")
+    on_cpu = plan_memory(cfg, "fetch", 2, None, S, B, T, 2, device_kind="cpu")
+    assert on_cuda.total - on_cpu.total == (on_cuda.attention - on_cpu.attention) + on_cuda.slack
+    assert "attention workspace (worst case)" in str(on_cuda) and "allocator slack" in str(on_cuda)
+    with pytest.raises(ValueError, match="device_kind must be 'cuda' or 'cpu', got 'tpu'"):
+        attention_workspace_bytes(cfg, B, T, S, 2, "tpu")
