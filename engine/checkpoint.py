@@ -18,8 +18,8 @@ import torch
 from safetensors import safe_open
 
 from engine.config import ModelConfig
+from engine.dtypes import DTYPES, torch_dtype  # noqa: F401 -- re-exported: callers import them from here
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class MissingTensorError(KeyError):
@@ -27,14 +27,6 @@ class MissingTensorError(KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its message; keep it readable
         return str(self.args[0])
-
-
-def torch_dtype(name: str | torch.dtype) -> torch.dtype:
-    if isinstance(name, torch.dtype):
-        return name
-    if name not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {name!r}")
-    return DTYPES[name]
 
 
 class Checkpoint:

@@ -46,8 +46,9 @@ with torch.OutOfMemoryError as it would on a card that small, instead of borrowi
 real card's spare memory. That cap is per process and device, not per engine: every other
 engine and tensor in the same process on that GPU is held to it too (an engine built
 without a budget, like the harness's resident reference, does not lift it); building
-another engine with a budget replaces it, and `close()` (Engine.close) lifts the cap if
-it is still the one this device set. Without an explicit budget nothing is capped (the
+another engine with a budget replaces it, and `close()` (Engine.close) removes this
+device's cap, restoring the cap of the most recent device still open (or none), so closing
+a second engine never uncaps a first that is still in use. Without an explicit budget nothing is capped (the
 ledger's budget is then the free memory at creation).
 """
 from __future__ import annotations
@@ -66,7 +67,8 @@ from engine.hooks import NULL, Instrument
 
 COPY_GATE_CYCLES = 50_000            # GPU clock cycles (~25 us at 2 GHz) an idle copy stream spins when timed
 LINK_TRUSTED_MIN_BYTES = 8 << 20     # smallest copy whose event-timed rate link_gbps is trusted for
-_allocator_cap_owner: dict[int, int] = {}   # CUDA device index -> id() of the Device whose budget caps it
+# CUDA device index -> the open devices that capped it, (id(Device), cap fraction), latest last
+_allocator_caps: dict[int, list[tuple[int, float]]] = {}
 
 
 class DeviceMemoryError(MemoryError):
@@ -175,15 +177,17 @@ class Device:
     # --- the budget as an allocator cap (CUDA) ------------------------------------------
     def _cap_allocator(self, budget: int) -> None:
         total = torch.cuda.get_device_properties(self.torch_device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), self.torch_device)
+        fraction = min(1.0, budget / total)
+        torch.cuda.set_per_process_memory_fraction(fraction, self.torch_device)
         self.allocator_cap = min(budget, total)
-        _allocator_cap_owner[self.torch_device.index] = id(self)
+        _allocator_caps.setdefault(self.torch_device.index, []).append((id(self), fraction))
 
     def close(self) -> None:
-        """Lift the allocator cap this device set (if no later device replaced it)."""
-        if self.allocator_cap is not None and _allocator_cap_owner.get(self.torch_device.index) == id(self):
-            torch.cuda.set_per_process_memory_fraction(1.0, self.torch_device)
-            del _allocator_cap_owner[self.torch_device.index]
+        """Remove this device's allocator cap; the latest cap of a device still open applies again."""
+        if self.allocator_cap is not None:
+            caps = _allocator_caps.get(self.torch_device.index, [])
+            caps[:] = [c for c in caps if c[0] != id(self)]
+            torch.cuda.set_per_process_memory_fraction(caps[-1][1] if caps else 1.0, self.torch_device)
         self.allocator_cap = None
 
     # --- allocation ------------------------------------------------------------------

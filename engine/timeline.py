@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from engine.intervals import subtract
 from engine.hooks import Instrument
 
 COMPUTE = ("attention", "router", "expert")   # spans also event-timed on CUDA, for the trace view
@@ -190,32 +191,6 @@ class Timeline(Instrument):
                            "ts": us(s.t0), "dur": max(0.0, us(s.t1) - us(s.t0)),
                            "args": {k: v for k, v in s.attrs.items() if isinstance(v, (int, float, str, bool))}})
         return {"traceEvents": events, "displayTimeUnit": "ms"}
-
-
-def _merged(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    out: list[list[float]] = []
-    for a, b in sorted(iv):
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return [(a, b) for a, b in out]
-
-
-def subtract(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The parts of the union of `a` not covered by the union of `b`."""
-    out, holes = [], _merged(b)
-    for s0, s1 in _merged(a):
-        cur = s0
-        for h0, h1 in holes:
-            if h1 <= cur or h0 >= s1:
-                continue
-            if h0 > cur:
-                out.append((cur, h0))
-            cur = max(cur, h1)
-        if cur < s1:
-            out.append((cur, s1))
-    return out
 
 
 class Instruments(Instrument):

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from engine.config import PRESETS, ModelConfig, preset
 from engine.devices import parse_bytes
+from engine.dtypes import DTYPE_NAMES
 from engine.placements import needs_cache
 from engine.registry import PLACEMENTS, POLICIES, PREFETCHERS, UnknownPluginError
 from harness import plugins
@@ -34,7 +35,7 @@ WORKLOADS = ("coding_agent", "chat", "long_doc")
 TOKEN_SOURCES = ("text", "random")
 PROFILERS = ("none", "torch", "nsys")
 DEVICES = ("auto", "cpu", "cuda")
-DTYPES = ("float32", "bfloat16", "float16", "auto")
+DTYPES = (*DTYPE_NAMES, "auto")       # "auto": the dtype the checkpoint was saved in
 
 
 class ConfigError(ValueError):

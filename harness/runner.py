@@ -286,7 +286,7 @@ class Job:
         w, mcfg = spec.workload, engine.cfg
         try:
             resident = plan_memory(mcfg, "resident", None, budget, session_tokens_of(spec), w.batch, w.ubatch,
-                                   engine.model.dtype.itemsize)
+                                   engine.model.dtype.itemsize, device_kind=engine.device.kind)
         except PlanError as exc:
             reason = f"the resident plan does not fit the device budget: {str(exc).splitlines()[0]}"
             return Ablation("skipped", reason)

@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from engine.dtypes import DTYPES
 import torch.nn.functional as F
 
 from engine.config import preset
@@ -38,7 +40,6 @@ from engine.layers import expert_ffn
 from harness.costmodel.profiles import PROFILE_DIR, HardwareProfile, save_profile
 from harness.manifest import cpu_model
 
-TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 LINK_EXPERT = "qwen3-30b-a3b"       # whose expert size the link benchmark copies (9 MiB in bf16)
 
 
@@ -80,7 +81,7 @@ def gemm_rates(device: str, dtypes: list[str], sizes: tuple[int, ...], repeats: 
     """GFLOP/s of square matmuls, per dtype and size: {"float32@1024": ...}."""
     out = {}
     for name in dtypes:
-        dt = TORCH_DTYPES[name]
+        dt = DTYPES[name]
         if not _supports(dt, device):
             continue
         for n in sizes:
@@ -94,7 +95,7 @@ def gemv_rates(device: str, dtypes: list[str], mib: int, repeats: int) -> dict[s
     """Effective GB/s of weight reads in a matrix-vector product over a `mib` MiB matrix."""
     out = {}
     for name in dtypes:
-        dt = TORCH_DTYPES[name]
+        dt = DTYPES[name]
         if not _supports(dt, device):
             continue
         cols = 4096
@@ -109,7 +110,7 @@ def gemv_rates(device: str, dtypes: list[str], mib: int, repeats: int) -> dict[s
 def expert_rates(device: str, dtype: str, models: list[str], tokens: tuple[int, ...], repeats: int) -> dict[str, float]:
     """The engine's expert FFN on real expert shapes: GFLOP/s per (model, tokens), and the
     weight-read GB/s at one token ({"qwen3-30b-a3b@1:GB/s": ...})."""
-    dt = TORCH_DTYPES[dtype]
+    dt = DTYPES[dtype]
     out = {}
     for m in models:
         D, I = expert_shape(m)
@@ -236,7 +237,7 @@ def micro_benchmarks(kind: str, dtype: str, quick: bool) -> dict[str, Any]:
                                    (1, 64, 512), reps),
         "cpu_ram_gbps": ram_bandwidth(64 if quick else 512, reps)}
     D, I = expert_shape(LINK_EXPERT)
-    link_bytes = 3 * D * I * TORCH_DTYPES[dtype].itemsize
+    link_bytes = 3 * D * I * DTYPES[dtype].itemsize
     if kind == "cuda":
         raw["gpu_gemm_gflops"] = gemm_rates("cuda", dtypes + ["float16"], (2048, 4096) if quick else (1024, 4096, 8192),
                                             reps)
@@ -244,7 +245,7 @@ def micro_benchmarks(kind: str, dtype: str, quick: bool) -> dict[str, Any]:
         raw["cuda_links"] = cuda_links(link_bytes if quick else 256 << 20, reps)
         raw["cupy_links"] = cupy_links(link_bytes if quick else 256 << 20, reps)
     else:
-        tiny = preset("tiny-mixtral").expert_params * TORCH_DTYPES[dtype].itemsize
+        tiny = preset("tiny-mixtral").expert_params * DTYPES[dtype].itemsize
         raw["emulated_link_gbps"] = emulated_link(link_bytes, reps * 3)
         raw["emulated_link_tiny_gbps"] = emulated_link(tiny, reps * 10)
     return raw
@@ -329,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="profile yaml to write (default: conf/hardware/<name>.yaml)")
     ap.add_argument("--name", default=None, help="profile name (default: the --out file's stem, else 'measured')")
     ap.add_argument("--quick", action="store_true", help="fewer sizes and repeats (~10 s; for tests and CI)")
-    ap.add_argument("--dtype", default="float32", choices=sorted(TORCH_DTYPES), help="dtype of the profile's figures")
+    ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="dtype of the profile's figures")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     ap.add_argument("--no-fit", action="store_true", help="skip the engine probes and the overhead fit")
     ap.add_argument("--threads", type=int, default=None,

@@ -45,13 +45,14 @@ import numpy as np
 import pandas as pd
 
 from engine.config import ModelConfig, preset
+from engine.dtypes import DTYPE_NAMES, dtype_bytes
 from engine.planner import plan_memory
 from harness import results
 from harness.costmodel.profiles import HardwareProfile, Overheads, load_profile
 from harness.costmodel.work import (EVENTS, PhaseWork, PlacementSpec, Routing, WorkloadShape, apply_counts,
                                     apply_hit_rate, expert_bytes, kv_bytes, pass_events, pass_flops, scenario_work)
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+DTYPE_BYTES = {name: dtype_bytes(name) for name in DTYPE_NAMES}
 OVERLAP_MODES = ("auto", "none", "full")
 Overlap = str | float
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from engine.checkpoint import DTYPES
+from engine.dtypes import DTYPES
 from engine.export import export_preset
 from harness.engines.base import EngineAdapter, Produced, argmax
 

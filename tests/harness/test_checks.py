@@ -93,8 +93,8 @@ def test_reference_lives_off_the_device_and_the_ablation_fits_the_budget(tmp_pat
     spec = validate(cfg_with("placement=fetch", "cache.capacity=2", *SMALL))
     cfg = preset("tiny-mixtral")
     w = spec.workload
-    resident = plan_memory(cfg, "resident", None, None, session_tokens_of(spec), w.batch, w.ubatch, 4)
-    fetch = plan_memory(cfg, "fetch", 2, None, session_tokens_of(spec), w.batch, w.ubatch, 4)
+    resident = plan_memory(cfg, "resident", None, None, session_tokens_of(spec), w.batch, w.ubatch, 4, device_kind="cpu")
+    fetch = plan_memory(cfg, "fetch", 2, None, session_tokens_of(spec), w.batch, w.ubatch, 4, device_kind="cpu")
     assert fetch.total < resident.total
     budget = (fetch.total + resident.total) // 2                               # fetch fits, resident does not
     out, df = job(tmp_path, "placement=fetch", "cache.capacity=2", f"hardware.device_memory={budget}", *SMALL)
@@ -114,9 +114,12 @@ def test_reference_lives_off_the_device_and_the_ablation_fits_the_budget(tmp_pat
 def test_ablation_is_paired_interleaved_or_sequential_by_budget(tmp_path):
     spec = validate(cfg_with("placement=fetch", "cache.capacity=2", *SMALL))
     cfg, w = preset("tiny-mixtral"), spec.workload
-    resident = plan_memory(cfg, "resident", None, None, session_tokens_of(spec), w.batch, w.ubatch, 4)
-    for budget, mode in ((None, "interleaved"), (resident.total + resident.total // 3, "sequential")):
-        extra = [] if budget is None else [f"hardware.device_memory={int(budget / 0.95) + 1}"]
+    r = plan_memory(cfg, "resident", None, None, session_tokens_of(spec), w.batch, w.ubatch, 4, device_kind="cpu").total
+    f = plan_memory(cfg, "fetch", 2, None, session_tokens_of(spec), w.batch, w.ubatch, 4, device_kind="cpu").total
+    # each plan adds a 5% reserve of the budget: resident alone fits from r/0.95, both together from (r+f)/0.9
+    between = int((r / 0.95 + (r + f) / 0.9) / 2)
+    for budget, mode in ((None, "interleaved"), (between, "sequential")):
+        extra = [] if budget is None else [f"hardware.device_memory={budget}"]
         out, df = job(tmp_path / mode, "placement=fetch", "cache.capacity=2", "run.repeats=3", *SMALL, *extra)
         assert out.error is None, out.error
         ab = df[df.metric.str.startswith("exposed_copy_ablation")]

@@ -12,7 +12,8 @@ from hydra import compose, initialize_config_dir
 import harness.cli  # noqa: F401 -- registers the ConfigStore
 from engine import Engine
 from engine.nvtx_ranges import NvtxRanges
-from engine.timeline import Timeline, subtract
+from engine.intervals import subtract
+from engine.timeline import Timeline
 from harness import engines, results
 from harness.cli import CONF_DIR
 from harness.report import Reporter
