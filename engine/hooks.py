@@ -40,3 +40,26 @@ class Instrument:
 
 
 NULL = Instrument()
+
+
+class RoutingHook:
+    """Hears every forward pass's routing (trace recorders, tests). The model calls
+    `begin_pass(batch, tokens)` once per forward pass, then `route(layer, ids, weights)` once per
+    MoE layer in layer order, with ids/weights [B*T, k] (row-major over [B, T]) before the
+    experts run. Add one with `MoEModel.add_routing_hook`, remove it with `remove_routing_hook`."""
+
+    def begin_pass(self, batch: int, tokens: int) -> None:
+        """A forward pass of `batch` sequences x `tokens` new tokens starts."""
+
+    def route(self, layer: int, ids: Any, weights: Any) -> None:
+        """MoE layer `layer` routed its rows to `ids` with `weights`."""
+
+
+class RouteCallback(RoutingHook):
+    """A routing hook from a plain function f(layer, ids, weights)."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def route(self, layer: int, ids: Any, weights: Any) -> None:
+        self.fn(layer, ids, weights)

@@ -22,7 +22,7 @@ from engine.cache import ExpertStore
 from engine.checkpoint import Checkpoint, MissingTensorError, read_expert_into, router_name
 from engine.config import ModelConfig
 from engine.devices import Device
-from engine.hooks import Instrument
+from engine.hooks import Instrument, RoutingHook
 from engine.kv import Session
 from engine.layers import apply_rope, attention, causal_mask, dense_mlp, rms_norm, rope_cos_sin, route
 
@@ -85,8 +85,15 @@ class MoEModel:
         self.store = ExpertStore(cfg.n_experts, cfg.expert_params, dtype)
         self.placement = None  # set by the engine
         self.prefetcher = None  # set by the engine when prefetch != "none"
-        self.on_route: Callable[[int, torch.Tensor, torch.Tensor], None] | None = None
+        self.routing_hooks: list[RoutingHook] = []      # hear each pass's routing (trace recorders)
         self.step_log: dict[int, list[list[int]]] | None = None   # per layer, experts of each pass
+
+    def add_routing_hook(self, hook: RoutingHook) -> None:
+        self.routing_hooks.append(hook)
+
+    def remove_routing_hook(self, hook: RoutingHook) -> None:
+        if hook in self.routing_hooks:
+            self.routing_hooks.remove(hook)
 
     # --- loading -------------------------------------------------------------------------
     def load(self, src: TensorSource, expert_on_device: Callable[[int], bool], pin_host: bool = False) -> None:
@@ -152,6 +159,8 @@ class MoEModel:
         mask = causal_mask(T, past, cfg.sliding_window, ids.device)
         x = F.embedding(ids, self.embed)                                           # [B, T, D]
         self.placement.begin_forward(B * T)
+        for hook in self.routing_hooks:
+            hook.begin_pass(B, T)
         prefetcher = self.prefetcher
         if prefetcher is not None:
             prefetcher.begin_forward()               # counts passes even when this one is not prefetched
@@ -193,8 +202,8 @@ class MoEModel:
             return dense_mlp(h, *L.dense, cfg.hidden_act)
         with self.instrument.span("router", layer=i):
             ids, weights = route(h, L.router, cfg.top_k, cfg.norm_topk_prob, cfg.family == "mixtral")  # [N, k]
-        if self.on_route is not None:
-            self.on_route(i, ids, weights)
+        for hook in self.routing_hooks:
+            hook.route(i, ids, weights)
         if self.step_log is not None:
             self.step_log.setdefault(i, []).append(ids.unique().tolist())
         if prefetcher is not None:

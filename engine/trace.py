@@ -44,6 +44,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from engine.hooks import RoutingHook
+
 log = logging.getLogger(__name__)
 
 __all__ = ["RoutingTrace", "TraceRecorder", "save_trace", "load_trace", "lookup_sequences",
@@ -340,16 +342,14 @@ def expert_counts(trace: RoutingTrace) -> np.ndarray:
 
 
 # --- recording -------------------------------------------------------------------------------
-class TraceRecorder:
-    """Records every forward pass's routing from an engine through `engine.model.on_route`.
+class TraceRecorder(RoutingHook):
+    """Records every forward pass's routing from an engine, as a routing hook of its model.
 
-    A pass is the calls for the model's MoE layers in order (first MoE layer opens it, the
-    last closes it). Token order inside a pass is row-major over [B, T]; each token gets the
-    pass index as `step` and its batch row as `sequence` (B is read from the ids [B, T] the
-    model's `forward` receives: the recorder wraps `engine.model.forward` with an instance
-    attribute, removed by `detach`). Recording copies ids to the CPU once per layer and pass
-    (a device sync on CUDA), so it is for trace runs, not timed runs. A callback already
-    installed on `on_route` keeps being called.
+    A pass is the `route` calls for the model's MoE layers in order, opened by `begin_pass`,
+    which also gives the batch B. Token order inside a pass is row-major over [B, T]; each token
+    gets the pass index as `step` and its batch row as `sequence`. Recording copies ids to the
+    CPU once per layer and pass (a device sync on CUDA), so it is for trace runs, not timed
+    runs. Other hooks on the model keep hearing the routing.
 
         rec = TraceRecorder(eng); eng.generate(prompts, 8); tr = rec.trace(); rec.detach()
     """
@@ -368,12 +368,8 @@ class TraceRecorder:
         self._pending: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
         self._rows = 0
         self.passes = 0
-        self._batch = 1                          # B of the pass in flight (from the forward's ids [B, T])
-        self._prev = self.model.on_route
-        self.model.on_route = self._on_route
-        self._forward = self.model.forward
-        self._own_forward = "forward" in vars(self.model)    # someone else's wrapper to restore
-        self.model.forward = self._wrapped_forward   # instance attribute; detach() removes it
+        self._batch = 1                          # B of the pass in flight (begin_pass)
+        self.model.add_routing_hook(self)
         meta: dict[str, Any] = {
             "n_experts": int(cfg.n_experts), "expert_bytes": int(self.model.store.expert_bytes),
             "model": cfg.name, "family": cfg.family, "num_layers": int(cfg.num_layers),
@@ -386,18 +382,11 @@ class TraceRecorder:
         self.meta = meta
 
     def detach(self) -> None:
-        """Restore the callback (and forward) that were installed before this recorder."""
-        if self.model.on_route == self._on_route:
-            self.model.on_route = self._prev
-        if vars(self.model).get("forward") == self._wrapped_forward:
-            if self._own_forward:
-                self.model.forward = self._forward
-            else:
-                del self.model.forward
+        """Stop recording (the recorded passes stay)."""
+        self.model.remove_routing_hook(self)
 
-    def _wrapped_forward(self, ids: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        self._batch = int(ids.shape[0])          # ids [B, T]
-        return self._forward(ids, *args, **kwargs)
+    def begin_pass(self, batch: int, tokens: int) -> None:
+        self._batch = int(batch)
 
     def __enter__(self) -> "TraceRecorder":
         return self
@@ -405,12 +394,10 @@ class TraceRecorder:
     def __exit__(self, *exc: object) -> None:
         self.detach()
 
-    def _on_route(self, layer: int, ids: torch.Tensor, weights: torch.Tensor) -> None:
-        if self._prev is not None:
-            self._prev(layer, ids, weights)
+    def route(self, layer: int, ids: torch.Tensor, weights: torch.Tensor) -> None:
         i = self._index.get(layer)
         if i is None:
-            raise ValueError(f"on_route called for layer {layer}, which is not an MoE layer of this model "
+            raise ValueError(f"route called for layer {layer}, which is not an MoE layer of this model "
                              f"(moe_layers={self.moe_layers})")
         if i == 0:
             if self._pending:

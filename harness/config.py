@@ -248,10 +248,12 @@ def _placement_options(name: str, options: dict[str, Any], mcfg: ModelConfig) ->
         parsed = plugins.parse(PLACEMENTS, name, options, "placement")
     except (UnknownPluginError, PluginOptionsError) as exc:
         raise ConfigError(str(exc) if isinstance(exc, PluginOptionsError) else f"placement.name: {exc}") from None
-    n_cpu = options.get("n_cpu_layers")
-    if n_cpu is not None and n_cpu > mcfg.n_moe_layers:
-        raise _allowed("placement.n_cpu_layers", f"0..{mcfg.n_moe_layers} (the model's MoE layers)", n_cpu)
-    return dataclasses.asdict(parsed)
+    values = dataclasses.asdict(parsed)
+    try:
+        PLACEMENTS.get(name).check_model(mcfg, values)
+    except ValueError as exc:
+        raise ConfigError(f"placement.{exc}") from None
+    return values
 
 
 def _policy_options(cache: dict[str, Any], mcfg: ModelConfig, run: RunConf) -> dict[str, Any]:

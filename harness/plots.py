@@ -26,17 +26,15 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from harness import contract
-from harness.contract import EMULATED_OVERLAP_NOTE
+from harness.contract import EMULATED_OVERLAP_NOTE, PHASES, PREFILL_PHASES
 from harness.results import FACTOR_COLUMNS
 
 __all__ = ["MissingData", "STANDARD", "capacity_sweep", "ttft_by_prefix_state", "bytes_per_token", "overlap",
            "memory_peaks", "hit_rate_curves", "measured_hit_rates", "speed_rows", "what_if"]
 
-PREFILL_PHASES = ("prefill_fresh", "prefill_continuation", "prefill_restored")
-PHASES = ("load", "prefill_fresh", "decode", "prefill_continuation", "prefill_restored")
 PHASE_LABELS = {"load": "load", "prefill_fresh": "fresh prefill", "decode": "decode",
-                "prefill_continuation": "continuation (KV on device)", "prefill_restored": "restored (KV from host)"}
-CACHE_PLACEMENTS = ("fetch", "stream")
+                "prefill_continuation": "continuation (KV on device)", "prefill_restored": "restored (KV from host)",
+                "kv_offload": "KV offload"}
 SPREAD = "median over repeats; bars: min..max"
 _MIB = 2.0**20
 
@@ -156,10 +154,10 @@ def capacity_sweep(df: pd.DataFrame) -> Figure:
     rows = speed_rows(df)
     rows = rows[((rows["phase"] == "decode") & (rows["metric"] == "tok_per_s"))
                 | ((rows["phase"] == "prefill_fresh") & (rows["metric"] == "ttft_s"))]
-    cached = rows[rows["placement"].isin(CACHE_PLACEMENTS)]
+    cached = rows[rows["cache_capacity"].notna()]          # the factor is set only where the placement keeps a cache
     if cached.empty or _capacity_x(cached).isna().all():
         raise MissingData("capacity sweep: no decode tok_per_s / prefill_fresh ttft_s rows of a placement with an "
-                          f"expert cache ({', '.join(CACHE_PLACEMENTS)})")
+                          "expert cache (a cache_capacity factor)")
     rows = rows.assign(capacity=_capacity_x(rows))
     contexts = sorted(rows["context_tokens"].dropna().unique()) or [None]
     cols = _config_columns(rows, exclude=("cache_capacity", "context_tokens"))

@@ -5,7 +5,7 @@ Look them up by name through engine.registry.PLACEMENTS.
 from collections.abc import Mapping
 from typing import Any
 
-from engine.placements.base import Placement, PlacementContext
+from engine.placements.base import Placement, PlacementContext, PlacementTraits
 
 
 def needs_cache(name: str, options: Mapping[str, Any] | None = None) -> bool:
@@ -20,4 +20,10 @@ def needs_cache(name: str, options: Mapping[str, Any] | None = None) -> bool:
     return cls.uses_cache(dict(options or {}))
 
 
-__all__ = ["Placement", "PlacementContext", "needs_cache"]
+def traits(name: str, cfg, options: Mapping[str, Any] | None = None) -> PlacementTraits:
+    """What placement `name` does with these options on model `cfg` (asks the plugin)."""
+    from engine.registry import PLACEMENTS
+    return PLACEMENTS.get(name).traits(cfg, dict(options or {}))
+
+
+__all__ = ["Placement", "PlacementContext", "PlacementTraits", "needs_cache", "traits"]

@@ -46,6 +46,32 @@ class PlacementContext:
     policy_factory: Callable[[int], EvictionPolicy] | None  # layer -> policy instance
 
 
+@dataclass(frozen=True)
+class PlacementTraits:
+    """What a placement does, as the planner's neighbours ask it without building one: the cost
+    model, the calibration fit and the plots read this instead of branching on names.
+
+    rows: the B*T rows of one forward pass (streaming is decided per pass)."""
+
+    uses_cache: bool = False                     # a device expert cache: takes a capacity and a policy
+    copies_experts: bool = False                 # expert weights cross the link host->device
+    cpu_layers: frozenset[int] = frozenset()     # MoE layers whose experts run on the CPU (when not streaming)
+    stream_threshold: int | None = None          # passes of more rows stream each layer's experts; None: never
+    stream_buffers: int = 0                      # device buffers streamed experts pass through
+    issue_ahead: bool = True                     # a layer's misses are queued up front (overlap with compute)
+
+    def streams(self, rows: int) -> bool:
+        return self.stream_threshold is not None and rows > self.stream_threshold
+
+    def on_cpu(self, layer: int, rows: int) -> bool:
+        """Whether `layer`'s experts run on the CPU in a pass of `rows` rows."""
+        return not self.streams(rows) and layer in self.cpu_layers
+
+    @property
+    def uses_cpu(self) -> bool:
+        return bool(self.cpu_layers)
+
+
 class Placement(ABC):
     name: ClassVar[str] = ""
     Options: ClassVar[type] = NoOptions
@@ -80,6 +106,15 @@ class Placement(ABC):
     def uses_cache(cls, options: dict[str, Any]) -> bool:
         """Whether this strategy (with these options) needs a cache capacity."""
         return False
+
+    @classmethod
+    def traits(cls, cfg: ModelConfig, options: dict[str, Any]) -> PlacementTraits:
+        """What this strategy does with these options on this model (see PlacementTraits)."""
+        return PlacementTraits(uses_cache=cls.uses_cache(options), copies_experts=cls.copies_experts)
+
+    @classmethod
+    def check_model(cls, cfg: ModelConfig, options: dict[str, Any]) -> None:
+        """Raise ValueError naming the option when these options cannot apply to this model."""
 
     def setup(self) -> None:
         """Allocate device-side structures after the weights are loaded."""

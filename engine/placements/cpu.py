@@ -2,13 +2,20 @@
 (Fiddler-style). Attention and everything else stays on the device."""
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from engine.placements.base import Placement
+from engine.config import ModelConfig
+from engine.placements.base import Placement, PlacementTraits
 
 
 class CPUExperts(Placement):
     name = "cpu"
+
+    @classmethod
+    def traits(cls, cfg: ModelConfig, options: dict[str, Any]) -> PlacementTraits:
+        return PlacementTraits(cpu_layers=frozenset(cfg.moe_layers))
 
     def run(self, layer: int, h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         return self.run_on_cpu(layer, h, ids, weights)

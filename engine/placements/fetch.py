@@ -17,7 +17,7 @@ import torch
 from engine.cache import ExpertCache
 from engine.config import ModelConfig
 from engine.dispatch import group_by_expert
-from engine.placements.base import Placement
+from engine.placements.base import Placement, PlacementTraits
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,11 @@ class Fetch(Placement):
     def device_expert_bytes(cls, cfg: ModelConfig, expert_bytes: int, capacity: int | None,
                             options: dict[str, Any]) -> int:
         return cfg.n_moe_layers * (capacity or 0) * expert_bytes
+
+    @classmethod
+    def traits(cls, cfg: ModelConfig, options: dict[str, Any]) -> PlacementTraits:
+        return PlacementTraits(uses_cache=True, copies_experts=True,
+                               issue_ahead=cls.parse_options(options).issue_ahead)
 
     def setup(self) -> None:
         ctx = self.ctx

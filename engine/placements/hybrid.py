@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from engine.config import ModelConfig
-from engine.placements.base import Placement
+from engine.placements.base import Placement, PlacementTraits
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,17 @@ class Hybrid(Placement):
 
     def expert_on_device(self, layer: int) -> bool:
         return layer >= self.options.n_cpu_layers
+
+    @classmethod
+    def traits(cls, cfg: ModelConfig, options: dict[str, Any]) -> PlacementTraits:
+        n_cpu = cls.parse_options(options).n_cpu_layers
+        return PlacementTraits(cpu_layers=frozenset(l for l in cfg.moe_layers if l < n_cpu))
+
+    @classmethod
+    def check_model(cls, cfg: ModelConfig, options: dict[str, Any]) -> None:
+        n_cpu = cls.parse_options(options).n_cpu_layers
+        if n_cpu > cfg.n_moe_layers:
+            raise ValueError(f"n_cpu_layers: allowed 0..{cfg.n_moe_layers} (the model's MoE layers), got {n_cpu}")
 
     @classmethod
     def device_expert_bytes(cls, cfg: ModelConfig, expert_bytes: int, capacity: int | None,

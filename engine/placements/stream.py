@@ -12,7 +12,7 @@ import torch
 from engine.config import ModelConfig
 from engine.devices import CopyHandle
 from engine.dispatch import group_by_expert
-from engine.placements.base import Placement, PlacementContext
+from engine.placements.base import Placement, PlacementContext, PlacementTraits
 
 FALLBACKS = ("fetch", "cpu")
 
@@ -54,6 +54,15 @@ class Stream(Placement):
         o = cls.parse_options(options)
         fb = PLACEMENTS.get(o.stream_fallback).device_expert_bytes(cfg, expert_bytes, capacity, {})
         return fb + o.stream_buffers * expert_bytes
+
+    @classmethod
+    def traits(cls, cfg: ModelConfig, options: dict[str, Any]) -> PlacementTraits:
+        from engine.registry import PLACEMENTS
+        o = cls.parse_options(options)
+        fallback = PLACEMENTS.get(o.stream_fallback).traits(cfg, {})
+        return PlacementTraits(uses_cache=fallback.uses_cache, copies_experts=True, cpu_layers=fallback.cpu_layers,
+                               stream_threshold=o.stream_threshold, stream_buffers=o.stream_buffers,
+                               issue_ahead=fallback.issue_ahead)
 
     def setup(self) -> None:
         self.fallback.setup()

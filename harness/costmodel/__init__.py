@@ -2,7 +2,7 @@
 hardware profile, calibrated by measuring this machine and validated against measured runs.
 
 Owns: hardware profiles (`profiles`: conf/hardware/*.yaml + fitted overheads), the
-hardware-free work of a scenario (`work`), the time model and its tidy rows (`predict`,
+hardware-free work of a scenario (`work`), the time model and its tidy rows (`timemodel`: `predict`,
 source="model"), calibration (`calibrate`: `moebench calibrate`), and predicted-vs-measured
 error (`validate`). Does not own: measuring runs (harness.runner) or the results schema
 (harness.results).
@@ -17,7 +17,7 @@ What-if over profiles: run `predict` with each of `list_profiles()`; datasheet p
 the hardware bound (no software overhead), a calibrated profile adds this engine's fitted
 overheads.
 """
-from harness.costmodel.predict import PhaseEstimate, Prediction, predict, what_if
+from harness.costmodel.timemodel import PhaseEstimate, Prediction, predict, what_if
 from harness.costmodel.profiles import (HardwareProfile, Overheads, ProfileError, list_profiles, load_profile,
                                         save_profile)
 from harness.costmodel.work import PlacementSpec, Routing, WorkloadShape

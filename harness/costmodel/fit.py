@@ -4,7 +4,7 @@ the bytes/FLOPs model explains, and solve for the fixed cost of each event.
 Owns: the calibration probes (engine runs whose work is read back exactly: experts invoked
 per pass from `step_log`, hits/misses from the engine's counters), and the non-negative,
 relative-error least-squares fit of `Overheads` over them. Does not own: micro-benchmarks
-and the profile file (harness.costmodel.calibrate), the time model (harness.costmodel.predict).
+and the profile file (harness.costmodel.calibrate), the time model (harness.costmodel.timemodel).
 
     probes = run_probes(device="cpu", dtype="float32", quick=True)   # list[Probe]
     overheads, report = fit_overheads(probes, profile)               # profile: the micro-benchmarks' figures
@@ -19,6 +19,8 @@ that out between them.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import time
 from collections.abc import Callable
@@ -29,7 +31,7 @@ import torch
 
 from engine import Engine
 from engine.config import ModelConfig
-from harness.costmodel.predict import DTYPE_BYTES, phase_events, physical_terms
+from harness.costmodel.timemodel import DTYPE_BYTES, phase_events, physical_terms
 from harness.costmodel.profiles import HardwareProfile, Overheads
 from harness.costmodel.work import EVENTS, PassWork, PhaseWork, PlacementSpec
 from harness.measure import sync
@@ -57,12 +59,7 @@ class Probe:
 
 # --- probes ---------------------------------------------------------------------------------
 def _engine(layers: int, top_k: int, placement: PlacementSpec, device: str, dtype: str) -> Engine:
-    opts = {}
-    if placement.name == "hybrid":
-        opts["n_cpu_layers"] = placement.n_cpu_layers
-    if placement.name == "stream":
-        opts.update(stream_threshold=placement.stream_threshold, stream_fallback=placement.stream_fallback,
-                    stream_buffers=placement.stream_buffers)
+    opts = dict(placement.options)
     eng = Engine.from_pretrained(PRESET, placement=placement.name, cache_capacity=placement.capacity,
                                  cache_policy=placement.policy, device=device, dtype=dtype, max_context=4096,
                                  model_overrides={"num_layers": layers, "moe_layers": tuple(range(layers)),
@@ -92,13 +89,12 @@ def _observe(eng: Engine, phase: str, run: Callable[[], list[tuple[int, int]]], 
     n_pass = len(shapes)
     delta = {m: np.array([after[l][m] - before[l][m] for l in layers], dtype=np.float64)
              for m in ("expert_hits", "expert_misses", "h2d_bytes")}
-    placement = eng.placement
-    on_cpu = np.array([eng.options["placement"] in ("cpu", "hybrid") and not placement.expert_on_device(l)
-                       for l in layers])
+    tr = eng.placement.traits(cfg, dataclasses.asdict(eng.placement.options))
     passes = []
     for i, (T, past) in enumerate(shapes):
         unique = np.array([len(log_[l][i]) for l in layers], dtype=np.float64)
-        streaming = eng.options["placement"] == "stream" and T > eng.options.get("stream_threshold", 64)
+        streaming = tr.streams(T)
+        on_cpu = np.array([tr.on_cpu(l, T) for l in layers])
         passes.append(PassWork(phase, 1, T, past, unique, delta["expert_hits"] / n_pass, delta["expert_misses"] / n_pass,
                                unique.copy() if streaming else np.zeros(len(layers)), on_cpu.copy()))
     tokens = sum(T for T, _ in shapes)

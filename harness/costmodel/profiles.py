@@ -4,7 +4,7 @@ Owns: the `HardwareProfile` dataclass (the fields of `harness.config.HardwareCon
 Hydra schema of the `hardware` group, plus the fitted software `Overheads` of a measured
 machine), loading a profile by name or path with errors that name the file, the field and
 the profiles available, listing profiles, and writing a profile back (`save_profile`).
-Does not own: measuring (harness.costmodel.calibrate) or predicting (harness.costmodel.predict).
+Does not own: measuring (harness.costmodel.calibrate) or predicting (harness.costmodel.timemodel).
 
     from harness.costmodel import load_profile, list_profiles
     list_profiles()                         # ['a100-pcie-40gb', ..., 'rtx5090-pcie5-x16']

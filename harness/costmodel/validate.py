@@ -5,7 +5,7 @@ Owns: `predict_for` (predicted rows, source="model", for the jobs of a measured 
 cache traffic taken from the measured rows or simulated), `compare` (the join, with
 `pred_over_measured` = predicted / measured and `abs_err` = |predicted - measured| / measured)
 and `summarize` (median, p90 and max of abs_err per placement). Does not own: the model
-(harness.costmodel.predict) or loading results (harness.results.load).
+(harness.costmodel.timemodel) or loading results (harness.results.load).
 
     from harness import results
     from harness.costmodel import load_profile
@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from engine.config import PRESETS
-from harness.costmodel.predict import DTYPE_BYTES, predict
+from harness.costmodel.timemodel import DTYPE_BYTES, predict
 from harness.costmodel.profiles import HardwareProfile
 from harness.costmodel.work import PHASES, PlacementSpec, Routing, WorkloadShape, expert_bytes, kv_bytes
 from harness.results import FACTOR_COLUMNS
@@ -131,7 +131,7 @@ def _measured_counts(job: pd.DataFrame, cfg, spec: PlacementSpec, shape: Workloa
             v = _median(job, phase, m, "engine")
             if v is not None:
                 c[m] = v
-        if spec.name == "stream":
+        if spec.traits(cfg).stream_threshold is not None:
             h2d = _median(job, phase, "h2d_bytes", "engine") or 0.0
             kv = kv_bytes(cfg, _restored_tokens(shape), shape.batch, dt) if phase == "prefill_restored" else 0
             c["streamed"] = max(0.0, h2d - c.get("expert_misses", 0.0) * eb - kv) / eb

@@ -1,5 +1,5 @@
 """What a scenario asks of the hardware, before any hardware is named: forward passes, FLOPs,
-bytes and expert-cache traffic per phase. Hardware-free; `harness.costmodel.predict` turns
+bytes and expert-cache traffic per phase. Hardware-free; `harness.costmodel.timemodel` turns
 it into time with a profile.
 
 Owns: the phase structure of `harness.scenario` as forward passes (`scenario_work`), where
@@ -38,14 +38,14 @@ from typing import Any
 import numpy as np
 
 from engine.config import ModelConfig
-from engine.placements import needs_cache
+from engine.placements import PlacementTraits, needs_cache
+from engine.placements import traits as placement_traits
 from engine.policies import make_policy
 from engine.policies.simulate import simulate
 from engine.trace import RoutingTrace
+from harness.contract import MEASURED_PHASES
 
-PHASES = ("prefill_fresh", "decode", "prefill_continuation", "prefill_restored")
-PLACEMENTS = ("resident", "fetch", "cpu", "hybrid", "stream")
-STREAM_FALLBACKS = ("fetch", "cpu")
+PHASES = MEASURED_PHASES
 
 
 @dataclass(frozen=True)
@@ -67,44 +67,39 @@ class WorkloadShape:
 
 @dataclass(frozen=True)
 class PlacementSpec:
-    """A placement and its options, as the engine takes them."""
+    """A placement and its options, as the engine takes them; what it does is asked of the
+    plugin (`traits`), never decided here from its name, so a registered third-party placement
+    is predicted like a built-in one."""
 
     name: str = "resident"
-    capacity: int | None = None       # fetch-cache slots per layer (fetch; stream with fallback fetch)
+    capacity: int | None = None       # device-cache slots per layer (placements that keep a cache)
     policy: str = "lru"
-    n_cpu_layers: int = 1             # hybrid
-    stream_threshold: int = 64        # stream
-    stream_fallback: str = "fetch"
-    stream_buffers: int = 2
+    options: Mapping[str, Any] = field(default_factory=dict)   # the plugin's Options fields
 
     def __post_init__(self) -> None:
-        if self.name not in PLACEMENTS:
-            raise ValueError(f"placement: allowed {list(PLACEMENTS)}, got {self.name!r}")
-        if self.stream_fallback not in STREAM_FALLBACKS:
-            raise ValueError(f"stream_fallback: allowed {list(STREAM_FALLBACKS)}, got {self.stream_fallback!r}")
+        from engine.registry import PLACEMENTS
+        cls = PLACEMENTS.get(self.name)                       # unknown names list the registered ones
+        try:
+            cls.parse_options(dict(self.options))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"placement {self.name!r}: {exc}") from None
         if self.uses_cache and (self.capacity is None or self.capacity < 1):
             raise ValueError(f"placement {self.name!r} needs a cache capacity (an int >= 1), got {self.capacity!r}")
-        if self.n_cpu_layers < 0 or self.stream_buffers < 1 or self.stream_threshold < 0:
-            raise ValueError(f"need n_cpu_layers >= 0, stream_buffers >= 1, stream_threshold >= 0; got "
-                             f"{self.n_cpu_layers}, {self.stream_buffers}, {self.stream_threshold}")
 
     @property
     def uses_cache(self) -> bool:
-        options = {"stream_fallback": self.stream_fallback} if self.name == "stream" else {}
-        return needs_cache(self.name, options)
+        return needs_cache(self.name, self.options)
+
+    def traits(self, cfg: ModelConfig) -> PlacementTraits:
+        return placement_traits(self.name, cfg, self.options)
 
     @classmethod
     def from_options(cls, name: str, capacity: int | None = None, policy: str | None = None,
                      options: Mapping[str, Any] | None = None) -> "PlacementSpec":
         """From the engine's/Hydra's form: a name, a capacity, a policy and placement options."""
-        allowed = {"n_cpu_layers", "stream_threshold", "stream_fallback", "stream_buffers"}
         opts = dict(options or {})
-        unknown = sorted(set(opts) - allowed)
-        if unknown:
-            raise ValueError(f"placement {name!r}: unknown option(s) {unknown}; allowed: {sorted(allowed)}")
-        fallback = {"stream_fallback": opts["stream_fallback"]} if name == "stream" and "stream_fallback" in opts else {}
-        return cls(name=name, capacity=capacity if needs_cache(name, fallback) else None, policy=policy or "lru",
-                   **opts)
+        return cls(name=name, capacity=capacity if needs_cache(name, opts) else None, policy=policy or "lru",
+                   options=opts)
 
 
 # --- routing ----------------------------------------------------------------------------------
@@ -211,8 +206,7 @@ def scenario_work(cfg: ModelConfig, placement: PlacementSpec, shape: WorkloadSha
     layout = phase_passes(shape)
     n_tokens = sum(B * T for passes in layout.values() for T, _ in passes)
     experts = routing.experts(cfg, n_tokens)                                  # [n, M, k]
-    cpu_layer = np.array([placement.name == "cpu" or (placement.name == "hybrid" and layer < placement.n_cpu_layers)
-                          for layer in cfg.moe_layers], dtype=bool)           # [M]
+    tr = placement.traits(cfg)
     passes: list[PassWork] = []
     present_all: list[np.ndarray] = []                                        # per pass [M, E] bool
     start = 0
@@ -223,8 +217,8 @@ def scenario_work(cfg: ModelConfig, placement: PlacementSpec, shape: WorkloadSha
             present = np.zeros((M, E), dtype=bool)
             present[np.arange(M)[None, :, None], rows] = True                 # [M, E]
             unique = present.sum(axis=1).astype(np.float64)
-            streaming = placement.name == "stream" and B * T > placement.stream_threshold
-            on_cpu = cpu_layer | (placement.name == "stream" and not streaming and placement.stream_fallback == "cpu")
+            streaming = tr.streams(B * T)
+            on_cpu = np.array([tr.on_cpu(layer, B * T) for layer in cfg.moe_layers], dtype=bool)   # [M]
             zero = np.zeros(M)
             passes.append(PassWork(phase, B, T, past, unique, zero.copy(), zero.copy(),
                                    unique.copy() if streaming else zero.copy(), np.broadcast_to(on_cpu, (M,)).copy()))

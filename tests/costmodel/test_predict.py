@@ -85,7 +85,7 @@ def test_missing_figure_and_bad_options_fail_clearly():
     hw = profile_from_dict({"name": "bare", "source": "datasheet", "device_tflops": 100.0, "device_mem_gbps": 1000.0})
     with pytest.raises(ProfileError, match="has no h2d_gbps"):
         predict("tiny-mixtral", "fetch", MIXTRAL, hw, capacity=4)
-    with pytest.raises(ValueError, match="placement: allowed"):
+    with pytest.raises(ValueError, match="unknown placement 'teleport'; known: cpu, fetch"):
         predict("tiny-mixtral", "teleport", MIXTRAL, "h200-sxm-141gb")
     with pytest.raises(ValueError, match="needs a cache capacity"):
         predict("tiny-mixtral", "fetch", MIXTRAL, "h200-sxm-141gb")

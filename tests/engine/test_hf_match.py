@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine import Engine
+from engine.hooks import RouteCallback
 from tests.conftest import FAMILIES, hf_model, rewrite_config_old_hub_form, save
 
 PROMPT = [[5, 17, 99, 3, 42, 8, 77, 1, 64, 23, 11, 120]]
@@ -48,10 +49,11 @@ def check_against_hf(model, path, dtype="float32"):
     ref_prefill, ref_logits, ref_toks, ref_routes = hf_reference(model, PROMPT, STEPS)
     eng = Engine.from_pretrained(path, device="cpu", dtype=dtype)
     ours_routes: dict[int, torch.Tensor] = {}
-    eng.model.on_route = lambda layer, ids, w: ours_routes.setdefault(layer, ids.clone())
+    hook = RouteCallback(lambda layer, ids, w: ours_routes.setdefault(layer, ids.clone()))
+    eng.model.add_routing_hook(hook)
     sess = eng.new_session(1)
     prefill = eng.prefill(sess, PROMPT, all_logits=True)[0]
-    eng.model.on_route = None
+    eng.model.remove_routing_hook(hook)
     sess.close()
     assert (prefill - ref_prefill).abs().max().item() <= TOL
     res = eng.generate(PROMPT, max_new_tokens=STEPS)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from engine import Engine
+from engine.hooks import RouteCallback
 from engine.trace import RoutingTrace, TraceRecorder, expert_counts, load_trace, lookup_sequences, save_trace
 from harness.sim.replay import replay
 
@@ -87,9 +88,10 @@ def test_dense_layers_are_skipped(tmp_path: Path) -> None:
 def test_recorder_chains_and_detaches() -> None:
     eng = build(2, "lru")
     seen: list[int] = []
-    eng.model.on_route = lambda layer, ids, w: seen.append(layer)
+    other = RouteCallback(lambda layer, ids, w: seen.append(layer))
+    eng.model.add_routing_hook(other)
     with TraceRecorder(eng) as rec:
         eng.generate([[1, 2, 3], [4, 5, 6]], 2)
     assert seen[:4] == [0, 1, 2, 3] and rec.trace().n_tokens == 2 * 3 + 2
-    assert eng.model.on_route is not rec._on_route and "forward" not in vars(eng.model)
+    assert eng.model.routing_hooks == [other] and "forward" not in vars(eng.model)   # nothing monkeypatched
     eng.generate([[1, 2, 3], [4, 5, 6]], 1)                                # still works after detaching

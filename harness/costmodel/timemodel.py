@@ -47,6 +47,7 @@ import pandas as pd
 from engine.config import ModelConfig, preset
 from engine.dtypes import DTYPE_NAMES, dtype_bytes
 from engine.planner import plan_memory
+from harness.contract import session_tokens
 from harness import results
 from harness.costmodel.profiles import HardwareProfile, Overheads, load_profile
 from harness.costmodel.work import (EVENTS, PhaseWork, PlacementSpec, Routing, WorkloadShape, apply_counts,
@@ -173,7 +174,7 @@ def predict(model: str | ModelConfig, placement: str | PlacementSpec, shape: Wor
     hw = load_profile(profile) if not isinstance(profile, HardwareProfile) else profile
     dt = _dtype_bytes(dtype)
     _check_overlap(overlap)
-    _require(hw, spec)
+    _require(hw, spec, cfg)
     work = scenario_work(cfg, spec, shape, routing)
     label = (routing or Routing.synthetic()).label
     if counts:
@@ -196,15 +197,9 @@ def predict(model: str | ModelConfig, placement: str | PlacementSpec, shape: Wor
 
 def planned_bytes(cfg: ModelConfig, spec: PlacementSpec, shape: WorkloadShape, dtype_bytes: int) -> int:
     """Device bytes the engine's planner would reserve for this run (no budget, no reserve)."""
-    options: dict[str, Any] = {}
-    if spec.name == "hybrid":
-        options["n_cpu_layers"] = spec.n_cpu_layers
-    elif spec.name == "stream":
-        options = {"stream_threshold": spec.stream_threshold, "stream_fallback": spec.stream_fallback,
-                   "stream_buffers": spec.stream_buffers}
-    context = shape.context_tokens + shape.gen_tokens + 2 * (shape.turn_tokens + 1)   # harness.engines.context_needed
+    context = session_tokens(shape.context_tokens, shape.gen_tokens, shape.turn_tokens)
     plan = plan_memory(cfg, spec.name, spec.capacity if spec.uses_cache else None, None, context, shape.batch,
-                       shape.ubatch, dtype_bytes, options)
+                       shape.ubatch, dtype_bytes, dict(spec.options))
     return plan.total
 
 
@@ -271,7 +266,7 @@ def physical_terms(cfg: ModelConfig, work: PhaseWork, hw: HardwareProfile, dtype
         stream = f.stream_bytes / h2d                                                            # [M]
         copies = demand + stream.sum()
         if overlap == "auto":
-            exp = demand + _stream_exposed(stream, dev_experts, p.streamed, placement.stream_buffers)
+            exp = demand + _stream_exposed(stream, dev_experts, p.streamed, placement.traits(cfg).stream_buffers)
         elif overlap == "none":
             exp = copies
         elif overlap == "full":
@@ -312,10 +307,10 @@ def _rate(value: float | None, unit: float) -> float:
     return float("inf") if value is None else value * unit   # a figure not needed is never None (see _require)
 
 
-def _require(hw: HardwareProfile, spec: PlacementSpec) -> None:
+def _require(hw: HardwareProfile, spec: PlacementSpec, cfg: ModelConfig) -> None:
     why = f"placement={spec.name}"
     hw.require("device_tflops", "device_mem_gbps", "h2d_gbps", why=why + " (h2d_gbps: KV restore)")
-    if spec.name in ("cpu", "hybrid") or (spec.name == "stream" and spec.stream_fallback == "cpu"):
+    if spec.traits(cfg).uses_cpu:
         hw.require("cpu_gflops", "cpu_mem_gbps", "d2h_gbps", why=why)
 
 
