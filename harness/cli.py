@@ -3,6 +3,8 @@
     moebench                                   # tiny model, coding-agent workload, one job
     moebench -m placement=resident,fetch cache.capacity=2,4 workload.context_tokens=1024,4096
     moebench rerun results/sweeps/<id>/<job>   # the same job again, from its manifest
+    moebench plan [-m] [overrides]             # the memory plan (no weights read); fit: the largest setting that fits
+    moebench table results/sweeps/<id> --format md|csv|json|latex
     moebench calibrate --out conf/hardware/this-machine.yaml   # the cost model's profile of this machine
 
 A sweep's directory is `<run.out>/sweeps/<run.sweep_id>`; without run.sweep_id it is a hash of
@@ -26,10 +28,10 @@ from omegaconf import DictConfig, OmegaConf
 from harness.callbacks import STATE, write_sweep_table
 from harness.config import register_configs
 from harness.contract import COSMETIC_KEYS
-from harness.report import Reporter
+from harness.report import ACTIVE, Reporter, SweepProgress
 from harness.runner import JobContext, run
 from harness.sweep import (Interrupted, SweepError, SweepLock, claim_sweep, handle_signals, job_dirname,
-                           signals_deferred, sweep_overrides)
+                           signals_deferred, sweep_overrides, sweep_size)
 
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 register_configs()
@@ -50,7 +52,15 @@ def _job_context() -> JobContext:
 def app(cfg: DictConfig) -> None:
     ctx = _job_context()
     quiet = bool(cfg.run.quiet)
-    outcome = run(cfg, ctx, Reporter(quiet))
+    progress = ACTIVE[-1] if ACTIVE else None
+    if progress is not None:
+        progress.quiet = progress.quiet or quiet
+        progress.start(ctx.job_id)
+    try:
+        outcome = run(cfg, ctx, Reporter(quiet))
+    finally:
+        if progress is not None:
+            progress.finish()
     if outcome.error:
         STATE["failed_jobs"] += 1
     if outcome.unwritten:
@@ -129,9 +139,13 @@ def hydra_args(argv: list[str]) -> list[str]:
 def _launch(argv: list[str], sweep_dir: Path | None) -> int:
     """Run Hydra; an interrupt ends the sweep with the table of the jobs completed so far."""
     sys.argv = [sys.argv[0], *hydra_args(argv)]
+    if sweep_dir is not None:
+        quiet = (_override(argv, "run.quiet") or "false").lower() == "true"
+        ACTIVE.append(SweepProgress(_sweep_jobs(argv), quiet=quiet))
     try:
         app()
     except Interrupted as exc:
+        _close_progress()
         with signals_deferred():
             where = ""
             if sweep_dir is not None and sweep_dir.is_dir():
@@ -140,17 +154,43 @@ def _launch(argv: list[str], sweep_dir: Path | None) -> int:
                 where = f"; the table of the {n} completed job(s) is in {sweep_dir}"
         print(f"moebench: interrupted by {exc}{where}; run the same command again to resume", file=sys.stderr)
         return exc.exit_code
+    finally:
+        _close_progress()
     if STATE["table_error"]:
         print(f"moebench: {STATE['table_error']}", file=sys.stderr)
         return 1
     return 1 if STATE["failed_jobs"] else 0
 
 
+def _close_progress() -> None:
+    while ACTIVE:
+        ACTIVE.pop().close()
+
+
+def _sweep_jobs(argv: list[str]) -> int:
+    """How many jobs this multirun makes (an experiment's sweeper params included)."""
+    from harness.plan import expand
+    try:
+        return len(expand(split_args(argv)[1]))
+    except Exception:  # noqa: BLE001 -- a count for progress only; Hydra reports a bad sweep itself
+        return sweep_size(argv)
+
+
+# `moebench <command> ...`: sub-commands dispatched before Hydra (module:function taking argv)
+COMMANDS = {
+    "plan": "harness.plan:plan_main",              # the memory plan, before any weight is read
+    "fit": "harness.plan:fit_main",                # the largest context / capacity, fewest CPU layers
+    "table": "harness.table:main",                 # one row per configuration of a results dir
+    "calibrate": "harness.costmodel.calibrate:main",   # measure this machine, write a hardware profile
+}
+
+
 def main() -> None:
     argv = sys.argv[1:]
-    if argv[:1] == ["calibrate"]:       # `moebench calibrate`: measure this machine, write a profile
-        from harness.costmodel.calibrate import main as calibrate
-        sys.exit(calibrate(argv[1:]))
+    if argv[:1] and argv[0] in COMMANDS:
+        import importlib
+        module, _, fn = COMMANDS[argv[0]].partition(":")
+        sys.exit(getattr(importlib.import_module(module), fn)(argv[1:]))
     if argv[:1] == ["rerun"]:
         from harness.rerun import rerun_args
         try:

@@ -7,6 +7,7 @@ Does not own: numbers (it reads a table and `harness.results.spread_table`).
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -54,11 +55,37 @@ class Reporter:
 
     @contextmanager
     def step(self, label: str) -> Iterator[None]:
+        """A step of the current job (warm-up, repeat k/n, a pass): a status line on a terminal,
+        one plain line in a log."""
         if self.quiet:
+            yield
+            return
+        if ACTIVE:                       # inside a sweep: the sweep's progress shows the step
+            ACTIVE[-1].step(label)
+            yield
+            return
+        if not self.console.is_terminal:
+            self.console.print(Text(f"  {label}"))
             yield
             return
         with self.console.status(Text(label)):
             yield
+
+    def sweep_table(self, df: pd.DataFrame, title: str) -> None:
+        """The end of a sweep: one row per configuration (harness.table), failed jobs with their error."""
+        if self.quiet or df.empty:
+            return
+        from harness.table import display_rows, sweep_table
+        from harness.table import COLUMNS
+        header, rows = display_rows(sweep_table(df))
+        metrics = {c.label for c in COLUMNS}
+        t = Table(title=Text(f"{title}: median ± half the min-max range over repeats (speed rows only)"),
+                  title_justify="left")
+        for h in header:
+            t.add_column(Text(h), justify="right" if h in metrics else "left", overflow="fold")
+        for r in rows:
+            t.add_row(*(Text(c) for c in r))
+        self.console.print(t)
 
     def summary(self, df: pd.DataFrame, title: str) -> None:
         """Per job: the speed table (median, min-max, n over un-instrumented repeats, per phase),
@@ -126,3 +153,66 @@ class Reporter:
             if any(c != "—" for c in row):
                 t.add_row(Text(label), *row)
         return t
+
+
+class SweepProgress:
+    """`job k/N` of a sweep with the job's factors, elapsed time and an estimate of the time left.
+
+    On a terminal: a rich progress bar (k/N, elapsed, remaining from the mean time of the jobs done
+    so far) with the current job's factors, and a second line for the job's current step (warm-up,
+    repeat r/R, a pass, a long load). In a log (not a terminal): one plain line per job and step,
+    with the same elapsed/left figures. Quiet: nothing. `Reporter.step` reports into the active one."""
+
+    def __init__(self, total: int, quiet: bool = False, console: Console | None = None) -> None:
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                                   TimeRemainingColumn)
+        self.total, self.quiet, self.done = total, quiet, 0
+        self.console = console or Console(stderr=True, width=160)
+        self.t0 = time.perf_counter()
+        self.live = not quiet and self.console.is_terminal
+        self.progress = None
+        if self.live:
+            self.progress = Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                     TextColumn("left"), TimeRemainingColumn(), TextColumn("{task.description}"),
+                                     console=self.console)
+            self.task = self.progress.add_task("", total=total)
+            self.step_task = self.progress.add_task("", total=None)
+            self.progress.start()
+
+    @staticmethod
+    def _clock(s: float) -> str:
+        s = int(round(s))
+        return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+    def line(self, what: str) -> str:
+        elapsed = time.perf_counter() - self.t0
+        left = "?" if self.done == 0 else self._clock(elapsed / self.done * (self.total - self.done))
+        return f"job {self.done + 1}/{self.total} ({self._clock(elapsed)} elapsed, ~{left} left): {what}"
+
+    def start(self, what: str) -> None:
+        if self.quiet:
+            return
+        if self.progress is not None:
+            self.progress.update(self.task, description=f"job {self.done + 1}/{self.total}: {what}")
+        else:
+            self.console.print(Text(self.line(what)))
+
+    def step(self, label: str) -> None:
+        if self.progress is not None:
+            self.progress.update(self.step_task, description=f"  {label}")
+        elif not self.quiet:
+            self.console.print(Text(f"  {label}"))
+
+    def finish(self) -> None:
+        self.done += 1
+        if self.progress is not None:
+            self.progress.update(self.task, completed=self.done)
+            self.progress.update(self.step_task, description="")
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+
+ACTIVE: list[SweepProgress] = []      # the sweep's progress, while one runs in this process

@@ -1,0 +1,244 @@
+"""`moebench plan` and `moebench fit`: what fits on the device, answered before any weight is read.
+
+Owns: the memory plan of a composed config (`plan_of`: the engine planner's arithmetic for the
+job's model, placement, cache, context the scenario needs, batch, micro-batch, dtype, device
+budget and device kind), whether every registered placement would fit, a table over a sweep's
+jobs (`-m`), and the searches of `fit` -- the largest context, the largest cache capacity, or the
+fewest CPU layers (llama.cpp's --n-cpu-moe) that fit -- each printed with its plan, and, when
+nothing fits, what would. Does not own: the arithmetic (engine.planner), composing configs
+(Hydra), running anything.
+
+    moebench plan model=mixtral-8x7b model.dtype=bfloat16 hardware.device_memory=24GiB placement=fetch cache.capacity=auto
+    moebench plan -m placement=resident,fetch,hybrid workload.context_tokens=4096,32768 hardware.device_memory=2GiB
+    moebench fit --search context placement=fetch cache.capacity=2 hardware.device_memory=7MiB
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from engine.devices import fmt_bytes, parse_bytes
+from engine.dtypes import dtype_bytes
+from engine.planner import MemoryPlan, PlanError, plan_memory
+from engine.registry import PLACEMENTS
+from harness.config import ConfigError, RunSpec, validate
+from harness.contract import session_tokens
+
+SEARCHES = ("context", "capacity", "n_cpu_layers")
+
+
+def _compose(overrides: Sequence[str], hydra: bool = False):
+    from hydra import compose, initialize_config_dir
+
+    import harness.cli  # noqa: F401 -- registers the ConfigStore and the resolvers
+    from harness.cli import CONF_DIR
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        return compose(config_name="config", overrides=list(overrides), return_hydra_config=hydra)
+
+
+def expand(overrides: Sequence[str]) -> list[list[str]]:
+    """The jobs a basic-sweeper multirun makes of `overrides` (and of an experiment's
+    `hydra.sweeper.params`): the cartesian product of every key's values."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    cfg = _compose([o.input_line for o in parsed if not o.is_sweep_override()], hydra=True)
+    params = dict(cfg.hydra.sweeper.params or {})
+    extra = [f"{k}={v}" for k, v in params.items() if not any(o.key_or_group == k for o in parsed)]
+    parsed += OverridesParser.create().parse_overrides(extra)
+    axes = [[f"{o.key_or_group}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
+            else [o.input_line] for o in parsed]
+    return [list(combo) for combo in itertools.product(*axes)]
+
+
+def spec_of(overrides: Sequence[str]) -> RunSpec:
+    return validate(_compose(overrides))
+
+
+def _device_kind(spec: RunSpec) -> str:
+    import torch
+    d = spec.hardware.device
+    return "cuda" if d == "cuda" or (d == "auto" and torch.cuda.is_available()) else "cpu"
+
+
+def budget_of(spec: RunSpec) -> int | None:
+    """hardware.device_memory, or the free memory of a real card, or none (the emulated device)."""
+    if spec.hardware.device_memory is not None:
+        return parse_bytes(spec.hardware.device_memory)
+    if _device_kind(spec) == "cuda":
+        import torch
+        return torch.cuda.mem_get_info()[0]
+    return None
+
+
+def plan_of(spec: RunSpec, placement: str | None = None, options: dict[str, Any] | None = None,
+            capacity: int | str | None = None) -> MemoryPlan:
+    """The planner's plan for this job (or for another placement of it); raises PlanError."""
+    name = placement or spec.placement
+    opts = spec.placement_options if placement is None else (options or {})
+    uses = PLACEMENTS.get(name).uses_cache(opts)
+    cap = (spec.capacity if placement is None else capacity) if uses else None
+    if uses and cap is None:
+        cap = "auto"
+    w, m = spec.workload, spec.model_config
+    dt = m.torch_dtype if spec.model.dtype == "auto" else spec.model.dtype
+    return plan_memory(m, name, cap, budget_of(spec), session_tokens(w.context_tokens, w.gen_tokens, w.turn_tokens),
+                       w.batch, w.ubatch, dtype_bytes(dt), opts, device_kind=_device_kind(spec))
+
+
+@dataclass
+class Verdict:
+    fits: bool
+    plan: MemoryPlan | None
+    message: str            # the plan, or the refusal with its arithmetic
+
+
+def verdict(spec: RunSpec, **kw: Any) -> Verdict:
+    try:
+        p = plan_of(spec, **kw)
+        return Verdict(True, p, str(p))
+    except PlanError as exc:
+        return Verdict(False, None, str(exc))
+    except (ValueError, TypeError) as exc:      # e.g. a capacity outside [top_k, n_experts]
+        return Verdict(False, None, f"{type(exc).__name__}: {exc}")
+
+
+def _header(spec: RunSpec) -> str:
+    w, m, b = spec.workload, spec.model_config, budget_of(spec)
+    return (f"{spec.model_label} ({m.family}, {m.n_moe_layers} MoE layers x {m.n_experts} experts, top-{m.top_k}), "
+            f"dtype {spec.model.dtype}, {spec.placement}, context {w.context_tokens} (+{w.gen_tokens} generated, "
+            f"+2 turns of {w.turn_tokens}) x batch {w.batch}, ubatch {w.ubatch}, device {_device_kind(spec)}, "
+            f"budget {fmt_bytes(b) if b is not None else 'unlimited'}")
+
+
+def report(spec: RunSpec) -> tuple[bool, str]:
+    """Whether the job's plan fits, and the text `moebench plan` prints for one job."""
+    v = verdict(spec)
+    lines = [_header(spec), v.message]
+    if v.plan is not None and spec.capacity == "auto":
+        lines.append(f"cache.capacity=auto -> {v.plan.capacity} expert slots per MoE layer")
+    lines.append("every registered placement at this context and budget:")
+    for name in PLACEMENTS.names():
+        other = verdict(spec, placement=name, capacity=spec.capacity if spec.capacity is not None else "auto")
+        total = fmt_bytes(other.plan.total) if other.plan else other.message.splitlines()[0]
+        cap = f" ({other.plan.capacity} slots/layer)" if other.plan and other.plan.capacity is not None else ""
+        lines.append(f"  {name:<12} {'fits' if other.fits else 'does not fit'}: {total}{cap}")
+    return v.fits, "\n".join(lines)
+
+
+def sweep_report(jobs: list[list[str]]) -> tuple[bool, str]:
+    """One line per job of a sweep: its overrides, the plan total, and whether it fits."""
+    rows, ok = [], True
+    for job in jobs:
+        try:
+            spec = spec_of(job)
+        except ConfigError as exc:
+            rows.append((" ".join(job), "invalid", str(exc)))
+            ok = False
+            continue
+        v = verdict(spec)
+        ok &= v.fits
+        detail = (f"{fmt_bytes(v.plan.total)}" + (f", {v.plan.capacity} slots/layer" if v.plan.capacity else "")
+                  if v.plan else v.message.splitlines()[0])
+        rows.append((" ".join(job), "fits" if v.fits else "does not fit", detail))
+    width = max(len(r[0]) for r in rows)
+    return ok, "\n".join(f"{a:<{width}}  {b:<12}  {c}" for a, b, c in rows)
+
+
+# --- fit: the largest setting that fits -------------------------------------------------------------
+def _largest(lo: int, hi: int, fits) -> int | None:
+    """The largest n in [lo, hi] with fits(n), for fits monotone (true up to some n); None if none."""
+    if not fits(lo):
+        return None
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo
+
+
+def fit_context(spec: RunSpec) -> tuple[int | None, str]:
+    w, m = spec.workload, spec.model_config
+    most = m.max_position_embeddings - session_tokens(0, w.gen_tokens, w.turn_tokens)
+    with_ctx = lambda n: replace(spec, workload=replace(w, context_tokens=n))  # noqa: E731
+    best = _largest(1, most, lambda n: verdict(with_ctx(n)).fits)
+    if best is None:
+        return None, (f"nothing fits: even a 1-token context is refused --\n{verdict(with_ctx(1)).message}\n"
+                      + _what_would(with_ctx(1)))
+    return best, f"largest context_tokens that fits: {best} (the model allows {most})\n{verdict(with_ctx(best)).message}"
+
+
+def fit_capacity(spec: RunSpec) -> tuple[int | None, str]:
+    m = spec.model_config
+    if not PLACEMENTS.get(spec.placement).uses_cache(spec.placement_options):
+        raise ConfigError(f"fit --search capacity: placement={spec.placement} keeps no expert cache; use a placement "
+                          "with one (fetch, or stream with stream_fallback=fetch)")
+    with_cap = lambda n: replace(spec, capacity=n)  # noqa: E731
+    best = _largest(m.top_k, m.n_experts, lambda n: verdict(with_cap(n)).fits)
+    if best is None:
+        return None, (f"nothing fits: even top_k={m.top_k} slots per layer are refused --\n"
+                      f"{verdict(with_cap(m.top_k)).message}\n" + _what_would(with_cap(m.top_k)))
+    return best, f"largest cache.capacity that fits: {best} of {m.n_experts}\n{verdict(with_cap(best)).message}"
+
+
+def fit_cpu_layers(spec: RunSpec) -> tuple[int | None, str]:
+    m = spec.model_config
+    hybrid = lambda n: replace(spec, placement="hybrid", placement_options={"n_cpu_layers": n}, capacity=None)  # noqa: E731
+    for n in range(m.n_moe_layers + 1):           # fewest first; monotone, but the range is small
+        if verdict(hybrid(n)).fits:
+            return n, (f"fewest CPU layers that fit (placement=hybrid placement.n_cpu_layers={n}; llama.cpp "
+                       f"--n-cpu-moe {n}) of {m.n_moe_layers}\n{verdict(hybrid(n)).message}")
+    last = hybrid(m.n_moe_layers)
+    return None, (f"nothing fits: even every MoE layer's experts on the CPU is refused --\n{verdict(last).message}\n"
+                  + _what_would(last))
+
+
+def _what_would(spec: RunSpec) -> str:
+    """When nothing fits: the largest context that would (if any), and the fixed weights alone."""
+    w = spec.workload
+    shrunk = None
+    if w.context_tokens > 1:
+        shrunk = _largest(1, w.context_tokens - 1,
+                          lambda n: verdict(replace(spec, workload=replace(w, context_tokens=n))).fits)
+    if shrunk is not None:
+        return f"what would fit: the same setting with workload.context_tokens={shrunk}"
+    return ("what would fit: nothing at any context -- the weights this placement keeps on the device exceed the "
+            "budget; offload more (placement=fetch with a small cache.capacity, or placement=cpu), a smaller "
+            "model.dtype, or a larger hardware.device_memory")
+
+
+FITS = {"context": fit_context, "capacity": fit_capacity, "n_cpu_layers": fit_cpu_layers}
+
+
+def plan_main(argv: Sequence[str]) -> int:
+    """`moebench plan [-m] [overrides]`: exit 0 when (every job's) plan fits, 1 when not, 2 on bad input."""
+    multirun = any(a in ("-m", "--multirun") for a in argv)
+    overrides = [a for a in argv if a not in ("-m", "--multirun")]
+    try:
+        if multirun:
+            ok, text = sweep_report(expand(overrides))
+        else:
+            ok, text = report(spec_of(overrides))
+    except ConfigError as exc:
+        print(f"moebench plan: {exc}", file=sys.stderr)
+        return 2
+    print(text)
+    return 0 if ok else 1
+
+
+def fit_main(argv: Sequence[str]) -> int:
+    """`moebench fit --search context|capacity|n_cpu_layers [overrides]`."""
+    p = argparse.ArgumentParser(prog="moebench fit", description="The largest setting that fits the device budget.")
+    p.add_argument("--search", choices=SEARCHES, default="context")
+    p.add_argument("overrides", nargs="*")
+    args = p.parse_args(argv)
+    try:
+        best, text = FITS[args.search](spec_of(args.overrides))
+    except ConfigError as exc:
+        print(f"moebench fit: {exc}", file=sys.stderr)
+        return 2
+    print(text)
+    return 0 if best is not None else 1

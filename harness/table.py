@@ -1,0 +1,151 @@
+"""One readable table per sweep, llama-bench style: one row per configuration, only the factors
+that vary as columns, key metrics per phase as median ± spread, failed jobs with the first line
+of their error -- and `moebench table DIR --format md|csv|json|latex` to print it from any
+results dir for pasting into issues and papers.
+
+Owns: which metrics the table shows by default (`COLUMNS`), how a cell is summarised (median of
+the speed rows' repeats, ± half the min-max range, n), and the four text formats. Does not own:
+loading (harness.results.load), the per-job detail tables (harness.report).
+
+    from harness.table import sweep_table, render
+    t = sweep_table(results.load("results/sweeps/s1"))
+    print(render(t, "md"))
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+
+from harness.contract import speed_rows
+from harness.results import FACTOR_COLUMNS
+
+FORMATS = ("md", "csv", "json", "latex")
+# extra row columns that can tell configurations apart, beside the schema's factors
+EXTRA_FACTORS = ("placement_options", "ubatch", "expert_cache_mode", "kv_dtype", "expert_quant", "n_cpu_moe",
+                 "n_gpu_layers", "cpu_moe", "threads")
+
+
+@dataclass(frozen=True)
+class Column:
+    label: str
+    phase: str
+    metric: str
+    scale: float = 1.0
+    fmt: str = ".3f"
+
+
+COLUMNS = (Column("pp tok/s", "prefill_fresh", "tok_per_s", fmt=".1f"),
+           Column("TTFT s", "prefill_fresh", "ttft_s", fmt=".4f"),
+           Column("tg tok/s", "decode", "tok_per_s", fmt=".1f"),
+           Column("TPOT p50 ms", "decode", "tpot_s_p50", 1e-3, fmt=".2f"),
+           Column("cont. TTFT s", "prefill_continuation", "ttft_s", fmt=".4f"),
+           Column("restored TTFT s", "prefill_restored", "ttft_s", fmt=".4f"),
+           Column("decode hit rate", "decode", "hit_rate"),
+           Column("decode h2d MiB", "decode", "h2d_bytes", 2**20, fmt=".2f"),
+           Column("max|Δlogit|", "decode", "max_abs_logit_diff", fmt=".1e"),
+           Column("token agr.", "decode", "token_agreement"))
+
+
+def _varying(df: pd.DataFrame) -> list[str]:
+    cols = [c for c in (*FACTOR_COLUMNS, *EXTRA_FACTORS) if c in df.columns]
+    per_job = df.drop_duplicates("job_id")
+    varying = [c for c in cols if per_job[c].astype(str).nunique(dropna=False) > 1]
+    return varying or ["placement"]
+
+
+def sweep_table(df: pd.DataFrame, columns: Sequence[Column] = COLUMNS) -> pd.DataFrame:
+    """One row per job: the varying factors, then per column `<label>` (median), `<label> ±`
+    (half the min-max range over repeats) and `<label> n`; failed jobs get `status`/`error`."""
+    factors = _varying(df)
+    speed = speed_rows(df)
+    out = []
+    for job_id, job in df.groupby("job_id", sort=False):
+        first = job.iloc[0]
+        row = {c: first[c] for c in factors}
+        failed = job[job["status"] == "failed"]
+        row["status"] = "failed" if len(failed) else "ok"
+        row["error"] = str(failed.iloc[0].get("error", "")).splitlines()[0] if len(failed) else None
+        mine = speed[(speed["job_id"] == job_id) & speed["repeat"].notna()]     # the measured repeats
+        for col in columns:
+            vals = mine[(mine["phase"] == col.phase) & (mine["metric"] == col.metric)]["value"].dropna()
+            row[col.label] = float(vals.median()) / col.scale if len(vals) else None
+            row[f"{col.label} ±"] = float(vals.max() - vals.min()) / 2 / col.scale if len(vals) > 1 else None
+            row[f"{col.label} n"] = int(len(vals))
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def _missing(v: float | None) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def _cell(value: float | None, spread: float | None, fmt: str) -> str:
+    if _missing(value):
+        return "—"
+    text = format(value, fmt)
+    return text if _missing(spread) else f"{text} ± {format(spread, fmt)}"
+
+
+def display_rows(t: pd.DataFrame, columns: Sequence[Column] = COLUMNS) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of text cells: factors, then 'median ± spread' per metric column that has
+    any value, then the error of failed jobs."""
+    factors = [c for c in t.columns if c not in ("status", "error") and not any(
+        c == col.label or c.startswith(col.label + " ") for col in columns)]
+    shown = [col for col in columns if col.label in t and t[col.label].notna().any()]
+    header = [*factors, *(col.label for col in shown)] + (["error"] if (t["status"] == "failed").any() else [])
+    rows = []
+    for _, r in t.iterrows():
+        cells = ["—" if pd.isna(r[c]) else str(r[c]) for c in factors]
+        cells += [_cell(r[col.label], r[f"{col.label} ±"], col.fmt) for col in shown]
+        if "error" in header:
+            cells.append(r["error"] or "")
+        rows.append(cells)
+    return header, rows
+
+
+def render(t: pd.DataFrame, fmt: str, columns: Sequence[Column] = COLUMNS) -> str:
+    if fmt not in FORMATS:
+        raise ValueError(f"format: allowed {list(FORMATS)}, got {fmt!r}")
+    if fmt == "csv":
+        return t.to_csv(index=False)
+    if fmt == "json":
+        return json.dumps(json.loads(t.to_json(orient="records")), indent=1) + "\n"
+    header, rows = display_rows(t, columns)
+    if fmt == "md":
+        esc = lambda s: s.replace("|", "\\|")  # noqa: E731
+        lines = ["| " + " | ".join(map(esc, header)) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(map(esc, r)) + " |" for r in rows]
+        return "\n".join(lines) + "\n"
+    tex = lambda s: (s.replace("\\", "\\textbackslash{}").replace("&", "\\&").replace("%", "\\%")  # noqa: E731
+                     .replace("_", "\\_").replace("#", "\\#").replace("±", "$\\pm$").replace("Δ", "$\\Delta$")
+                     .replace("—", "--"))
+    lines = ["\\begin{tabular}{" + "l" * len(header) + "}", "\\hline",
+             " & ".join(map(tex, header)) + " \\\\", "\\hline"]
+    lines += [" & ".join(map(tex, r)) + " \\\\" for r in rows]
+    lines += ["\\hline", "\\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`moebench table DIR [--format md|csv|json|latex]`."""
+    p = argparse.ArgumentParser(prog="moebench table", description="One row per configuration of a results dir.")
+    p.add_argument("results", help="a job dir, sweep dir, tree or .parquet")
+    p.add_argument("--format", default="md", choices=FORMATS)
+    args = p.parse_args(argv)
+    from harness import results
+    try:
+        df = results.load(args.results)
+    except (FileNotFoundError, results.ResultsError) as exc:
+        print(f"moebench table: {exc}", file=sys.stderr)
+        return 2
+    if df.empty:
+        print(f"moebench table: no rows under {args.results}", file=sys.stderr)
+        return 1
+    sys.stdout.write(render(sweep_table(df), args.format))
+    return 0
