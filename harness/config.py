@@ -113,8 +113,8 @@ class RunConf:
     ablation: bool = True             # exposed_copy_ablation_s: this placement's phase times minus resident's
     profiler: str = "none"            # none | torch (torch.profiler pass) | nsys (re-launch under Nsight Systems)
     record_trace: bool = False        # save one repeat's routing as <job dir>/routing.npz (DESIGN §3 trace file)
-    threads: Optional[int] = None     # torch CPU threads (default: torch's own); 1 avoids oversubscription
-                                      # when several jobs share a small machine
+    threads: Optional[int] = None     # torch intra-op threads; default: OMP_NUM_THREADS if set, else the
+                                      # physical cores available to the process (harness.machine)
 
 
 @dataclass

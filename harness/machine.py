@@ -28,6 +28,33 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+def physical_cores_available() -> int:
+    """Physical cores among the CPUs this process may run on (SMT siblings counted once):
+    torch's intra-op threads beyond that only contend for the same cores."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return psutil.cpu_count(logical=False) or available_cores()
+    cores = set()
+    for cpu in cpus:
+        topo = f"/sys/devices/system/cpu/cpu{cpu}/topology"
+        try:
+            with open(f"{topo}/core_id") as a, open(f"{topo}/physical_package_id") as b:
+                cores.add((a.read().strip(), b.read().strip()))
+        except OSError:
+            cores.add(("cpu", str(cpu)))
+    return max(1, len(cores))
+
+
+def default_threads() -> int:
+    """The intra-op thread count of a run that does not set run.threads: OMP_NUM_THREADS when the
+    environment sets it (a user's or CI's explicit choice), else the physical cores available."""
+    env = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    return physical_cores_available()
+
+
 @dataclass(frozen=True)
 class MachineLoad:
     load_avg_1m: float | None

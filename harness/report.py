@@ -195,13 +195,13 @@ class SweepProgress:
         if self.progress is not None:
             self.progress.update(self.task, description=f"job {self.done + 1}/{self.total}: {what}")
         else:
-            self.console.print(Text(self.line(what)))
+            self.console.print(Text(self.line(what)), soft_wrap=True)
 
     def step(self, label: str) -> None:
         if self.progress is not None:
             self.progress.update(self.step_task, description=f"  {label}")
         elif not self.quiet:
-            self.console.print(Text(f"  {label}"))
+            self.console.print(Text(f"  {label}"), soft_wrap=True)
 
     def finish(self) -> None:
         self.done += 1

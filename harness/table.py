@@ -104,7 +104,7 @@ def display_rows(t: pd.DataFrame, columns: Sequence[Column] = COLUMNS) -> tuple[
         cells = ["—" if pd.isna(r[c]) else str(r[c]) for c in factors]
         cells += [_cell(r[col.label], r[f"{col.label} ±"], col.fmt) for col in shown]
         if "error" in header:
-            cells.append(r["error"] or "")
+            cells.append("" if pd.isna(r["error"]) else str(r["error"]))
         rows.append(cells)
     return header, rows
 
