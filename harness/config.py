@@ -225,9 +225,11 @@ def _model_config(model: ModelConf) -> ModelConfig:
     return mcfg
 
 
-def _capacity(raw: Any, mcfg: ModelConfig) -> int | str:
-    """cache.capacity as given: an int in [top_k, n_experts] or "auto" -- checked whatever the
-    placement, so a wrong value never passes silently because this placement ignores it."""
+def _capacity(raw: Any, mcfg: ModelConfig, in_use: bool) -> int | str:
+    """cache.capacity as given: "auto" or an int -- its type checked whatever the placement, so a
+    wrong value never passes silently because this placement ignores it; its range [top_k,
+    n_experts] checked where a placement keeps a cache (the default 4 stays valid for a model
+    with top_k 8 under a placement that has no cache)."""
     allowed = f"an int in [top_k={mcfg.top_k}, n_experts={mcfg.n_experts}] or 'auto'"
     text = str(raw).strip()
     if text == "auto":
@@ -236,7 +238,7 @@ def _capacity(raw: Any, mcfg: ModelConfig) -> int | str:
         capacity = int(text)
     except ValueError:
         raise _allowed("cache.capacity", allowed, raw) from None
-    if not mcfg.top_k <= capacity <= mcfg.n_experts:
+    if in_use and not mcfg.top_k <= capacity <= mcfg.n_experts:
         raise _allowed("cache.capacity", allowed, capacity)
     return capacity
 
@@ -338,8 +340,8 @@ def validate(cfg: DictConfig) -> RunSpec:
             f"{workload.turn_tokens}) = {needed} tokens is longer than the model allows "
             f"(max_position_embeddings {mcfg.max_position_embeddings} for {mcfg.name or model.name!r})")
     placement = _placement_options(pname, placement, mcfg)
-    capacity: int | str | None = _capacity(c["cache"]["capacity"], mcfg)
     uses_cache = needs_cache(pname, placement)
+    capacity: int | str | None = _capacity(c["cache"]["capacity"], mcfg, uses_cache)
     if not uses_cache:
         capacity = None
     if prefetch != "none" and not uses_cache:

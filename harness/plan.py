@@ -121,7 +121,7 @@ def report(spec: RunSpec) -> tuple[bool, str]:
     lines = [_header(spec), v.message]
     if v.plan is not None and spec.capacity == "auto":
         lines.append(f"cache.capacity=auto -> {v.plan.capacity} expert slots per MoE layer")
-    lines.append("every registered placement at this context and budget:")
+    lines.append("every registered placement at this context and budget (its default options):")
     for name in PLACEMENTS.names():
         other = verdict(spec, placement=name, capacity=spec.capacity if spec.capacity is not None else "auto")
         total = fmt_bytes(other.plan.total) if other.plan else other.message.splitlines()[0]
