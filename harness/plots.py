@@ -311,7 +311,8 @@ def overlap(df: pd.DataFrame) -> Figure:
         from_zero(ax, "x")
     _bar_axis(axes[0], labels)
     legend(fig, [], extra=[Patch(facecolor="0.35", label=_HIDDEN),
-                           Patch(facecolor="0.85", edgecolor="0.35", hatch="////", label=_EXPOSED), *_keys(series)])
+                           Patch(facecolor="0.85", edgecolor="0.35", hatch="////", label=_EXPOSED),
+                           *_keys({lab: series[lab] for lab in labels})])
     _mark_emulated(fig, rows, "Copy/compute overlap (instrumented timeline pass; label: overlap_frac)",
                    note=EMULATED_OVERLAP_NOTE)
     return fig
