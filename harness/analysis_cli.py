@@ -4,7 +4,7 @@ Owns: arguments, file output (PNGs, the figure provenance file, the markdown rep
 comparison table) and exit codes. Does not own: what a figure shows (`harness.plots`) or
 how two result sets are judged (`harness.compare`).
 
-    moebench-plot results/samples                      # -> results/samples/figures/*.png
+    moebench-plot results/samples                      # -> ./figures/samples/*.png
     moebench-plot results/sweeps/S --out figs/
     moebench-compare BASE NEW --check decode.tok_per_s:-5% --check prefill_fresh.ttft_s:+10% \
         --report report.md --table comparison.csv
@@ -13,6 +13,10 @@ how two result sets are judged (`harness.compare`).
 Exit codes: 0 fine, 1 a regression beyond a check's threshold, nothing comparable at all
 ("nothing compared"; --allow-empty makes that 0), or, with --require-comparable, a check that
 found nothing comparable; 2 bad arguments or unreadable results. Also `python -m harness.analysis_cli plot|compare ...`.
+
+`moebench-plot` writes to `./figures/<name of the results dir>` unless `--out` says where, and
+never into committed data (`results/samples`, `results/baselines`, `results/gpu`) unless
+`--allow-committed` is given.
 """
 from __future__ import annotations
 
@@ -25,6 +29,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 FIGURES_FILE = "figures.json"
+# results dirs that are committed to the repository: figures go there only when asked
+COMMITTED_RESULTS = ("samples", "baselines", "gpu")
 
 
 # ----------------------------------------------------------------------------- moebench-plot
@@ -32,11 +38,28 @@ FIGURES_FILE = "figures.json"
 def plot_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="moebench-plot", description="Write the standard figures of a results dir as PNG.")
     p.add_argument("results", help="a job dir, a sweep dir or a results tree")
-    p.add_argument("--out", help="output dir (default: RESULTS/figures)")
+    p.add_argument("--out", help="output dir (default: ./figures/NAME, NAME the results dir's name)")
+    p.add_argument("--allow-committed", action="store_true",
+                   help="allow writing into committed results (results/samples, results/baselines, results/gpu)")
     p.add_argument("--only", action="append", default=None, metavar="NAME",
                    help="write only this figure (repeatable); default: all standard figures")
     p.add_argument("--dpi", type=int, default=110)
     return p
+
+
+def committed_dir(path: Path) -> str | None:
+    """The committed results dir (e.g. "results/samples") that `path` lies in, if any."""
+    parts = path.resolve().parts
+    for a, b in zip(parts, parts[1:]):
+        if a == "results" and b in COMMITTED_RESULTS:
+            return f"{a}/{b}"
+    return None
+
+
+def default_out(src: Path) -> Path:
+    """./figures/<name>: the results dir's name (a file's stem), in the current directory."""
+    src = src.resolve()
+    return Path("figures") / (src.name if src.is_dir() else src.stem)
 
 
 def plot_main(argv: Sequence[str] | None = None) -> int:
@@ -50,12 +73,17 @@ def plot_main(argv: Sequence[str] | None = None) -> int:
         print(f"moebench-plot: unknown figure(s) {unknown}; known: {list(plots.STANDARD)}", file=sys.stderr)
         return 2
     src = Path(args.results)
+    out = Path(args.out) if args.out else default_out(src)
+    committed = committed_dir(out)
+    if committed and not args.allow_committed:
+        print(f"moebench-plot: {out} is inside {committed}, which is committed data; give --out DIR elsewhere, "
+              "or --allow-committed to write there", file=sys.stderr)
+        return 2
     try:
         df = results.load(src)
     except (FileNotFoundError, results.ResultsError) as exc:
         print(f"moebench-plot: {exc}", file=sys.stderr)
         return 2
-    out = Path(args.out) if args.out else (src if src.is_dir() else src.parent) / "figures"
     out.mkdir(parents=True, exist_ok=True)
     written, skipped = [], {}
     for name in names:

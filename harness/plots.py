@@ -2,8 +2,11 @@
 
 Owns: which rows each figure reads, how they are summarised (median over repeats, bars =
 min..max over repeats), axis labels with units, and marking emulated runs on the figure.
-Does not own: loading results (`harness.results.load`), writing PNGs (`moebench-plot`,
-`harness.analysis_cli`), simulation (`harness.sim`).
+Does not own: how a figure looks -- the style table (one colour and marker per placement,
+engine and policy), the order of configs and numeric axes, legends and titles are
+`harness.plotstyle`'s, re-exported here as `STYLE_TABLE` and `style` -- nor loading results
+(`harness.results.load`), writing PNGs (`moebench-plot`, `harness.analysis_cli`) or
+simulation (`harness.sim`).
 
     from harness import plots, results
     df = results.load("results/samples")
@@ -14,7 +17,8 @@ lacks it, so a caller can skip that figure. Speed figures read only status-ok ro
 un-instrumented runs (`profiler` "none" or null, DESIGN §7.5); the overlap figure reads the
 instrumented `profiler="timeline"` pass, the hit-rate figure the `profiler="trace"` pass.
 Figures are built without pyplot (no global state, no backend switching): they display in
-a notebook and save from a script alike.
+a notebook and save from a script alike. In every figure a placement keeps its colour and
+marker; rate axes (tok/s, GB/s, hit rate) start at zero; the legend sits below the axes.
 """
 from __future__ import annotations
 
@@ -24,19 +28,26 @@ import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 
 from harness import contract
-from harness.contract import EMULATED_OVERLAP_NOTE, PHASES, PREFILL_PHASES
+from harness.contract import EMULATED_OVERLAP_NOTE, METRIC_UNITS, PHASES, PREFILL_PHASES
+from harness.plotstyle import (STYLE_TABLE, Series, configs, fmt, from_zero, is_rate, legend, numeric_positions,
+                               ordered, set_ticks, shade, style, suptitle, wrap)
 from harness.results import FACTOR_COLUMNS
 
-__all__ = ["MissingData", "STANDARD", "capacity_sweep", "ttft_by_prefix_state", "bytes_per_token", "overlap",
-           "memory_peaks", "hit_rate_curves", "measured_hit_rates", "speed_rows", "what_if"]
+__all__ = ["MissingData", "STANDARD", "STYLE_TABLE", "style", "capacity_sweep", "ttft_by_prefix_state",
+           "bytes_per_token", "overlap", "memory_peaks", "hit_rate_curves", "measured_hit_rates", "speed_rows",
+           "what_if"]
 
 PHASE_LABELS = {"load": "load", "prefill_fresh": "fresh prefill", "decode": "decode",
                 "prefill_continuation": "continuation (KV on device)", "prefill_restored": "restored (KV from host)",
                 "kv_offload": "KV offload"}
 SPREAD = "median over repeats; bars: min..max"
 _MIB = 2.0**20
+# ttft_by_prefix_state: each prefill phase in its config's colour, told apart by shade and line
+_PHASE_LOOK = {"prefill_fresh": (0.0, "-"), "prefill_continuation": (-0.4, "--"), "prefill_restored": (0.45, ":")}
 
 
 class MissingData(ValueError):
@@ -55,29 +66,9 @@ def _profiled(df: pd.DataFrame, profiler: str) -> pd.DataFrame:
 
 
 def _config_columns(df: pd.DataFrame, exclude: Sequence[str] = ()) -> list[str]:
-    """Factors that vary in `df` (placement always), minus `exclude`: what tells lines apart."""
-    cols = [c for c in FACTOR_COLUMNS if c in df.columns and c not in exclude
+    """Factors that vary in `df` (placement always), minus `exclude`: what tells series apart."""
+    return [c for c in FACTOR_COLUMNS if c in df.columns and c not in exclude
             and (c == "placement" or df[c].nunique(dropna=True) > 1)]
-    return cols
-
-
-def _label(row: pd.Series | dict, cols: Sequence[str]) -> str:
-    parts = []
-    for c in cols:
-        v = row[c]
-        if v is None or (not isinstance(v, str) and pd.isna(v)):
-            continue
-        parts.append(str(v) if c == "placement" else f"{_SHORT.get(c, c)}={v}")
-    return " ".join(parts) or "all"
-
-
-_SHORT = {"cache_capacity": "cap", "cache_policy": "policy", "context_tokens": "ctx", "gen_tokens": "gen"}
-
-
-def _with_label(df: pd.DataFrame, cols: Sequence[str]) -> pd.DataFrame:
-    df = df.copy()
-    df["config"] = [_label(r, cols) for _, r in df[list(cols)].iterrows()] if len(df) else []
-    return df
 
 
 def _stats(df: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
@@ -86,12 +77,14 @@ def _stats(df: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
     return g.agg(median="median", lo="min", hi="max", n="count").reset_index()
 
 
-def _capacity_x(df: pd.DataFrame) -> pd.Series:
-    """Slots per layer: the requested capacity, or the resolved one for "auto"."""
-    req = pd.to_numeric(df["cache_capacity"], errors="coerce")
+def _capacity_positions(df: pd.DataFrame) -> tuple[pd.Series, dict[float, str]]:
+    """Slots per layer on a numeric axis: the requested capacity, the resolved one for "auto",
+    and an unresolved text value after the largest number; NaN where the placement has no cache."""
+    req = df["cache_capacity"].astype(object)
     if "resolved_capacity" in df.columns:
-        req = req.fillna(pd.to_numeric(df["resolved_capacity"], errors="coerce"))
-    return req
+        resolved = pd.to_numeric(df["resolved_capacity"], errors="coerce")
+        req = req.where(pd.to_numeric(req, errors="coerce").notna() | resolved.isna(), resolved)
+    return numeric_positions(req.where(req.notna(), None))
 
 
 def _mark_emulated(fig: Figure, df: pd.DataFrame, title: str, note: str | None = None) -> None:
@@ -101,16 +94,7 @@ def _mark_emulated(fig: Figure, df: pd.DataFrame, title: str, note: str | None =
     elif emulated.fillna(False).any():
         title += "  [some runs on an emulated device]"
     devices = sorted({str(d) for d in df.get("device_name", pd.Series(dtype=object)).dropna().unique()})
-    sub = ("device: " + ", ".join(devices) + "; " if devices else "") + SPREAD
-    fig.suptitle(f"{title}\n{sub}", fontsize=10)
-
-
-def _colors(labels: Sequence[str]) -> dict[str, tuple]:
-    """A stable colour per label: tab10 up to 10 labels, tab20 beyond."""
-    from matplotlib import colormaps
-    labels = sorted(set(labels))
-    cmap = colormaps["tab10" if len(labels) <= 10 else "tab20"]
-    return {lab: cmap(i % cmap.N) for i, lab in enumerate(labels)}
+    suptitle(fig, f"{title}\n" + ("device: " + ", ".join(devices) + "; " if devices else "") + SPREAD)
 
 
 def _auto_log(ax: Axes, values: Sequence[float]) -> None:
@@ -120,21 +104,25 @@ def _auto_log(ax: Axes, values: Sequence[float]) -> None:
         ax.set_yscale("log")
 
 
-def _errorbar(ax: Axes, x: Sequence[float], s: pd.DataFrame, label: str, **kw) -> None:
+def _errorbar(ax: Axes, x: Sequence[float], s: pd.DataFrame, label: str, st: Series, **kw) -> None:
     med = s["median"].to_numpy(dtype=float)
     yerr = np.vstack([med - s["lo"].to_numpy(dtype=float), s["hi"].to_numpy(dtype=float) - med])
-    ax.errorbar(x, med, yerr=yerr, marker="o", capsize=3, label=label, **kw)
+    look = {"color": st.color, "marker": st.marker, "linestyle": st.linestyle, **kw}
+    ax.errorbar(x, med, yerr=yerr, capsize=3, label=label, **look)
 
 
-def _legend(fig: Figure, axes: Sequence[Axes]) -> None:
-    handles, labels = {}, []
-    for ax in axes:
-        for h, lab in zip(*ax.get_legend_handles_labels()):
-            if lab not in handles:
-                handles[lab] = h
-                labels.append(lab)
-    if labels:
-        fig.legend([handles[lab] for lab in labels], labels, loc="outside right upper", fontsize=8)
+def _keys(series: dict[str, Series]) -> list[Patch]:
+    """Legend keys for bar charts whose bars are named by their tick labels: one per placement/engine."""
+    seen = {(st.kind, st.name): st.base for st in series.values()}
+    return [Patch(facecolor=base.color, label=name) for (_, name), base in seen.items()]
+
+
+def _bar_axis(ax: Axes, labels: Sequence[str], axis: str = "y") -> None:
+    if axis == "y":
+        ax.set_yticks(np.arange(len(labels)), [wrap(lab, 2.4, 8) for lab in labels], fontsize=8)
+        ax.invert_yaxis()
+    else:
+        ax.set_xticks(np.arange(len(labels)), labels, rotation=30, ha="right", fontsize=8)
 
 
 def _byte_unit(values: Sequence[float]) -> tuple[float, str]:
@@ -149,21 +137,21 @@ def _byte_unit(values: Sequence[float]) -> tuple[float, str]:
 
 def capacity_sweep(df: pd.DataFrame) -> Figure:
     """Decode tok/s and fresh-prefill TTFT vs expert-cache slots per layer, one line per
-    placement (and other varying factors); placements without a cache as horizontal bands.
-    One column per context length."""
+    placement (and other varying factors); placements without a cache as a reference line
+    with its min..max band. One column per context length. A sweep of one capacity is drawn
+    as bars, one per config."""
     rows = speed_rows(df)
     rows = rows[((rows["phase"] == "decode") & (rows["metric"] == "tok_per_s"))
                 | ((rows["phase"] == "prefill_fresh") & (rows["metric"] == "ttft_s"))]
-    cached = rows[rows["cache_capacity"].notna()]          # the factor is set only where the placement keeps a cache
-    if cached.empty or _capacity_x(cached).isna().all():
+    if rows[rows["cache_capacity"].notna()].empty:     # the factor is set only where the placement keeps a cache
         raise MissingData("capacity sweep: no decode tok_per_s / prefill_fresh ttft_s rows of a placement with an "
                           "expert cache (a cache_capacity factor)")
-    rows = rows.assign(capacity=_capacity_x(rows))
-    contexts = sorted(rows["context_tokens"].dropna().unique()) or [None]
-    cols = _config_columns(rows, exclude=("cache_capacity", "context_tokens"))
-    rows = _with_label(rows, cols)
-    colors = _colors(rows["config"])
-    fig = Figure(figsize=(4.2 * len(contexts) + 2.5, 6.5), layout="constrained")
+    x, ticks = _capacity_positions(rows)
+    rows = rows.assign(capacity=x)
+    contexts = ordered(rows["context_tokens"]) or [None]
+    rows, series = configs(rows, _config_columns(rows, exclude=("cache_capacity", "context_tokens")))
+    single = rows["capacity"].nunique() == 1
+    fig = Figure(figsize=(4.2 * len(contexts) + 1.5, 7.0), layout="constrained")
     axes = fig.subplots(2, len(contexts), squeeze=False, sharex=True)
     panels = (("decode", "tok_per_s", "decode tok/s (higher is better)"),
               ("prefill_fresh", "ttft_s", "fresh-prefill TTFT, s (lower is better)"))
@@ -172,65 +160,81 @@ def capacity_sweep(df: pd.DataFrame) -> Figure:
         for i, (phase, metric, ylabel) in enumerate(panels):
             ax = axes[i, j]
             sub = at_ctx[(at_ctx["phase"] == phase) & (at_ctx["metric"] == metric)]
-            for label, g in sub.groupby("config", sort=True):
-                color = colors[label]
-                if g["capacity"].notna().any():
-                    s = _stats(g, ["capacity"])
-                    _errorbar(ax, s["capacity"], s, label, color=color)
+            for k, (label, st) in enumerate(series.items()):
+                g = sub[sub["config"] == label]
+                if g.empty:
+                    continue
+                s = _stats(g, ["capacity"])
+                if single:
+                    yerr = [[s["median"].iloc[0] - s["lo"].iloc[0]], [s["hi"].iloc[0] - s["median"].iloc[0]]]
+                    ax.bar(k, s["median"].iloc[0], yerr=yerr, color=st.color, capsize=3, label=label)
+                elif g["capacity"].notna().any():
+                    _errorbar(ax, s["capacity"], s, label, st)
                 else:
-                    s = _stats(g, ["config"]).iloc[0]
-                    ax.axhline(s["median"], color=color, linestyle="--", label=label)
-                    ax.axhspan(s["lo"], s["hi"], color=color, alpha=0.12)
+                    ref = f"{label} (no expert cache; band: min..max)"
+                    ax.axhline(s["median"].iloc[0], color=st.color, linestyle="--", label=ref)
+                    ax.axhspan(s["lo"].iloc[0], s["hi"].iloc[0], color=st.color, alpha=0.15, label=ref)
             ax.set_ylabel(ylabel)
             ax.grid(alpha=0.3)
-            if i == 0:
-                ax.set_title(f"context {ctx} tokens" if ctx is not None else "")
-            if i == 1:
-                ax.set_xlabel("expert-cache capacity (slots per layer)")
+            if not single and metric == "ttft_s":
                 _auto_log(ax, sub["value"])
-    _legend(fig, axes.ravel())
+            from_zero(ax)
+            if i == 0:
+                ax.set_title(f"context {fmt(ctx)} tokens" if ctx is not None else "")
+        if single:
+            _bar_axis(axes[1, j], list(series), axis="x")
+            axes[1, j].set_xlabel(wrap(f"config (cache placements at {next(iter(ticks.values()))} slots per layer)",
+                                       4.0, 10))
+        else:
+            set_ticks(axes[1, j], ticks)
+            axes[1, j].set_xlabel("expert-cache capacity (slots per layer)")
+    legend(fig, axes.ravel())
     _mark_emulated(fig, rows, "Decode rate and TTFT vs expert-cache capacity")
     return fig
 
 
 def ttft_by_prefix_state(df: pd.DataFrame) -> Figure:
-    """TTFT of a fresh prefill vs a continuation (KV on the device) vs a restored session
-    (KV brought back from host RAM), against context length; one panel per config."""
+    """TTFT vs context length for fresh prefill, continuation (KV still on the device) and
+    restored session (KV back from host RAM); one panel per config, drawn in its placement's
+    colour, the three prefill states told apart by shade and line style."""
     rows = speed_rows(df)
     rows = rows[rows["phase"].isin(PREFILL_PHASES) & (rows["metric"] == "ttft_s")]
-    if rows.empty:
-        raise MissingData("TTFT by prefix state: no ttft_s rows for prefill_fresh / prefill_continuation / "
-                          "prefill_restored")
-    cols = _config_columns(rows, exclude=("context_tokens",))
-    rows = _with_label(rows, cols)
-    configs = sorted(rows["config"].unique())
-    ncol = min(4, len(configs))
-    nrow = -(-len(configs) // ncol)
-    fig = Figure(figsize=(3.6 * ncol + 2.2, 3.0 * nrow + 0.6), layout="constrained")
-    axes = fig.subplots(nrow, ncol, squeeze=False, sharex=True, sharey=True)
-    for ax, label in zip(axes.ravel(), configs):
+    if rows.empty or rows["context_tokens"].isna().all():
+        raise MissingData("ttft by prefix state: no prefill ttft_s rows with a context_tokens factor")
+    rows, series = configs(rows, _config_columns(rows, exclude=("context_tokens",)))
+    x, ticks = numeric_positions(rows["context_tokens"])
+    rows = rows.assign(ctx=x)
+    ncols = min(4, len(series))
+    nrows = -(-len(series) // ncols)
+    fig = Figure(figsize=(3.4 * ncols + 1.0, 2.7 * nrows + 1.6), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False, sharex=True, sharey=True)
+    for ax, (label, st) in zip(axes.ravel(), series.items()):
         sub = rows[rows["config"] == label]
-        for k, phase in enumerate(PREFILL_PHASES):
-            s = _stats(sub[sub["phase"] == phase], ["context_tokens"])
+        for phase, (amount, linestyle) in _PHASE_LOOK.items():
+            s = _stats(sub[sub["phase"] == phase], ["ctx"])
             if len(s):
-                _errorbar(ax, s["context_tokens"].astype(float), s, PHASE_LABELS[phase], color=f"C{k}")
-        ax.set_title(label, fontsize=9)
+                _errorbar(ax, s["ctx"], s, PHASE_LABELS[phase], st, color=shade(st.base.color, amount),
+                          linestyle=linestyle)
+        ax.set_title(wrap(label, 3.2, 9), fontsize=9, color=shade(st.base.color, -0.3))
         ax.grid(alpha=0.3)
+        set_ticks(ax, ticks)
     for ax in axes[-1]:
         ax.set_xlabel("context length (tokens)")
     for ax in axes[:, 0]:
         ax.set_ylabel("TTFT (s)")
-    for ax in axes.ravel()[len(configs):]:
+    for ax in axes.ravel()[len(series):]:
         ax.set_visible(False)
     _auto_log(axes[0, 0], rows["value"])      # shared y: one call sets every panel
-    _legend(fig, axes.ravel())
+    from_zero(axes[0, 0])
+    legend(fig, [], extra=[Line2D([], [], color=shade("#404040", amount), linestyle=ls, marker="o",
+                                  label=PHASE_LABELS[p]) for p, (amount, ls) in _PHASE_LOOK.items()])
     _mark_emulated(fig, rows, "TTFT: fresh prefill vs prefix-cache continuation vs restored session")
     return fig
 
 
 def bytes_per_token(df: pd.DataFrame) -> Figure:
     """Host->device bytes per processed token (h2d_bytes / tokens of the same repeat and
-    phase), per config, one panel per phase."""
+    phase), one bar per config in its placement's colour, one panel per phase."""
     rows = speed_rows(df)
     keys = ["sweep_id", "job_id", "repeat", "phase"]
     h2d = rows[rows["metric"] == "h2d_bytes"].groupby(keys, dropna=False)["value"].first()
@@ -242,107 +246,121 @@ def bytes_per_token(df: pd.DataFrame) -> Figure:
     info = rows.drop_duplicates(["sweep_id", "job_id"]).set_index(["sweep_id", "job_id"])
     per = per.rename("value").reset_index().join(info.drop(columns=["repeat", "phase", "value"], errors="ignore"),
                                                  on=["sweep_id", "job_id"])
-    cols = _config_columns(per)
-    per = _with_label(per, cols)
+    per, series = configs(per, _config_columns(per))
     phases = [p for p in PHASES if p in set(per["phase"])]
     scale, unit = _byte_unit(per["value"].to_numpy())
-    configs = sorted(per["config"].unique())
-    fig = Figure(figsize=(3.3 * len(phases) + 2.5, 0.32 * len(configs) + 2.0), layout="constrained")
+    labels = list(series)
+    fig = Figure(figsize=(3.3 * len(phases) + 2.5, 0.32 * len(labels) + 2.6), layout="constrained")
     axes = fig.subplots(1, len(phases), squeeze=False, sharey=True)[0]
-    y = np.arange(len(configs))
-    placement_of = per.drop_duplicates("config").set_index("config")["placement"]
-    by_placement = _colors(placement_of.astype(str))
-    bar_colors = [by_placement[str(placement_of[c])] for c in configs]
+    y = np.arange(len(labels))
     for ax, phase in zip(axes, phases):
-        s = _stats(per[per["phase"] == phase], ["config"]).set_index("config").reindex(configs)
+        s = _stats(per[per["phase"] == phase], ["config"]).set_index("config").reindex(labels)
         med = s["median"].to_numpy(dtype=float) / scale
         err = np.vstack([med - s["lo"].to_numpy(dtype=float) / scale, s["hi"].to_numpy(dtype=float) / scale - med])
-        ax.barh(y, med, xerr=err, color=bar_colors, capsize=2)
+        ax.barh(y, med, xerr=err, color=[series[lab].color for lab in labels], capsize=2)
         ax.set_title(PHASE_LABELS.get(phase, phase), fontsize=9)
         ax.set_xlabel(f"h2d {unit} per token")
         ax.grid(alpha=0.3, axis="x")
-    axes[0].set_yticks(y, configs, fontsize=8)
-    axes[0].invert_yaxis()
+    _bar_axis(axes[0], labels)
+    legend(fig, [], extra=_keys(series))
     _mark_emulated(fig, per, "Bytes moved host->device per token")
     return fig
 
 
+_HIDDEN = "hidden under compute (overlap_s): solid"
+_EXPOSED = "exposed (exposed_copy_s): hatched"
+
+
 def overlap(df: pd.DataFrame) -> Figure:
-    """Copy time hidden under compute (overlap_s) vs exposed (exposed_copy_s), per config
-    and phase, from the instrumented timeline pass; overlap_frac and link GB/s annotated."""
+    """Copy time hidden under compute (overlap_s, solid) vs exposed (exposed_copy_s, hatched),
+    per config in its placement's colour and per phase, from the instrumented timeline pass;
+    overlap_frac and link GB/s annotated."""
     rows = _profiled(df, "timeline")
     rows = rows[rows["metric"].isin(["copy_busy_s", "overlap_s", "exposed_copy_s", "overlap_frac", "link_gbps"])]
     if rows.empty:
         raise MissingData("overlap: no profiler=timeline rows (run with run.timeline=true, the default)")
-    cols = _config_columns(rows)
-    rows = _with_label(rows, cols)
+    rows, series = configs(rows, _config_columns(rows))
     wide = rows.pivot_table(index=["config", "phase"], columns="metric", values="value", aggfunc="median")
     wide = wide[wide.get("copy_busy_s", pd.Series(0.0, index=wide.index)).fillna(0) > 0]
     if wide.empty:
         raise MissingData("overlap: the timeline pass recorded no copies (no placement that moves weights?)")
     phases = [p for p in PHASES if p in set(wide.index.get_level_values("phase"))]
-    configs = sorted(set(wide.index.get_level_values("config")))
-    fig = Figure(figsize=(3.3 * len(phases) + 2.5, 0.35 * len(configs) + 2.0), layout="constrained")
+    labels = [lab for lab in series if lab in set(wide.index.get_level_values("config"))]
+    colors = [series[lab].color for lab in labels]
+    fig = Figure(figsize=(3.3 * len(phases) + 2.5, 0.35 * len(labels) + 2.8), layout="constrained")
     axes = fig.subplots(1, len(phases), squeeze=False, sharey=True)[0]
-    y = np.arange(len(configs))
+    y = np.arange(len(labels))
     for ax, phase in zip(axes, phases):
-        w = wide.xs(phase, level="phase").reindex(configs)
-        hidden = w.get("overlap_s", pd.Series(np.nan, index=w.index)).to_numpy(dtype=float) * 1e3
-        exposed = w.get("exposed_copy_s", pd.Series(np.nan, index=w.index)).to_numpy(dtype=float) * 1e3
-        ax.barh(y, np.nan_to_num(hidden), color="C2", label="hidden under compute (overlap_s)")
-        ax.barh(y, np.nan_to_num(exposed), left=np.nan_to_num(hidden), color="C3", label="exposed (exposed_copy_s)")
-        for yi, cfg in zip(y, configs):
-            frac = w.loc[cfg].get("overlap_frac") if cfg in w.index else None
-            link = w.loc[cfg].get("link_gbps") if cfg in w.index else None
+        w = wide.xs(phase, level="phase").reindex(labels)
+        hidden = np.nan_to_num(w.get("overlap_s", pd.Series(np.nan, index=w.index)).to_numpy(dtype=float) * 1e3)
+        exposed = np.nan_to_num(w.get("exposed_copy_s", pd.Series(np.nan, index=w.index)).to_numpy(dtype=float) * 1e3)
+        ax.barh(y, hidden, color=colors, label=_HIDDEN)
+        ax.barh(y, exposed, left=hidden, color=[shade(c, 0.6) for c in colors], edgecolor=colors, hatch="////",
+                linewidth=0, label=_EXPOSED)
+        for yi, cfg in zip(y, labels):
+            frac, link = w.loc[cfg].get("overlap_frac"), w.loc[cfg].get("link_gbps")
             note = "" if frac is None or pd.isna(frac) else f"{frac:.0%}"
             if link is not None and not pd.isna(link):
                 note += f" {link:.1f} GB/s"
-            total = np.nan_to_num(hidden[yi]) + np.nan_to_num(exposed[yi])
             if note:
-                ax.text(total, yi, " " + note, va="center", fontsize=7)
+                ax.text(hidden[yi] + exposed[yi], yi, " " + note, va="center", fontsize=7)
         ax.set_title(PHASE_LABELS.get(phase, phase), fontsize=9)
         ax.set_xlabel("copy busy time (ms)")
         ax.grid(alpha=0.3, axis="x")
-    axes[0].set_yticks(y, configs, fontsize=8)
-    axes[0].invert_yaxis()
-    _legend(fig, axes)
+        ax.margins(x=0.18)            # room for the annotation after the longest bar
+        from_zero(ax, "x")
+    _bar_axis(axes[0], labels)
+    legend(fig, [], extra=[Patch(facecolor="0.35", label=_HIDDEN),
+                           Patch(facecolor="0.85", edgecolor="0.35", hatch="////", label=_EXPOSED),
+                           *_keys({lab: series[lab] for lab in labels})])
     _mark_emulated(fig, rows, "Copy/compute overlap (instrumented timeline pass; label: overlap_frac)",
                    note=EMULATED_OVERLAP_NOTE)
     return fig
 
 
 def memory_peaks(df: pd.DataFrame) -> Figure:
-    """Peak host RSS and (when measured) peak device memory per phase, one line per config.
-    On an emulated device the device panel says it was not measured (null, never 0)."""
+    """Peak host RSS and (when measured) peak device memory per phase, one line per config,
+    one column per context length. On an emulated device a note says the device peak was not
+    measured (null, never 0)."""
     rows = speed_rows(df)
     rows = rows[rows["metric"].isin(["peak_host_rss_bytes", "peak_device_bytes"])]
     if rows[rows["metric"] == "peak_host_rss_bytes"].empty:
         raise MissingData("memory peaks: no peak_host_rss_bytes rows")
-    cols = _config_columns(rows)
-    rows = _with_label(rows, cols)
+    contexts = ordered(rows["context_tokens"]) if "context_tokens" in rows.columns else []
+    contexts = contexts or [None]
+    rows, series = configs(rows, _config_columns(rows, exclude=("context_tokens",)))
     phases = [p for p in PHASES if p in set(rows["phase"])]
-    colors = _colors(rows["config"])
-    fig = Figure(figsize=(11, 4.2), layout="constrained")
-    axes = fig.subplots(1, 2, squeeze=False)[0]
+    device = not rows[rows["metric"] == "peak_device_bytes"].empty
+    metrics = [("peak_host_rss_bytes", "host RSS")] + ([("peak_device_bytes", "device memory")] if device else [])
+    fig = Figure(figsize=(3.8 * len(contexts) + 1.5, 3.4 * len(metrics) + 2.6), layout="constrained")
+    grid = fig.add_gridspec(2, len(contexts), height_ratios=[1, 1 if device else 0.12])
     x = np.arange(len(phases))
-    for ax, metric, what in zip(axes, ("peak_host_rss_bytes", "peak_device_bytes"), ("host RSS", "device memory")):
-        sub = rows[rows["metric"] == metric]
-        if sub.empty:
-            ax.text(0.5, 0.5, f"peak {what}: not measured\n(null on an emulated device, never 0)",
-                    ha="center", va="center", transform=ax.transAxes)
-            ax.set_yticks([])
+    dodge = 0.3 / max(len(series), 1)          # configs side by side, so equal peaks do not hide each other
+    axes: list[Axes] = []
+    for i, (metric, what) in enumerate(metrics):
+        for j, ctx in enumerate(contexts):
+            ax = fig.add_subplot(grid[i, j], sharey=axes[i * len(contexts)] if j else None)
+            axes.append(ax)
+            sub = rows[rows["metric"] == metric]
+            sub = sub if ctx is None else sub[sub["context_tokens"] == ctx]
+            for k, (label, st) in enumerate(series.items()):
+                g = sub[sub["config"] == label]
+                if g.empty:
+                    continue
+                s = _stats(g, ["phase"]).set_index("phase").reindex(phases)
+                _errorbar(ax, x + (k - (len(series) - 1) / 2) * dodge,
+                          s.assign(**{c: s[c] / _MIB for c in ("median", "lo", "hi")}), label, st, markersize=4)
             ax.set_xticks(x, [PHASE_LABELS[p] for p in phases], rotation=30, ha="right", fontsize=8)
-            ax.set_title(f"peak {what}")
-            continue
-        for label, g in sub.groupby("config", sort=True):
-            s = _stats(g, ["phase"]).set_index("phase").reindex(phases)
-            color = colors[label]
-            _errorbar(ax, x, s.assign(**{k: s[k] / _MIB for k in ("median", "lo", "hi")}), label, color=color)
-        ax.set_xticks(x, [PHASE_LABELS[p] for p in phases], rotation=30, ha="right", fontsize=8)
-        ax.set_ylabel(f"peak {what} (MiB)")
-        ax.set_title(f"peak {what} per phase")
-        ax.grid(alpha=0.3)
-    _legend(fig, axes)
+            ax.set_title(f"peak {what}" + (f", context {fmt(ctx)} tokens" if ctx is not None else ""), fontsize=9)
+            ax.grid(alpha=0.3)
+            if j == 0:
+                ax.set_ylabel(f"peak {what} (MiB)")
+    if not device:
+        note = fig.add_subplot(grid[1, :])
+        note.set_axis_off()
+        note.text(0.5, 0.5, "peak device memory: not measured (null on an emulated device, never 0)",
+                  ha="center", va="center", transform=note.transAxes)
+    legend(fig, axes)
     _mark_emulated(fig, rows, "Memory peaks per phase")
     return fig
 
@@ -359,7 +377,10 @@ def measured_hit_rates(df: pd.DataFrame, profiler: str = "trace") -> pd.DataFram
     if rows.empty:
         raise MissingData(f"measured hit rates: no expert_hits/expert_misses rows with profiler={profiler!r}"
                           + (" (run with run.record_trace=true)" if profiler == "trace" else ""))
-    rows = rows.assign(capacity=_capacity_x(rows))
+    req = pd.to_numeric(rows["cache_capacity"], errors="coerce")
+    if "resolved_capacity" in rows.columns:
+        req = req.fillna(pd.to_numeric(rows["resolved_capacity"], errors="coerce"))
+    rows = rows.assign(capacity=req)
     keys = [c for c in FACTOR_COLUMNS if c in rows.columns] + ["capacity", "sweep_id", "job_id", "repeat"]
     wide = rows.pivot_table(index=keys, columns="metric", values="value", aggfunc="sum", dropna=False).dropna(how="all")
     wide = wide.groupby(level=keys[:-3], dropna=False).median().reset_index()
@@ -368,94 +389,112 @@ def measured_hit_rates(df: pd.DataFrame, profiler: str = "trace") -> pd.DataFram
     return wide.rename(columns={"expert_hits": "hits"}).drop(columns=["expert_misses"])
 
 
+_UNREACHABLE = "above the offline optimum: no policy reaches it"
+
+
 def hit_rate_curves(sim: pd.DataFrame, measured: pd.DataFrame | None = None, *, facet: str | None = None,
                     emulated: bool | None = None) -> Figure:
     """Simulated hit rate vs cache capacity per policy (`harness.sim.replay` rows, layer
-    "all"), belady drawn as the bound; measured engine points (`measured_hit_rates`, or
-    any frame with capacity and hit_rate, optional cache_policy) on top. `facet` (e.g.
-    "context_tokens", a column of both frames) gives one panel per value."""
+    "all"), belady drawn as the bound with the unreachable region above it shaded; measured
+    engine points (`measured_hit_rates`, or any frame with capacity and hit_rate, optional
+    cache_policy and placement) on top, in their placement's colour and marker, edged in their
+    policy's colour. `facet` (e.g. "context_tokens", a column of both frames) gives one panel
+    per value."""
     sim = sim[sim["layer"].astype(str) == "all"] if "layer" in sim.columns else sim
     if sim.empty:
         raise MissingData("hit-rate curves: no simulated rows (replay(...) with layer 'all')")
-    values = sorted(sim[facet].dropna().unique()) if facet else [None]
-    fig = Figure(figsize=(4.5 * len(values) + 2.2, 4.0), layout="constrained")
+    values = ordered(sim[facet]) if facet else [None]
+    fig = Figure(figsize=(4.5 * len(values) + 1.0, 4.8), layout="constrained")
     axes = fig.subplots(1, len(values), squeeze=False, sharey=True)[0]
     policies = list(dict.fromkeys(sim["policy"]))
     for ax, v in zip(axes, values):
         s = sim if v is None else sim[sim[facet] == v]
-        for k, policy in enumerate(policies):
+        for policy in policies:
             p = s[s["policy"] == policy].sort_values("capacity")
-            bound = policy == "belady"
-            ax.plot(p["capacity"], p["hit_rate"], color="k" if bound else f"C{k}", linestyle="--" if bound else "-",
-                    marker="." if not bound else None,
-                    label=f"simulated {policy}" + (" (offline optimum: the bound)" if bound else ""))
+            st = style("policy", policy)
+            if policy == "belady":
+                ax.plot(p["capacity"], p["hit_rate"], color=st.color, linestyle="--",
+                        label="simulated belady (offline optimum: the bound)")
+                ax.fill_between(p["capacity"], p["hit_rate"], 1.0, color="0.88", label=_UNREACHABLE, zorder=0)
+            else:
+                ax.plot(p["capacity"], p["hit_rate"], color=st.color, marker=st.marker, markersize=4,
+                        label=f"simulated {policy}")
         if measured is not None and len(measured):
             m = measured if v is None or facet not in measured.columns else measured[measured[facet] == v]
-            for policy, g in m.groupby(m["cache_policy"] if "cache_policy" in m.columns else pd.Series("?", index=m.index)):
-                k = policies.index(policy) if policy in policies else len(policies)
-                ax.scatter(g["capacity"], g["hit_rate"], s=70, marker="X", color=f"C{k}", edgecolor="k", zorder=5,
-                           label=f"measured engine ({policy})")
+            m = m.assign(cache_policy=m["cache_policy"] if "cache_policy" in m.columns else "?")
+            for (placement, policy), g in m.groupby([m["placement"] if "placement" in m.columns
+                                                     else pd.Series("engine", index=m.index), "cache_policy"]):
+                where = style("placement", placement) if "placement" in m.columns else style("policy", policy)
+                ax.scatter(g["capacity"], g["hit_rate"], s=70, marker=where.marker, color=where.color,
+                           edgecolor=style("policy", policy).color, linewidth=1.5, zorder=5,
+                           label=f"measured {placement} ({policy})")
         ax.set_xlabel("expert-cache capacity (slots per layer)")
-        ax.set_title(f"{facet} = {v}" if facet else "")
+        ax.set_title(f"{facet} = {fmt(v)}" if facet else "")
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("hit rate (hits / lookups)")
-    _legend(fig, axes)
+    legend(fig, axes)
     title = "Expert-cache hit rate: simulator vs engine"
     if emulated:
         title += "  [engine points from an emulated device; hit rates do not depend on it]"
-    fig.suptitle(title, fontsize=10)
+    suptitle(fig, title)
     return fig
 
 
 # ----------------------------------------------------------------------------- cost model
 
+_NO_FIT = "hatched, faded: does not fit the profile's device memory"
+
+
 def what_if(predicted: pd.DataFrame, panels: Sequence[tuple[str, str]] = (("decode", "tok_per_s"),
                                                                            ("prefill_fresh", "ttft_s"))) -> Figure:
     """Cost-model predictions (rows with source="model" and a `hardware_profile` column, e.g.
     `harness.costmodel.predict(...).table()` concatenated over profiles) per hardware profile,
-    one bar per config; configs whose planned device memory does not fit the profile
-    (`fits_device_memory` False) are hatched and faded."""
+    one bar per config in its placement's colour; configs whose planned device memory does not
+    fit the profile (`fits_device_memory` False) are hatched and faded. Rates from zero, times
+    on a log axis when they span more than 20x."""
     rows = predicted[(predicted["source"] == "model") & predicted["value"].notna()] \
         if "source" in predicted.columns else predicted
     if rows.empty or "hardware_profile" not in rows.columns:
         raise MissingData("what-if: no predicted rows (source='model') with a hardware_profile column")
-    cols = _config_columns(rows)
-    rows = _with_label(rows, cols)
+    rows, series = configs(rows, _config_columns(rows))
     profiles = list(dict.fromkeys(rows["hardware_profile"]))
-    configs = sorted(rows["config"].unique())
-    colors = _colors(configs)
-    height = 1.0 / (len(configs) + 1)
-    fig = Figure(figsize=(5.2 * len(panels) + 2.5, 0.55 * len(profiles) * max(1.0, len(configs) / 3) + 1.8),
+    height = 0.8 / max(len(series), 1)
+    fig = Figure(figsize=(5.2 * len(panels) + 2.0, 0.12 * len(profiles) * len(series) + 0.3 * len(profiles) + 2.0),
                  layout="constrained")
     axes = fig.subplots(1, len(panels), squeeze=False, sharey=True)[0]
     y = np.arange(len(profiles))
     for ax, (phase, metric) in zip(axes, panels):
         sub = rows[(rows["phase"] == phase) & (rows["metric"] == metric)]
-        for k, cfg in enumerate(configs):
-            c = sub[sub["config"] == cfg].set_index("hardware_profile").reindex(profiles)
+        for k, (label, st) in enumerate(series.items()):
+            c = sub[sub["config"] == label].drop_duplicates("hardware_profile").set_index("hardware_profile")
+            c = c.reindex(profiles)
             fits = c["fits_device_memory"] if "fits_device_memory" in c.columns else pd.Series(True, index=c.index)
-            for yi, (prof, r) in zip(y, c.iterrows()):
-                if pd.isna(r["value"]):
-                    continue
-                no = fits.get(prof) is False or (isinstance(fits.get(prof), (bool, np.bool_)) and not fits.get(prof))
-                ax.barh(yi + (k - (len(configs) - 1) / 2) * height, r["value"], height=height, color=colors[cfg],
-                        alpha=0.35 if no else 1.0, hatch="//" if no else None)
-            ax.barh([], [], color=colors[cfg], label=cfg)            # legend entry, unhatched
-        unit = _UNITS.get(metric, "")
+            no = fits.map(lambda f: f is False or f is np.False_).to_numpy()
+            offset = y + (k - (len(series) - 1) / 2) * height
+            value = c["value"].to_numpy(dtype=float)
+            ok = ~np.isnan(value)
+            for mask, faded in ((ok & ~no, False), (ok & no, True)):
+                if mask.any():
+                    bars = ax.barh(offset[mask], value[mask], height=height, color=st.color,
+                                   alpha=0.35 if faded else 1.0, hatch="//" if faded else None, label=label)
+                    if is_rate(metric):        # from zero, a slow config's bar is short: its value says it
+                        ax.bar_label(bars, fmt="%.3g", fontsize=6, padding=2)
+        unit = METRIC_UNITS.get(metric, "")
         ax.set_xlabel(f"predicted {PHASE_LABELS.get(phase, phase)} {metric} ({unit})")
-        ax.set_xscale("log")
+        if is_rate(metric):
+            ax.margins(x=0.08)
+            from_zero(ax, "x")
+        elif (sub["value"].max() / sub["value"][sub["value"] > 0].min()) > 20:
+            ax.set_xscale("log")
         ax.grid(alpha=0.3, axis="x")
     axes[0].set_yticks(y, profiles, fontsize=8)
     axes[0].invert_yaxis()
-    _legend(fig, axes)
+    keys = [Patch(facecolor=st.color, label=label) for label, st in series.items()]
+    legend(fig, [], extra=[*keys, Patch(facecolor="0.8", edgecolor="0.3", hatch="//", label=_NO_FIT)])
     model = ", ".join(sorted(rows["model"].dropna().astype(str).unique())) if "model" in rows.columns else ""
-    fig.suptitle(f"What-if: cost-model predictions for {model} per hardware profile (source=model, not measured)\n"
-                 "hatched: does not fit the profile's device memory", fontsize=10)
+    suptitle(fig, f"What-if: cost-model predictions for {model} per hardware profile (source=model, not measured)")
     return fig
-
-
-_UNITS = {"tok_per_s": "tok/s", "ttft_s": "s", "time_s": "s", "tpot_s_p50": "s"}
 
 
 STANDARD: dict[str, Callable[[pd.DataFrame], Figure]] = {

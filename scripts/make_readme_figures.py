@@ -5,12 +5,15 @@
 2. docs/cache_curve.png: the LRU hit-rate curve for every capacity (stack distances) and the
    belady bound, replayed from a routing trace the engine recorded, with the engine's own
    measured hit rates for fetch+lru at several capacities on the same prompt on top.
+3. docs/samples_capacity_sweep.png: `harness.plots.capacity_sweep` of the committed sample
+   results (what `moebench-plot results/samples --only capacity_sweep` writes), no run needed.
 
-Run: `python scripts/make_readme_figures.py` (about a minute on 2 cores). Prints the
-numbers it plotted.
+Run: `python scripts/make_readme_figures.py` (about a minute on 2 cores), or name the figures
+to make: `python scripts/make_readme_figures.py samples`. Prints the numbers it plotted.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -27,7 +30,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from engine.trace import load_trace  # noqa: E402
-from harness import results  # noqa: E402
+from harness import plots, results  # noqa: E402
+from harness.analysis_cli import plot_parser  # noqa: E402
 from harness.sim.replay import lru_curve, replay  # noqa: E402
 
 COMMON = ["workload=chat", "workload.context_tokens=1024", "workload.gen_tokens=48", "run.quiet=true"]
@@ -107,12 +111,28 @@ def cache_curve_figure(out: Path, dest: Path) -> None:
               round(float(bound[bound.capacity == c].hit_rate.iloc[0]), 4), round(float(measured.get(c)), 4))
 
 
+def samples_figure(dest: Path) -> None:
+    fig = plots.capacity_sweep(results.load(REPO / "results" / "samples"))
+    fig.savefig(dest, dpi=plot_parser().get_default("dpi"))      # as moebench-plot writes it
+    print(f"wrote {dest}")
+
+
+FIGURES = ("timeline", "cache_curve", "samples")
+
+
 def main() -> None:
+    p = argparse.ArgumentParser(description="Make the README's figures (docs/*.png).")
+    p.add_argument("figures", nargs="*", choices=FIGURES, help=f"default: all of {', '.join(FIGURES)}")
+    which = p.parse_args().figures or FIGURES
     docs = REPO / "docs"
     docs.mkdir(exist_ok=True)
+    if "samples" in which:
+        samples_figure(docs / "samples_capacity_sweep.png")
     with tempfile.TemporaryDirectory() as d:
-        timeline_figure(Path(d) / "timeline", docs / "timeline.png")
-        cache_curve_figure(Path(d) / "curve", docs / "cache_curve.png")
+        if "timeline" in which:
+            timeline_figure(Path(d) / "timeline", docs / "timeline.png")
+        if "cache_curve" in which:
+            cache_curve_figure(Path(d) / "curve", docs / "cache_curve.png")
 
 
 if __name__ == "__main__":

@@ -100,3 +100,37 @@ def test_measured_hit_rates_match_the_trace_replay(samples: pd.DataFrame) -> Non
                                        check_index_type=False)
     assert isinstance(plots.hit_rate_curves(replay(load_trace(path), ["lru", "belady"], [1, 2, 4, 8]), measured),
                       Figure)
+
+
+def _files(root: Path) -> set[Path]:
+    return {p for p in root.rglob("*") if p.is_file()}
+
+
+def test_moebench_plot_writes_to_figures_name_in_the_current_directory(tmp_path: Path, monkeypatch) -> None:
+    """By default the figures go to ./figures/<results dir name>, never next to the results."""
+    before = _files(SAMPLES)
+    monkeypatch.chdir(tmp_path)
+    assert plot_main([str(SAMPLES), "--only", "bytes_per_token", "--dpi", "40"]) == 0
+    assert (tmp_path / "figures" / "samples" / "bytes_per_token.png").read_bytes()[:8] == PNG_MAGIC
+    assert (tmp_path / "figures" / "samples" / "figures.json").is_file()
+    assert _files(SAMPLES) == before
+
+
+def test_moebench_plot_refuses_committed_results_unless_asked(tmp_path: Path, samples: pd.DataFrame,
+                                                              capsys, monkeypatch) -> None:
+    before = _files(SAMPLES)
+    assert plot_main([str(SAMPLES), "--out", str(SAMPLES / "figures")]) == 2
+    err = capsys.readouterr().err
+    assert "results/samples" in err and "committed" in err and "--allow-committed" in err
+    assert _files(SAMPLES) == before
+    # a committed-looking tree of our own: refused by default (also as the current directory), written when asked
+    keep = samples[(samples["profiler"] == "none") & (samples["placement"] == "resident")]
+    job = tmp_path / "results" / "baselines" / "machine" / "job"
+    R.write_job(job, [{k: (None if pd.isna(v) else v) for k, v in r.items()}
+                      for r in keep.assign(sweep_id="s", job_id="j").to_dict("records")],
+                {"sweep_id": "s", "job_id": "j"})
+    monkeypatch.chdir(job.parent)
+    assert plot_main([str(job), "--only", "bytes_per_token"]) == 2
+    assert "results/baselines" in capsys.readouterr().err and not (job.parent / "figures").exists()
+    assert plot_main([str(job), "--only", "bytes_per_token", "--dpi", "40", "--allow-committed"]) == 0
+    assert (job.parent / "figures" / "job" / "bytes_per_token.png").is_file()
