@@ -18,7 +18,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from harness import results
-from harness.report import ACTIVE, Reporter
+from harness.report import Reporter, close_progress
 
 log = logging.getLogger(__name__)
 STATE: dict[str, Any] = {"failed_jobs": 0, "sweep_dir": None, "unwritten": [], "table_error": None}
@@ -49,8 +49,7 @@ class SweepTable(Callback):
             return
         failed = df[df["status"] == "failed"]["job_id"].nunique()
         STATE["failed_jobs"] = int(failed)
-        while ACTIVE:                    # the progress line ends before the table prints
-            ACTIVE.pop().close()
+        close_progress()                 # the progress line ends before the table prints
         Reporter(quiet=quiet).sweep_table(df, f"sweep {sweep_dir.name}")
         print(f"sweep table: {sweep_dir / results.SWEEP_TABLE} ({df['job_id'].nunique()} jobs, {failed} failed); "
               f"summary: {sweep_dir / results.SUMMARY_FILE}")

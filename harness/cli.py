@@ -28,7 +28,8 @@ from omegaconf import DictConfig, OmegaConf
 from harness.callbacks import STATE, write_sweep_table
 from harness.config import register_configs
 from harness.contract import COSMETIC_KEYS
-from harness.report import ACTIVE, Reporter, SweepProgress
+from harness import report
+from harness.report import Reporter
 from harness.runner import JobContext, run
 from harness.sweep import (Interrupted, SweepError, SweepLock, claim_sweep, handle_signals, job_dirname,
                            signals_deferred, sweep_overrides, sweep_size)
@@ -52,7 +53,7 @@ def _job_context() -> JobContext:
 def app(cfg: DictConfig) -> None:
     ctx = _job_context()
     quiet = bool(cfg.run.quiet)
-    progress = ACTIVE[-1] if ACTIVE else None
+    progress = report.current_progress()      # via the module: submitit pickles this function by value
     if progress is not None:
         progress.quiet = progress.quiet or quiet
         progress.start(ctx.job_id)
@@ -141,11 +142,11 @@ def _launch(argv: list[str], sweep_dir: Path | None) -> int:
     sys.argv = [sys.argv[0], *hydra_args(argv)]
     if sweep_dir is not None:
         quiet = (_override(argv, "run.quiet") or "false").lower() == "true"
-        ACTIVE.append(SweepProgress(_sweep_jobs(argv), quiet=quiet))
+        report.start_progress(_sweep_jobs(argv), quiet=quiet)
     try:
         app()
     except Interrupted as exc:
-        _close_progress()
+        report.close_progress()
         with signals_deferred():
             where = ""
             if sweep_dir is not None and sweep_dir.is_dir():
@@ -155,16 +156,11 @@ def _launch(argv: list[str], sweep_dir: Path | None) -> int:
         print(f"moebench: interrupted by {exc}{where}; run the same command again to resume", file=sys.stderr)
         return exc.exit_code
     finally:
-        _close_progress()
+        report.close_progress()
     if STATE["table_error"]:
         print(f"moebench: {STATE['table_error']}", file=sys.stderr)
         return 1
     return 1 if STATE["failed_jobs"] else 0
-
-
-def _close_progress() -> None:
-    while ACTIVE:
-        ACTIVE.pop().close()
 
 
 def _sweep_jobs(argv: list[str]) -> int:

@@ -216,3 +216,17 @@ class SweepProgress:
 
 
 ACTIVE: list[SweepProgress] = []      # the sweep's progress, while one runs in this process
+
+
+def current_progress() -> SweepProgress | None:
+    """The sweep progress of this process, if a sweep runs here (a launcher's worker process has none)."""
+    return ACTIVE[-1] if ACTIVE else None
+
+
+def start_progress(total: int, quiet: bool) -> None:
+    ACTIVE.append(SweepProgress(total, quiet=quiet))
+
+
+def close_progress() -> None:
+    while ACTIVE:
+        ACTIVE.pop().close()
