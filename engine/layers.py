@@ -1,8 +1,10 @@
-"""Functional transformer pieces shared by every family: RMSNorm, rotary embedding,
-attention over a KV cache, the SwiGLU expert FFN on a packed buffer, and the router.
+"""Functional transformer pieces shared by every family: RMSNorm (both cast orders),
+rotary embedding, causal masks, attention over a KV cache, the SwiGLU expert FFN on a packed
+buffer, the dense MLP and the softmax top-k router.
 
 Owns: the numerics, written to match Hugging Face transformers op for op (dtype casts
-included) so logits agree to fp32 rounding. Does not own: weights or where experts live.
+included) so logits agree to fp32 rounding. Does not own: weights, which tensors a layer has
+(engine.blocks: the blocks that call these) or where experts live.
 
 Dimension legend: B=batch, T=new tokens, S=tokens in the KV cache, H=query heads,
 K=kv heads, h=head dim, D=hidden, I=expert intermediate, E=experts, k=top-k, N=B*T rows.
@@ -27,6 +29,17 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * x32.to(dtype)
 
 
+def rms_norm_fp32(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float = 0.0) -> torch.Tensor:
+    """RMSNorm scaled in fp32 before the cast back: `(x32 * (offset + w)).to(dtype)` (GPT-OSS with
+    offset 0; Qwen3-Next's and Gemma's zero-centred `1 + w` with offset 1; no weight: plain norm)."""
+    dtype = x.dtype
+    x32 = x.to(torch.float32)
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        x32 = x32 * (offset + weight.float()) if offset else x32 * weight.float()
+    return x32.to(dtype)
+
+
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, linear_factor: float,
                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin for absolute `positions` [T]; each [T, h]."""
@@ -45,8 +58,12 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, H, T, h]; cos/sin [T, h]."""
-    return x * cos + _rotate_half(x) * sin
+    """x [B, H, T, h]; cos/sin [T, r] with r <= h: the first r dims rotate (partial rotary), the rest pass."""
+    r = cos.shape[-1]
+    if r == x.shape[-1]:
+        return x * cos + _rotate_half(x) * sin
+    rot, rest = x[..., :r], x[..., r:]
+    return torch.cat((rot * cos + _rotate_half(rot) * sin, rest), dim=-1)
 
 
 def causal_mask(T: int, past: int, window: int | None, device: torch.device) -> torch.Tensor | None:

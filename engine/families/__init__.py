@@ -1,0 +1,1 @@
+"""Model families: see engine/families/README.md."""
