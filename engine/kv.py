@@ -9,16 +9,18 @@ Owns:
   their bytes are `nbytes`), makes room for a number of tokens (`reserve`; allocated once for
   the planned context), and names the views that carry the session (`snapshot`) -- which is
   all displacement to host RAM needs, so `Session.offload/restore` work for every kind.
-- `FullKV`: the [B, K, S, h] key/value pair of grouped-query attention (today's only kind).
+- `FullKV`: the [B, K, S, h] key/value pair of grouped-query attention.
+- `SlidingKV`: the same for a sliding-window layer, bounded: only the last window - 1 tokens
+  (all a later query can see) are kept, as transformers' sliding-window cache does.
 - `Session`: one batch of sequences that advance together, its states, its token count, and
   moving all its states to host RAM and back (counted as d2h/h2d `kv` bytes per layer).
 Does not own: attention math (engine.blocks.attention, engine.layers) or when a session is
 displaced (the caller decides).
 
-Kinds to come plug in as subclasses beside the block that uses them: a bounded sliding-window
-KV (`StateTerm(max_tokens=window)`, `reserve` allocates the window only), an MLA latent
-(`per_token` = latent + rope key), a recurrent/conv state (`fixed` bytes, `reserve` allocates
-once whatever the tokens). `snapshot` returns their tensors (or the filled part of them).
+Kinds to come plug in as subclasses beside the block that uses them: an MLA latent
+(`per_token` = latent + rope key, like FullKV with one [B, S, r] buffer), a recurrent/conv
+state (`fixed` bytes, `reserve` allocates once whatever the tokens, `snapshot` returns the
+whole tensors: tests/engine/test_kv.py has one).
 
 Displaced state lives in one exact-size host buffer per displacement, page-locked on CUDA
 (engine.hostmem: registered in place, not torch's power-of-two pinned pool). Pinned because
@@ -104,23 +106,16 @@ class LayerState(ABC):
         """Drop the references to the (released) device tensors."""
 
 
-class FullKV(LayerState):
-    """Keys and values of every token: [B, K, capacity, h] each (grouped-query attention)."""
+class KVState(LayerState):
+    """A key/value pair [B, K, capacity, h] (the common part of full and sliding-window KV)."""
 
-    KIND = "KV cache"
-
-    def __init__(self, device: Device, label: str, batch: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
-                 max_tokens: int | None) -> None:
+    def __init__(self, device: Device, label: str, batch: int, kv_heads: int, head_dim: int,
+                 dtype: torch.dtype) -> None:
         super().__init__(device, label)
         self.batch, self.kv_heads, self.head_dim, self.dtype = batch, kv_heads, head_dim, dtype
-        self.max_tokens = max_tokens          # the planned context: never grows past it
         self.capacity = 0
         self._k: torch.Tensor | None = None
         self._v: torch.Tensor | None = None
-
-    @classmethod
-    def term(cls, kv_heads: int, head_dim: int, dtype_bytes: int) -> StateTerm:
-        return StateTerm(cls.KIND, per_token=2 * kv_heads * head_dim * dtype_bytes)
 
     @property
     def k(self) -> torch.Tensor | None:
@@ -134,6 +129,35 @@ class FullKV(LayerState):
     def tensors(self) -> list[torch.Tensor]:
         return [] if self._k is None else [self._k, self._v]
 
+    def _allocate(self, cap: int) -> list[torch.Tensor]:
+        shape = (self.batch, self.kv_heads, cap, self.head_dim)
+        return [self.device.empty(shape, self.dtype, self.label) for _ in range(2)]
+
+    @abstractmethod
+    def append(self, k: torch.Tensor, v: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Add k/v [B, K, T, h] at positions [start, start+T); return the keys/values this pass's
+        queries may see [B, K, S, h] and the position of the first of them."""
+
+    def _forget(self) -> None:
+        self._k = self._v = None
+        self.capacity = 0
+
+
+class FullKV(KVState):
+    """Keys and values of every token, allocated once for the planned context (unplanned: grown
+    by doubling from MIN_CAPACITY)."""
+
+    KIND = "KV cache"
+
+    def __init__(self, device: Device, label: str, batch: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                 max_tokens: int | None) -> None:
+        super().__init__(device, label, batch, kv_heads, head_dim, dtype)
+        self.max_tokens = max_tokens          # the planned context: never grows past it
+
+    @classmethod
+    def term(cls, kv_heads: int, head_dim: int, dtype_bytes: int) -> StateTerm:
+        return StateTerm(cls.KIND, per_token=2 * kv_heads * head_dim * dtype_bytes)
+
     def reserve(self, tokens: int, filled: int) -> None:
         if tokens <= self.capacity:
             return
@@ -146,27 +170,62 @@ class FullKV(LayerState):
             cap = max(MIN_CAPACITY, self.capacity)
             while cap < tokens:
                 cap *= 2
-        shape = (self.batch, self.kv_heads, cap, self.head_dim)
-        new = [self.device.empty(shape, self.dtype, self.label) for _ in range(2)]
+        new = self._allocate(cap)
         for old, fresh in zip(self.tensors(), new):
             fresh[:, :, :filled].copy_(old[:, :, :filled])
             self.device.release(self.label, old)
         (self._k, self._v), self.capacity = new, cap
 
-    def append(self, k: torch.Tensor, v: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store k/v [B, K, T, h] at positions [start, start+T); return all keys/values [B, K, S, h]."""
+    def append(self, k: torch.Tensor, v: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor, int]:
         end = start + k.shape[2]
         self.reserve(end, start)
         self._k[:, :, start:end].copy_(k)
         self._v[:, :, start:end].copy_(v)
-        return self._k[:, :, :end], self._v[:, :, :end]
+        return self._k[:, :, :end], self._v[:, :, :end], 0
 
     def snapshot(self, length: int) -> list[torch.Tensor]:
         return [t[:, :, :length] for t in self.tensors()]
 
-    def _forget(self) -> None:
-        self._k = self._v = None
-        self.capacity = 0
+
+class SlidingKV(KVState):
+    """Keys and values of the last `window - 1` tokens only (all a later query can see), in
+    position order: [B, K, min(window - 1, max_tokens), h] each, allocated once."""
+
+    def __init__(self, device: Device, label: str, batch: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                 max_tokens: int | None, window: int) -> None:
+        super().__init__(device, label, batch, kv_heads, head_dim, dtype)
+        self.window = window
+        self.keep = window - 1 if max_tokens is None else min(window - 1, max_tokens)
+
+    @classmethod
+    def term(cls, kv_heads: int, head_dim: int, dtype_bytes: int, window: int) -> StateTerm:
+        return StateTerm(f"sliding-window KV ({window}-token window)", per_token=2 * kv_heads * head_dim * dtype_bytes,
+                         max_tokens=window - 1)
+
+    def held(self, length: int) -> int:
+        """Tokens held after `length` tokens went by."""
+        return min(length, self.keep)
+
+    def reserve(self, tokens: int, filled: int) -> None:
+        if self.capacity == 0 and self.keep > 0:     # bounded: one allocation whatever the context
+            (self._k, self._v), self.capacity = self._allocate(self.keep), self.keep
+
+    def append(self, k: torch.Tensor, v: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        self.reserve(1, 0)
+        held = self.held(start)
+        if held:
+            k_all = torch.cat((self._k[:, :, :held], k), dim=2)               # new tensors: the buffer is free
+            v_all = torch.cat((self._v[:, :, :held], v), dim=2)
+        else:
+            k_all, v_all = k, v
+        n = min(self.keep, k_all.shape[2])
+        if n:
+            self._k[:, :, :n].copy_(k_all[:, :, -n:])
+            self._v[:, :, :n].copy_(v_all[:, :, -n:])
+        return k_all, v_all, start - held
+
+    def snapshot(self, length: int) -> list[torch.Tensor]:
+        return [t[:, :, : self.held(length)] for t in self.tensors()]
 
 
 def _carve(buf: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -222,12 +281,12 @@ class Session:
 
     @property
     def k(self) -> list[torch.Tensor]:
-        """Key buffers of the full-KV layers (host copies while displaced)."""
-        return [s.k for s in self.states if isinstance(s, FullKV) and s.k is not None]
+        """Key buffers of the KV layers (host copies while displaced)."""
+        return [s.k for s in self.states if isinstance(s, KVState) and s.k is not None]
 
     @property
     def v(self) -> list[torch.Tensor]:
-        return [s.v for s in self.states if isinstance(s, FullKV) and s.v is not None]
+        return [s.v for s in self.states if isinstance(s, KVState) and s.v is not None]
 
     def state(self, layer: int) -> LayerState:
         if not self.on_device:

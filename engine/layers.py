@@ -66,12 +66,14 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((rot * cos + _rotate_half(rot) * sin, rest), dim=-1)
 
 
-def causal_mask(T: int, past: int, window: int | None, device: torch.device) -> torch.Tensor | None:
-    """Boolean [T, past+T] mask (True = may attend), or None when plain decode needs none."""
-    if T == 1 and (window is None or past + 1 <= window):
+def causal_mask(T: int, past: int, window: int | None, device: torch.device,
+                kv_start: int = 0) -> torch.Tensor | None:
+    """Boolean [T, S] mask (True = may attend) of T queries at positions past.. over the keys at
+    positions kv_start..past+T-1 (S of them), or None when plain decode needs none."""
+    if T == 1 and (window is None or past - kv_start + 1 <= window):
         return None
     q = torch.arange(past, past + T, device=device)[:, None]        # [T, 1]
-    kv = torch.arange(past + T, device=device)[None, :]             # [1, S]
+    kv = torch.arange(kv_start, past + T, device=device)[None, :]   # [1, S]
     mask = kv <= q
     if window is not None:
         mask &= kv > q - window

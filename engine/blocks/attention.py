@@ -4,12 +4,12 @@ Owns: the `AttentionBlock` interface -- forward over a pass with the layer's `La
 the state it creates (`new_state`) and what that costs in the plan (`state_term`), and its
 transient bounds (`activation_bytes`, `workspace_bytes`) -- and `GQAAttention`, grouped-query
 attention with the first wave's options (q/k/v and output biases, per-head or whole-projection
-q/k norms, q/k/v clipping, partial rotary, a sliding-window mask). Does not own: the state
+q/k norms, q/k/v clipping, partial rotary, a sliding window: a bounded SlidingKV state). Does not own: the state
 mechanics (engine.kv) or the numerics (engine.layers).
 
 Kinds to come are subclasses here or in the family that alone needs them: multi-head latent
 attention (a latent state, its own projections), sinks (override `attend`), output gates
-(override `forward`'s projection), bounded sliding-window state (`new_state`/`state_term`),
+(override `forward`'s projection), per-layer windows (construct with or without `window`),
 linear/recurrent attention (a fixed state, no KV at all).
 
 Dimension legend: B=batch, T=new tokens, S=tokens attended, D=hidden, H/K=query/kv heads,
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from engine.blocks.base import Block, Pass, TensorSpec, Transient
 from engine.blocks.rope import Rope
 from engine.devices import Device
-from engine.kv import FullKV, LayerState, StateTerm
+from engine.kv import FullKV, KVState, LayerState, SlidingKV, StateTerm
 from engine.layers import attention, causal_mask, rms_norm
 
 QK_NORMS = ("none", "head", "full")
@@ -89,7 +89,8 @@ class GQAAttention(AttentionBlock):
                  eps: float, qkv_bias: bool = False, o_bias: bool = False, qk_norm: str = "none",
                  clip_qkv: float | None = None, window: int | None = None) -> None:
         """prefix: e.g. "model.layers.3.self_attn."; qk_norm: none | head (Qwen3, per head over h) |
-        full (OLMoE, over the whole projection); window: keys further back than this are masked."""
+        full (OLMoE, over the whole projection); window: a query sees the last `window` positions
+        (itself included) and the state keeps only window - 1 tokens."""
         super().__init__(layer)
         if qk_norm not in QK_NORMS:
             raise ValueError(f"qk_norm must be one of {QK_NORMS}, got {qk_norm!r}")
@@ -114,7 +115,7 @@ class GQAAttention(AttentionBlock):
                   "k_norm": TensorSpec(a + "k_norm.weight", (K * hd if full else hd,), "ones")}
         return t
 
-    def forward(self, x: torch.Tensor, state: FullKV, p: Pass) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, state: KVState, p: Pass) -> torch.Tensor:
         w, eps, hd = self.w, self.eps, self.hd
         B, T, _ = x.shape
         q, k, v = F.linear(x, w["q"], w.get("q_b")), F.linear(x, w["k"], w.get("k_b")), F.linear(x, w["v"], w.get("v_b"))
@@ -128,8 +129,9 @@ class GQAAttention(AttentionBlock):
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))                          # [B, H|K, T, h]
         cos, sin = self.rope.tables(p)
         q, k = self.rope.apply(q, cos, sin), self.rope.apply(k, cos, sin)
-        k_all, v_all = state.append(k, v, p.past)                                  # [B, K, S, h]
-        mask = p.cached(("mask", self.window), lambda: causal_mask(T, p.past, self.window, p.device))
+        k_all, v_all, kv_start = state.append(k, v, p.past)                        # [B, K, S, h]
+        mask = p.cached(("mask", self.window, kv_start),
+                        lambda: causal_mask(T, p.past, self.window, p.device, kv_start))
         return F.linear(self.attend(q, k_all, v_all, mask), w["o"], w.get("o_b"))  # [B, T, D]
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -137,10 +139,14 @@ class GQAAttention(AttentionBlock):
         return attention(q, k, v, mask)
 
     def new_state(self, batch: int, max_tokens: int | None, device: Device, dtype: torch.dtype,
-                  label: str) -> FullKV:
+                  label: str) -> KVState:
+        if self.window is not None:
+            return SlidingKV(device, label, batch, self.K, self.hd, dtype, max_tokens, self.window)
         return FullKV(device, label, batch, self.K, self.hd, dtype, max_tokens)
 
     def state_term(self, dtype_bytes: int) -> StateTerm:
+        if self.window is not None:
+            return SlidingKV.term(self.K, self.hd, dtype_bytes, self.window)
         return FullKV.term(self.K, self.hd, dtype_bytes)
 
     def activation_bytes(self, rows: int, dtype_bytes: int) -> Transient:
@@ -150,4 +156,8 @@ class GQAAttention(AttentionBlock):
                 + 2 * N * H * hd * db + N * self.D * db)     # attention output, its [N, H*h] copy, o-proj
 
     def workspace_bytes(self, batch: int, tokens: int, context: int, dtype_bytes: int, device_kind: str) -> int:
-        return sdpa_workspace_bytes(batch, self.H, self.hd, tokens, context, dtype_bytes, device_kind)
+        if self.window is None:
+            return sdpa_workspace_bytes(batch, self.H, self.hd, tokens, context, dtype_bytes, device_kind)
+        S = min(context, self.window - 1 + tokens)                        # held keys and the new ones
+        window_copy = 2 * batch * self.K * S * self.hd * dtype_bytes      # their concatenation (SlidingKV.append)
+        return sdpa_workspace_bytes(batch, self.H, self.hd, tokens, S, dtype_bytes, device_kind) + window_copy

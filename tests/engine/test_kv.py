@@ -9,7 +9,7 @@ import torch
 from engine import Engine
 from engine.counters import Counters
 from engine.devices import Device
-from engine.kv import FullKV, LayerState, Session, StateTerm, nbytes_of
+from engine.kv import FullKV, LayerState, Session, SlidingKV, StateTerm, nbytes_of
 from engine.planner import plan_memory
 
 
@@ -33,8 +33,8 @@ def append(sess: Session, T: int, seed: int) -> list[tuple[torch.Tensor, torch.T
 def test_full_kv_round_trip_and_bytes():
     sess, counters = full_kv_session(max_tokens=40)
     append(sess, 10, 0)
-    k_all, v_all = append(sess, 3, 1)[1]
-    assert k_all.shape == (2, 2, 13, 4)
+    k_all, v_all, start = append(sess, 3, 1)[1]
+    assert k_all.shape == (2, 2, 13, 4) and start == 0
     before = [(s.k[:, :, :13].clone(), s.v[:, :, :13].clone()) for s in sess.states]
     # planned: the whole context allocated once; bytes are the allocated tensors' bytes
     assert all(s.capacity == 40 for s in sess.states)
@@ -121,6 +121,35 @@ def test_planned_state_terms_equal_the_allocated_tensors(batch, context):
     plan = plan_memory(eng.cfg, "resident", None, None, context, batch, 512, 4)
     assert plan.states == ((f"KV cache (4 layers, {batch} x {context} tokens)", sess.nbytes),)
     assert str(plan).count("KV cache") == 1
+
+
+def test_sliding_window_kv_is_bounded_and_keeps_the_last_window():
+    dev, counters = Device.create("cpu"), Counters(1)
+    st = SlidingKV(dev, Session.new_label(), 1, 1, 2, torch.float32, max_tokens=100, window=5)
+    sess = Session(dev, counters, 1, [st], 100)
+    keys = torch.arange(30, dtype=torch.float32).view(1, 1, 15, 2)       # position t holds (2t, 2t+1)
+    seen = []
+    for a, b in ((0, 6), (6, 7), (7, 15)):                              # a prefill chunk longer than the window, decode, another chunk
+        k_all, _, first = st.append(keys[:, :, a:b], keys[:, :, a:b], a)
+        seen.append((first, k_all.shape[2]))
+        sess.advance(b - a)
+    assert seen == [(0, 6), (2, 5), (3, 12)]                             # held window - 1 = 4, then the new tokens
+    assert torch.equal(st.k[0, 0], keys[0, 0, 11:15]) and st.nbytes == SlidingKV.term(1, 2, 4, 5).bytes(100, 1)
+    sess.offload()
+    assert counters.totals()["d2h_kv_bytes"] == 2 * 4 * 2 * 4
+    sess.restore()
+    assert torch.equal(st.k[0, 0], keys[0, 0, 11:15])
+    short = SlidingKV(dev, Session.new_label(), 2, 1, 2, torch.float32, max_tokens=3, window=5)
+    short.reserve(1, 0)
+    assert short.nbytes == SlidingKV.term(1, 2, 4, 5).bytes(3, 2)         # planned context below the window
+
+
+def test_windowed_model_plans_its_bounded_state():
+    eng = Engine.from_pretrained("tiny-mixtral", device="cpu", max_context=300, model_overrides={"sliding_window": 64})
+    sess = eng.new_session(1)
+    eng.prefill(sess, [list(range(100))])
+    assert sess.nbytes == eng.plan.kv == 4 * 63 * 2 * 2 * 16 * 4
+    assert eng.plan.states[0][0] == "sliding-window KV (64-token window) (4 layers, 1 x 300 tokens)"
 
 
 def test_bounded_and_fixed_terms():
