@@ -3,7 +3,7 @@
 Owns: turning user options into a validated, planned, loaded model with its placement;
 prefill in micro-batches of `ubatch` tokens; greedy decode; sessions; counters.
 Does not own: tokenization (the engine sees token ids only), timing and phases (the
-harness), numerics (engine.model / engine.layers).
+harness), what a model computes (its family: engine.families, engine.blocks, engine.model).
 
     from engine import Engine
     eng = Engine.from_pretrained("tiny-mixtral", placement="fetch", cache_capacity=4, cache_policy="lru")

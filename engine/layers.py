@@ -80,11 +80,12 @@ def causal_mask(T: int, past: int, window: int | None, device: torch.device,
     return mask
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """q [B, H, T, h], k/v [B, K, S, h] -> [B, T, H*h]."""
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+              scale: float | None = None) -> torch.Tensor:
+    """q [B, H, T, h], k/v [B, K, S, h] -> [B, T, H*h]; scores scaled by `scale` (default h^-0.5)."""
     B, H, T, hd = q.shape
     # grouped-query attention without materialising repeated K/V (a copy of the whole cache per layer per step)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=hd ** -0.5,
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=hd ** -0.5 if scale is None else scale,
                                          enable_gqa=H != k.shape[1])                   # [B, H, T, h]
     return out.transpose(1, 2).reshape(B, T, H * hd)
 

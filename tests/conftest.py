@@ -46,6 +46,18 @@ def hf_model(family: str, seed: int = 0, **options):
     return model.eval()
 
 
+def install_entry_point(tmp_path: Path, monkeypatch, module: str, source: str, group: str, name: str,
+                        target: str) -> None:
+    """An installed-looking distribution: `module` (with `source`) on sys.path and a dist-info
+    declaring the entry point `name = target` in `group` (what `pip install` of a plugin leaves)."""
+    (tmp_path / f"{module}.py").write_text(source)
+    dist = tmp_path / f"{module}-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module.replace('_', '-')}\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(f"[{group}]\n{name} = {target}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
 def save(model, path: Path, **kw) -> Path:
     model.save_pretrained(path, **kw)
     return path

@@ -87,10 +87,11 @@ class GQAAttention(AttentionBlock):
 
     def __init__(self, layer: int, prefix: str, hidden: int, heads: int, kv_heads: int, head_dim: int, rope: Rope,
                  eps: float, qkv_bias: bool = False, o_bias: bool = False, qk_norm: str = "none",
-                 clip_qkv: float | None = None, window: int | None = None) -> None:
+                 clip_qkv: float | None = None, window: int | None = None, scale: float | None = None) -> None:
         """prefix: e.g. "model.layers.3.self_attn."; qk_norm: none | head (Qwen3, per head over h) |
         full (OLMoE, over the whole projection); window: a query sees the last `window` positions
-        (itself included) and the state keeps only window - 1 tokens."""
+        (itself included) and the state keeps only window - 1 tokens; scale: of the scores
+        (default head_dim^-0.5; Gemma 4: 1.0)."""
         super().__init__(layer)
         if qk_norm not in QK_NORMS:
             raise ValueError(f"qk_norm must be one of {QK_NORMS}, got {qk_norm!r}")
@@ -98,7 +99,7 @@ class GQAAttention(AttentionBlock):
             raise ValueError(f"num_heads {heads} is not a multiple of num_kv_heads {kv_heads}")
         self.prefix, self.D, self.H, self.K, self.hd = prefix, hidden, heads, kv_heads, head_dim
         self.rope, self.eps, self.qkv_bias, self.o_bias = rope, eps, qkv_bias, o_bias
-        self.qk_norm, self.clip_qkv, self.window = qk_norm, clip_qkv, window
+        self.qk_norm, self.clip_qkv, self.window, self.scale = qk_norm, clip_qkv, window, scale
 
     def tensors(self) -> dict[str, TensorSpec]:
         a, D, H, K, hd = self.prefix, self.D, self.H, self.K, self.hd
@@ -136,7 +137,7 @@ class GQAAttention(AttentionBlock):
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """q [B, H, T, h], k/v [B, K, S, h] -> [B, T, H*h] (a subclass adds sinks, soft-capping, ...)."""
-        return attention(q, k, v, mask)
+        return attention(q, k, v, mask, self.scale)
 
     def new_state(self, batch: int, max_tokens: int | None, device: Device, dtype: torch.dtype,
                   label: str) -> KVState:

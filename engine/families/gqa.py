@@ -5,7 +5,8 @@ Owns: `GQAConfig` (the fields these families add to ModelConfig), `GQAFamily` (p
 write config.json through a table of directly mapped keys, build layers from GQAAttention,
 SoftmaxTopK, SwiGLUExperts, DenseMLP and an optional gated shared expert) and
 `SparseStepFamily` (Qwen's dense-layer pattern). A family of this shape is a subclass
-naming its tensors and its config keys: see engine/families/mixtral.py.
+naming its tensors and its config keys (engine/families/mixtral.py), overriding a hook --
+`rope`, `router`, `attention`, `beside`, `mlp`, `moe_layers` -- where it differs.
 Does not own: the blocks (engine.blocks) or any one family's choices (its module).
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ from engine.blocks.experts import SwiGLUExperts
 from engine.blocks.mlp import DenseMLP, GatedMLP, MoEBlock
 from engine.blocks.norms import RMSNorm
 from engine.blocks.rope import Rope
-from engine.blocks.routers import SoftmaxTopK
+from engine.blocks.routers import Router, SoftmaxTopK
 from engine.config import ModelConfig, UnsupportedModelError
 from engine.families.base import Family, rope_from_hf
 from engine.layers import ACT
@@ -109,18 +110,25 @@ class GQAFamily(Family):
     def attention(cls, cfg: ModelConfig, i: int) -> GQAAttention:
         a = cfg.arch
         return GQAAttention(i, f"model.layers.{i}.self_attn.", cfg.hidden_size, a.num_heads, a.num_kv_heads,
-                            a.head_dim, Rope(a.head_dim, a.rope_theta, a.rope_scaling_factor), a.rms_norm_eps,
-                            qkv_bias=a.qkv_bias, o_bias=a.o_bias, qk_norm=a.qk_norm, clip_qkv=a.clip_qkv,
-                            window=a.sliding_window)
+                            a.head_dim, cls.rope(cfg), a.rms_norm_eps, qkv_bias=a.qkv_bias, o_bias=a.o_bias,
+                            qk_norm=a.qk_norm, clip_qkv=a.clip_qkv, window=a.sliding_window)
+
+    @classmethod
+    def rope(cls, cfg: ModelConfig) -> Rope:
+        """The rotary embedding (a family with partial rotary or another scaling overrides this)."""
+        return Rope(cfg.arch.head_dim, cfg.arch.rope_theta, cfg.arch.rope_scaling_factor)
 
     @classmethod
     def mlp(cls, cfg: ModelConfig, i: int) -> Block:
-        D, a = cfg.hidden_size, cfg.arch
         if not cfg.is_moe_layer(i):
-            return DenseMLP(f"model.layers.{i}.mlp.", D, a.intermediate_size, a.hidden_act)
-        router = SoftmaxTopK(f"model.layers.{i}.{cls.moe_prefix}.gate.weight", D, cfg.n_experts, cfg.top_k,
-                             a.norm_topk_prob, cls.router_keeps_fp32)
-        return MoEBlock(i, router, cls.experts(cfg), cls.beside(cfg, i))
+            return DenseMLP(f"model.layers.{i}.mlp.", cfg.hidden_size, cfg.arch.intermediate_size, cfg.arch.hidden_act)
+        return MoEBlock(i, cls.router(cfg, i), cls.experts(cfg), cls.beside(cfg, i))
+
+    @classmethod
+    def router(cls, cfg: ModelConfig, i: int) -> Router:
+        """MoE layer i's router (a family with another routing rule overrides this)."""
+        return SoftmaxTopK(f"model.layers.{i}.{cls.moe_prefix}.gate.weight", cfg.hidden_size, cfg.n_experts,
+                           cfg.top_k, cfg.arch.norm_topk_prob, cls.router_keeps_fp32)
 
     @classmethod
     def beside(cls, cfg: ModelConfig, i: int) -> tuple[Block, ...]:

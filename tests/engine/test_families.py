@@ -14,6 +14,7 @@ from engine import Engine
 from engine.config import PRESETS, ModelConfig, UnsupportedModelError, preset
 from engine.export import export_preset
 from engine.registry import FAMILIES
+from tests.conftest import install_entry_point
 from tests.test_architecture import REPO, files, imports
 
 TOY = '''
@@ -38,12 +39,8 @@ PROMPT = [[5, 17, 99, 3, 42, 8, 77, 1, 64, 23, 11, 120]]
 @pytest.fixture
 def toy_family(tmp_path, monkeypatch):
     """An installed-looking distribution declaring a family in `moebench.families`."""
-    (tmp_path / "toy_family.py").write_text(TOY)
-    dist = tmp_path / "toy_family-1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-family\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text("[moebench.families]\ntoy_mixtral = toy_family:ToyMixtral\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
+    install_entry_point(tmp_path, monkeypatch, "toy_family", TOY, "moebench.families", "toy_mixtral",
+                        "toy_family:ToyMixtral")
     monkeypatch.setattr(FAMILIES, "_targets", dict(FAMILIES._targets))
     monkeypatch.setattr(FAMILIES, "_loaded", dict(FAMILIES._loaded))
     monkeypatch.setattr(FAMILIES, "_scanned", False)
