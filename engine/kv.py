@@ -57,7 +57,7 @@ _labels = itertools.count()
 class StateTerm:
     """One layer's state in the memory plan (bytes for `batch` sequences of `context` tokens)."""
 
-    kind: str                      # plan printout name: "KV cache", "sliding-window KV (4096 tokens)", ...
+    kind: str                      # plan printout name: "KV cache", "sliding-window KV (4096-token window)", ...
     per_token: int = 0             # bytes per token of one sequence
     max_tokens: int | None = None  # tokens held at most (a window); None: the whole context
     fixed: int = 0                 # bytes per sequence whatever the context
