@@ -5,10 +5,11 @@
     res = eng.generate([[1, 2, 3]], max_new_tokens=8)
     res.tokens, eng.counters
 
-See engine.engine for the options, engine.placements and engine.policies for plugins.
+See engine.engine for the options, engine.placements and engine.policies for plugins,
+engine.families (and engine/families/README.md) for model families and how to add one.
 """
 from engine.config import PRESETS, ModelConfig, preset
 from engine.engine import Engine, GenerateResult
-from engine.registry import PLACEMENTS, POLICIES
+from engine.registry import FAMILIES, PLACEMENTS, POLICIES
 
-__all__ = ["Engine", "GenerateResult", "ModelConfig", "PRESETS", "preset", "PLACEMENTS", "POLICIES"]
+__all__ = ["Engine", "GenerateResult", "ModelConfig", "PRESETS", "preset", "FAMILIES", "PLACEMENTS", "POLICIES"]

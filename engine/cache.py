@@ -1,8 +1,9 @@
 """Expert weights at rest and the fixed-capacity device expert cache (mechanism only).
 
 Owns:
-- `ExpertStore`: every routed expert packed as one contiguous row [gate | up | down]
-  of a per-layer [E, P] tensor -- on the device for resident layers, in host RAM
+- `ExpertStore`: every routed expert packed as one contiguous row of a per-layer [E, P]
+  tensor, in the layout (and storage dtype) of the family's `ExpertLayout`, which also
+  runs it (engine.blocks.experts) -- on the device for resident layers, in host RAM
   (page-locked on CUDA when the placement copies from it) for offloaded ones -- so moving
   an expert is exactly one copy.
 - `ExpertCache`: per layer, `capacity` preallocated device slots; lookups, copies into
@@ -35,18 +36,25 @@ from collections.abc import Callable, Set
 
 import torch
 
+from engine.blocks.experts import ExpertLayout
 from engine.counters import Counters
 from engine.devices import CopyHandle, Device
 from engine.policies.base import EvictionPolicy, still_needed
 
 
 class ExpertStore:
-    """Packed expert rows per MoE layer: `rows[layer]` is [E, P] on host or device."""
+    """Packed expert rows per MoE layer: `rows[layer]` is [E, P] on host or device.
 
-    def __init__(self, n_experts: int, packed_numel: int, dtype: torch.dtype) -> None:
+    `layout` is the family's ExpertLayout (P = layout.numel, dtype its storage dtype): the
+    placements run an expert with `store.layout.run(x, row)`. A store built for the cache
+    alone (tests, micro-benchmarks) may have none."""
+
+    def __init__(self, n_experts: int, packed_numel: int, dtype: torch.dtype,
+                 layout: ExpertLayout | None = None) -> None:
         self.n_experts = n_experts
         self.packed_numel = packed_numel
         self.dtype = dtype
+        self.layout = layout
         self.rows: dict[int, torch.Tensor] = {}
         self.on_device: dict[int, bool] = {}
 

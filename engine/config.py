@@ -1,30 +1,33 @@
-"""Model shapes: one dataclass for every supported MoE family, read from a Hugging Face
-`config.json` (current or older Hub form) or looked up in a preset table by exact name.
+"""Model shapes: the fields every consumer reads, plus the family's own frozen dataclass.
 
-Owns: the numbers that define a model (sizes, family quirks) and their validation.
-Does not own: weights (engine.checkpoint), memory planning (engine.planner).
+Owns: `ModelConfig` -- common fields (family, sizes, experts, top-k, MoE layers, context,
+dtype, name) and `arch`, the family-specific dataclass (`Family.Config`) whose fields read
+through as attributes (`cfg.num_heads` on a GQA family) -- its validation, `replace` across
+both parts, the sizes derived from the family's blocks (`expert_params`,
+`non_expert_params()`, `kv_bytes_per_token()`), and reading a Hugging Face `config.json`
+(the registered family that names its architecture parses it). `PRESETS`: every registered
+family's presets (real shapes, seeded random weights), looked up by exact name.
+Does not own: any family's fields or parsing (engine.families), weights (engine.model),
+memory planning (engine.planner).
 
     cfg = ModelConfig.from_hf_dir("path/to/checkpoint")     # reads config.json
     cfg = preset("qwen3-30b-a3b")                            # real shapes, no weights
-    cfg.expert_params, cfg.kv_bytes_per_token(2)
+    cfg.expert_params, cfg.kv_bytes_per_token(2), cfg.num_kv_heads
+    cfg.replace(num_layers=2, moe_layers=(0, 1), num_heads=8)    # common and family fields alike
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-# architecture string in config.json -> family handled by engine.model
-ARCHITECTURES = {
-    "MixtralForCausalLM": "mixtral",
-    "Qwen2MoeForCausalLM": "qwen2_moe",
-    "Qwen3MoeForCausalLM": "qwen3_moe",
-    "OlmoeForCausalLM": "olmoe",
-}
-MODEL_TYPES = {"mixtral": "mixtral", "qwen2_moe": "qwen2_moe", "qwen3_moe": "qwen3_moe", "olmoe": "olmoe"}
-ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh", "relu")
+if TYPE_CHECKING:
+    from engine.architecture import Architecture
+    from engine.families.base import Family
 
 
 class UnsupportedModelError(ValueError):
@@ -33,52 +36,87 @@ class UnsupportedModelError(ValueError):
 
 @dataclass(frozen=True)
 class ModelConfig:
-    family: str                      # mixtral | qwen2_moe | qwen3_moe | olmoe
+    family: str                      # a name registered in engine.registry.FAMILIES
     vocab_size: int
     hidden_size: int
     num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
     n_experts: int
     top_k: int
     moe_intermediate_size: int       # per routed expert
-    intermediate_size: int           # dense MLP layers (Qwen mlp_only_layers / sparse step)
+    arch: Any                        # the family's frozen dataclass (Family.Config): everything else
+    moe_layers: tuple[int, ...] = ()  # layers with routed experts; () = all
     max_position_embeddings: int = 4096
-    rms_norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    rope_scaling_factor: float = 1.0  # "linear" rope scaling; 1.0 = none
-    hidden_act: str = "silu"
-    norm_topk_prob: bool = True
-    qkv_bias: bool = False           # bias on q/k/v projections
-    o_bias: bool = False             # bias on the output projection
-    qk_norm: str = "none"            # none | head (Qwen3, per head) | full (OLMoE, whole projection)
-    clip_qkv: float | None = None
-    shared_expert_intermediate_size: int = 0  # Qwen2-MoE shared expert (0 = none)
-    moe_layers: tuple[int, ...] = ()  # layers with routed experts; others are dense
     tie_word_embeddings: bool = False
-    sliding_window: int | None = None
     torch_dtype: str = "float32"     # dtype the weights were saved in
     name: str = ""
 
     def __post_init__(self) -> None:
-        if self.family not in MODEL_TYPES.values():
-            raise UnsupportedModelError(
-                f"family {self.family!r} is not supported; supported: {sorted(set(MODEL_TYPES.values()))}")
-        if self.hidden_act not in ACTIVATIONS:
-            raise UnsupportedModelError(f"hidden_act {self.hidden_act!r} not supported; supported: {ACTIVATIONS}")
+        fam = family_class(self.family)
+        if not isinstance(self.arch, fam.Config):
+            raise TypeError(f"family {self.family!r} takes arch={fam.Config.__name__}(...), "
+                            f"got {type(self.arch).__name__}")
         if not 1 <= self.top_k <= self.n_experts:
             raise ValueError(f"top_k must be in [1, n_experts={self.n_experts}], got {self.top_k}")
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
         if not self.moe_layers:
             object.__setattr__(self, "moe_layers", tuple(range(self.num_layers)))
+        if any(not 0 <= l < self.num_layers for l in self.moe_layers):
+            raise ValueError(f"moe_layers must lie in [0, num_layers={self.num_layers}), got {self.moe_layers}")
 
-    # --- derived sizes ------------------------------------------------------------
+    def __getattr__(self, name: str) -> Any:
+        # only reached when normal lookup fails: the family's fields read through
+        if name.startswith("__") or "arch" not in self.__dict__:
+            raise AttributeError(name)
+        arch = self.__dict__["arch"]
+        if name in {f.name for f in dataclasses.fields(arch)}:
+            return getattr(arch, name)
+        raise AttributeError(f"{self.family} model config has no field {name!r}; common fields: "
+                             f"{', '.join(COMMON_FIELDS)}; {self.family} fields: {', '.join(_fields(arch))}")
+
+    # --- building and changing ---------------------------------------------------------
+    @classmethod
+    def of(cls, family: str, **fields: Any) -> "ModelConfig":
+        """A config from flat fields: common ones here, the rest into the family's dataclass."""
+        fam = family_class(family)
+        common, own = _split(fields, fam.Config, family)
+        return cls(family=family, arch=fam.Config(**own), **common)
+
+    def replace(self, **changes: Any) -> "ModelConfig":
+        """A copy with common and family fields changed alike; a new `family` keeps the fields its
+        dataclass shares with the old one (the same shape in another family)."""
+        family = changes.pop("family", self.family)
+        fam = family_class(family)
+        arch = changes.pop("arch", None)
+        common, own = _split(changes, fam.Config, family)
+        if arch is None:
+            if isinstance(self.arch, fam.Config):
+                arch = dataclasses.replace(self.arch, **own)
+            else:
+                carried = {k: v for k, v in dataclasses.asdict(self.arch).items() if k in _fields(fam.Config)}
+                arch = fam.Config(**{**carried, **own})
+        return dataclasses.replace(self, family=family, arch=arch, **common)
+
+    # --- what the family's blocks say ------------------------------------------------------
+    @property
+    def family_class(self) -> "type[Family]":
+        return family_class(self.family)
+
+    def architecture(self) -> "Architecture":
+        """This model's blocks, without weights (fresh each call: the model fills them)."""
+        return self.family_class.architecture(self)
+
     @property
     def expert_params(self) -> int:
-        """Parameters of one routed expert (gate, up and down projections)."""
-        return 3 * self.hidden_size * self.moe_intermediate_size
+        """Parameters of one routed expert."""
+        return _sizes(self)[0]
+
+    def non_expert_params(self) -> int:
+        """Everything except routed experts: embeddings, attention, norms, routers, dense and shared MLPs."""
+        return _sizes(self)[1]
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        """State bytes per token of one sequence, all layers (the per-token part of every layer's
+        state term; bounded and fixed parts are the planner's: engine.planner)."""
+        return sum(t.per_token for t in self.architecture().state_terms(dtype_bytes))
 
     @property
     def n_moe_layers(self) -> int:
@@ -87,99 +125,10 @@ class ModelConfig:
     def is_moe_layer(self, layer: int) -> bool:
         return layer in self.moe_layers
 
-    def attention_params(self) -> int:
-        D, H, K, hd = self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim
-        p = D * H * hd + 2 * D * K * hd + H * hd * D
-        if self.qkv_bias:
-            p += H * hd + 2 * K * hd
-        if self.o_bias:
-            p += D
-        if self.qk_norm == "head":
-            p += 2 * hd
-        elif self.qk_norm == "full":
-            p += H * hd + K * hd
-        return p
-
-    def non_expert_params(self) -> int:
-        """Everything except routed experts: embeddings, attention, norms, routers, dense and shared MLPs."""
-        D = self.hidden_size
-        p = self.vocab_size * D * (1 if self.tie_word_embeddings else 2) + D
-        for layer in range(self.num_layers):
-            p += self.attention_params() + 2 * D
-            if self.is_moe_layer(layer):
-                p += self.n_experts * D
-                if self.shared_expert_intermediate_size:
-                    p += 3 * D * self.shared_expert_intermediate_size + D
-            else:
-                p += 3 * D * self.intermediate_size
-        return p
-
-    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        """KV cache bytes for one token of one sequence, all layers."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
-
-    def replace(self, **changes: Any) -> "ModelConfig":
-        return dataclasses.replace(self, **changes)
-
     # --- Hugging Face config.json ---------------------------------------------------
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any], name: str = "") -> "ModelConfig":
-        archs = d.get("architectures") or []
-        family = next((ARCHITECTURES[a] for a in archs if a in ARCHITECTURES), None)
-        family = family or MODEL_TYPES.get(d.get("model_type", ""))
-        if family is None:
-            raise UnsupportedModelError(
-                f"unsupported architecture {archs or d.get('model_type')!r}; supported: "
-                f"{sorted(ARCHITECTURES)} (model_type {sorted(MODEL_TYPES)})")
-        D = d["hidden_size"]
-        H = d["num_attention_heads"]
-        head_dim = d.get("head_dim") or D // H
-        n_experts = d.get("num_local_experts") or d.get("num_experts")
-        if not n_experts:
-            raise UnsupportedModelError(f"{family}: config has neither num_local_experts nor num_experts > 0")
-        rope = _rope(d)
-        sliding = d.get("sliding_window") if family == "mixtral" else None
-        if family in ("qwen2_moe", "qwen3_moe") and d.get("use_sliding_window"):
-            raise UnsupportedModelError(f"{family}: use_sliding_window=true is not supported")
-        n_layers = d["num_hidden_layers"]
-        if family in ("qwen2_moe", "qwen3_moe"):
-            step = d.get("decoder_sparse_step", 1) or 1
-            dense = set(d.get("mlp_only_layers") or [])
-            moe_layers = tuple(i for i in range(n_layers) if i not in dense and (i + 1) % step == 0)
-        else:
-            moe_layers = tuple(range(n_layers))
-        inter = d.get("intermediate_size", 0)
-        qk_norm = {"qwen3_moe": "head", "olmoe": "full"}.get(family, "none")
-        return cls(
-            family=family,
-            vocab_size=d["vocab_size"],
-            hidden_size=D,
-            num_layers=n_layers,
-            num_heads=H,
-            num_kv_heads=d.get("num_key_value_heads") or H,
-            head_dim=head_dim,
-            n_experts=n_experts,
-            top_k=d["num_experts_per_tok"],
-            moe_intermediate_size=d.get("moe_intermediate_size") or inter,
-            intermediate_size=inter,
-            max_position_embeddings=d.get("max_position_embeddings", 4096),
-            rms_norm_eps=d.get("rms_norm_eps", 1e-6),
-            rope_theta=rope[0],
-            rope_scaling_factor=rope[1],
-            hidden_act=d.get("hidden_act", "silu"),
-            norm_topk_prob=True if family == "mixtral" else bool(d.get("norm_topk_prob", False)),
-            qkv_bias=bool(d.get("qkv_bias", True)) if family == "qwen2_moe" else bool(d.get("attention_bias", False)),
-            o_bias=False if family in ("mixtral", "qwen2_moe") else bool(d.get("attention_bias", False)),
-            qk_norm=qk_norm,
-            clip_qkv=d.get("clip_qkv") if family == "olmoe" else None,
-            shared_expert_intermediate_size=(d.get("shared_expert_intermediate_size", 0)
-                                             if family == "qwen2_moe" else 0),
-            moe_layers=moe_layers,
-            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            sliding_window=sliding,
-            torch_dtype=str(d.get("dtype") or d.get("torch_dtype") or "float32").replace("torch.", ""),
-            name=name,
-        )
+        return family_for_hf(d).parse(d, name)
 
     @classmethod
     def from_hf_dir(cls, path: str | Path) -> "ModelConfig":
@@ -200,50 +149,90 @@ class ModelConfig:
             raise ValueError(f"{p}: missing key {exc} that the {d.get('model_type')!r} family needs") from None
 
 
-def _rope(d: dict[str, Any]) -> tuple[float, float]:
-    """(theta, linear factor) from either `rope_parameters` (current) or `rope_theta`/`rope_scaling` (older Hub)."""
-    params = d.get("rope_parameters") or {}
-    theta = params.get("rope_theta", d.get("rope_theta", 10000.0))
-    scaling = d.get("rope_scaling") or (params if params.get("rope_type", "default") != "default" else None)
-    if not scaling:
-        return float(theta), 1.0
-    kind = scaling.get("rope_type") or scaling.get("type") or "default"
-    if kind == "default":
-        return float(theta), 1.0
-    if kind == "linear":
-        return float(theta), float(scaling["factor"])
-    raise UnsupportedModelError(f"rope scaling type {kind!r} is not supported; supported: default, linear")
+COMMON_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name not in ("family", "arch"))
+
+
+def _fields(cls_or_obj: Any) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls_or_obj))
+
+
+def _split(fields: dict[str, Any], config_cls: type, family: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    own_names = _fields(config_cls)
+    unknown = sorted(set(fields) - set(COMMON_FIELDS) - set(own_names))
+    if unknown:
+        raise TypeError(f"unknown model field(s) {unknown}; common fields: {', '.join(COMMON_FIELDS)}; "
+                        f"{family} fields: {', '.join(own_names)}")
+    return ({k: v for k, v in fields.items() if k in COMMON_FIELDS},
+            {k: v for k, v in fields.items() if k in own_names})
+
+
+@functools.lru_cache(maxsize=256)
+def _sizes(cfg: ModelConfig) -> tuple[int, int]:
+    arch = cfg.architecture()
+    return arch.experts.params, arch.non_expert_params()
+
+
+# --- families ------------------------------------------------------------------------
+def family_class(name: str) -> "type[Family]":
+    """The registered family `name` (UnsupportedModelError listing the registered ones)."""
+    from engine.registry import FAMILIES, UnknownPluginError
+    try:
+        return FAMILIES.get(name)
+    except UnknownPluginError as exc:
+        raise UnsupportedModelError(str(exc)) from None
+
+
+def family_for_hf(d: dict[str, Any]) -> "type[Family]":
+    """The registered family whose `architectures` (first) or `model_types` name this config.json."""
+    from engine.registry import FAMILIES
+    fams = [FAMILIES.get(n) for n in FAMILIES.names()]
+    archs = d.get("architectures") or []
+    for a in archs:
+        for fam in fams:
+            if a in fam.architectures:
+                return fam
+    for fam in fams:
+        if d.get("model_type") in fam.model_types:
+            return fam
+    raise UnsupportedModelError(
+        f"unsupported architecture {archs or d.get('model_type')!r}; registered: "
+        f"{sorted(a for f in fams for a in f.architectures)} "
+        f"(model_type {sorted(t for f in fams for t in f.model_types)}); a new family registers in "
+        f"engine.registry.FAMILIES or the entry-point group 'moebench.families' (engine/families/README.md)")
 
 
 # --- presets: real shapes for sizing runs, seeded random weights ---------------------
-def _mk(**kw: Any) -> ModelConfig:
-    return ModelConfig(**kw)
+class _Presets(Mapping[str, ModelConfig]):
+    """Every registered family's presets, gathered on first use (families import lazily)."""
+
+    def __init__(self) -> None:
+        self._table: dict[str, ModelConfig] = {}
+        self._families: list[str] | None = None      # the families the table was gathered from
+
+    def _load(self) -> dict[str, ModelConfig]:
+        from engine.registry import FAMILIES
+        names = FAMILIES.names()
+        if names != self._families:                  # first use, or a family registered since
+            table: dict[str, ModelConfig] = {}
+            for name in names:
+                for key, cfg in FAMILIES.get(name).presets().items():
+                    if key in table:
+                        raise ValueError(f"preset {key!r} is defined by families {table[key].family!r} and {name!r}")
+                    table[key] = cfg
+            self._table, self._families = table, names
+        return self._table
+
+    def __getitem__(self, name: str) -> ModelConfig:
+        return self._load()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._load())
+
+    def __len__(self) -> int:
+        return len(self._load())
 
 
-PRESETS: dict[str, ModelConfig] = {
-    # the embedded default: small enough for CI, large enough that caching matters
-    "tiny-mixtral": _mk(family="mixtral", name="tiny-mixtral", vocab_size=512, hidden_size=64, num_layers=4,
-                        num_heads=4, num_kv_heads=2, head_dim=16, n_experts=8, top_k=2,
-                        moe_intermediate_size=128, intermediate_size=128, max_position_embeddings=8192,
-                        rope_theta=1e6),
-    "mixtral-8x7b": _mk(family="mixtral", name="mixtral-8x7b", vocab_size=32000, hidden_size=4096, num_layers=32,
-                        num_heads=32, num_kv_heads=8, head_dim=128, n_experts=8, top_k=2,
-                        moe_intermediate_size=14336, intermediate_size=14336, max_position_embeddings=32768,
-                        rope_theta=1e6, torch_dtype="bfloat16"),
-    "qwen3-30b-a3b": _mk(family="qwen3_moe", name="qwen3-30b-a3b", vocab_size=151936, hidden_size=2048,
-                         num_layers=48, num_heads=32, num_kv_heads=4, head_dim=128, n_experts=128, top_k=8,
-                         moe_intermediate_size=768, intermediate_size=6144, max_position_embeddings=40960,
-                         rms_norm_eps=1e-6, rope_theta=1e6, qk_norm="head", torch_dtype="bfloat16"),
-    "olmoe-1b-7b": _mk(family="olmoe", name="olmoe-1b-7b", vocab_size=50304, hidden_size=2048, num_layers=16,
-                       num_heads=16, num_kv_heads=16, head_dim=128, n_experts=64, top_k=8,
-                       moe_intermediate_size=1024, intermediate_size=1024, max_position_embeddings=4096,
-                       norm_topk_prob=False, qk_norm="full", torch_dtype="bfloat16"),
-    "qwen1.5-moe-a2.7b": _mk(family="qwen2_moe", name="qwen1.5-moe-a2.7b", vocab_size=151936, hidden_size=2048,
-                             num_layers=24, num_heads=16, num_kv_heads=16, head_dim=128, n_experts=60, top_k=4,
-                             moe_intermediate_size=1408, intermediate_size=5632, max_position_embeddings=8192,
-                             rms_norm_eps=1e-6, rope_theta=1e6, norm_topk_prob=False, qkv_bias=True,
-                             shared_expert_intermediate_size=5632, torch_dtype="bfloat16"),
-}
+PRESETS: Mapping[str, ModelConfig] = _Presets()
 
 
 def preset(name: str) -> ModelConfig:

@@ -4,7 +4,7 @@ Owns: grouping one MoE layer's top-k routing into per-expert token lists with a 
 device->host transfer (`group_by_expert`), the slow obvious reference it must equal
 (`group_by_expert_reference`, one `nonzero` -- one host sync -- per expert), and per-expert
 token counts without any host sync (`tokens_per_expert`). Does not own: running experts
-(engine.placements.base.Placement.combine) or routing itself (engine.layers.route).
+(engine.placements.base.Placement.combine) or routing itself (engine.blocks.routers).
 
     r = group_by_expert(ids, n_experts)        # ids [N, k] -> Routing; one .tolist()
     for e, tok, kpos in r: ...                 # ascending expert id; rows in ascending order

@@ -3,7 +3,7 @@
 Owns: turning user options into a validated, planned, loaded model with its placement;
 prefill in micro-batches of `ubatch` tokens; greedy decode; sessions; counters.
 Does not own: tokenization (the engine sees token ids only), timing and phases (the
-harness), numerics (engine.model / engine.layers).
+harness), what a model computes (its family: engine.families, engine.blocks, engine.model).
 
     from engine import Engine
     eng = Engine.from_pretrained("tiny-mixtral", placement="fetch", cache_capacity=4, cache_policy="lru")
@@ -128,8 +128,7 @@ class Engine:
             model.load(TensorSource(cfg, ckpt, seed), strategy.expert_on_device, pin_host=strategy.copies_experts)
             strategy.setup()
             if prefetch != "none":
-                routers = {l: model.layers[l].router for l in cfg.moe_layers}
-                model.prefetcher = prefetch_cls(PrefetchContext(cfg, strategy.cache, routers),
+                model.prefetcher = prefetch_cls(PrefetchContext(cfg, strategy.cache, model.routers),
                                                 **(prefetch_options or {}))
             if record_lookups:
                 model.step_log = {}
@@ -193,9 +192,8 @@ class Engine:
 
     # --- sessions and generation -----------------------------------------------------------
     def new_session(self, batch: int = 1) -> Session:
-        cfg = self.cfg
-        return Session(self.device, self._counters, cfg.num_layers, batch, cfg.num_kv_heads, cfg.head_dim,
-                       self.model.dtype, max_tokens=self.plan.context)
+        """A session of `batch` sequences; each layer's state is allocated for the planned context."""
+        return self.model.new_session(self._counters, batch, max_tokens=self.plan.context)
 
     def _ids(self, rows: list[list[int]], sess: Session) -> torch.Tensor:
         if not rows or any(not isinstance(r, (list, tuple)) for r in rows):
@@ -285,7 +283,7 @@ def host_ram_needed(cfg: ModelConfig, dt: torch.dtype, strategy: Any, dev: Devic
     host RAM on CUDA and live there on the emulated device), one host expert store allocation
     per offloaded layer at the bytes its pinning method really takes (engine.hostmem), and on
     the emulated device the "device" expert bytes, which are host allocations too."""
-    layer_bytes = cfg.n_experts * cfg.expert_params * dt.itemsize
+    layer_bytes = cfg.n_experts * plan.expert_bytes
     host_layers = [l for l in cfg.moe_layers if not strategy.expert_on_device(l)]
     method = dev.pin_method(strategy.copies_experts)
     rows = [("non-expert weights", cfg.non_expert_params() * dt.itemsize),

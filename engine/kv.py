@@ -1,90 +1,297 @@
-"""Sessions and their KV cache.
+"""Sessions and their per-layer state (KV cache and kin).
 
-Owns: per-sequence key/value tensors (one [B, K, capacity, h] buffer pair per layer,
-allocated once at the planned context, or grown by doubling when unplanned), the
-session's token bookkeeping, and moving the KV to host RAM and back (counted as
-d2h/h2d `kv` bytes). Does not own: attention math (engine.layers) or when a
-session is displaced (the caller decides).
+Owns:
+- `StateTerm`: what one layer's state costs, as the planner counts it -- bytes per token of a
+  sequence (full KV, a compressed latent), a cap on the tokens held (a sliding window), bytes
+  per sequence whatever the context (a recurrent state) -- and its name in the plan printout.
+- `LayerState`: one layer's state of one session, created by that layer's attention block
+  (`AttentionBlock.new_state`). Every kind says which device tensors it holds (`tensors`:
+  their bytes are `nbytes`), makes room for a number of tokens (`reserve`; allocated once for
+  the planned context), and names the views that carry the session (`snapshot`) -- which is
+  all displacement to host RAM needs, so `Session.offload/restore` work for every kind.
+- `FullKV`: the [B, K, S, h] key/value pair of grouped-query attention.
+- `SlidingKV`: the same for a sliding-window layer, bounded: only the last window - 1 tokens
+  (all a later query can see) are kept, as transformers' sliding-window cache does.
+- `Session`: one batch of sequences that advance together, its states, its token count, and
+  moving all its states to host RAM and back (counted as d2h/h2d `kv` bytes per layer).
+Does not own: attention math (engine.blocks.attention, engine.layers) or when a session is
+displaced (the caller decides).
 
-Displaced KV lives in one exact-size host buffer per displacement, page-locked on CUDA
+Kinds to come plug in as subclasses beside the block that uses them: an MLA latent
+(`per_token` = latent + rope key, like FullKV with one [B, S, r] buffer), a recurrent/conv
+state (`fixed` bytes, `reserve` allocates once whatever the tokens, `snapshot` returns the
+whole tensors: tests/engine/test_kv.py has one).
+
+Displaced state lives in one exact-size host buffer per displacement, page-locked on CUDA
 (engine.hostmem: registered in place, not torch's power-of-two pinned pool). Pinned because
 `restore` is a measured phase (`restore_s`): from pinned memory the host->device copies are
 asynchronous DMA at link speed, as in a serving engine's pinned swap space, while from
 pageable memory the driver stages every copy through a bounce buffer synchronously, so
 restore_s would time a CPU memcpy rather than the link; the device->host copies of
-`offload` go to the same pinned buffer for the same reason. One buffer for all layers, so
-the registration (about as costly as touching the pages once) is paid once per
-displacement, between turns, outside the phase that restores it.
+`offload` go to the same pinned buffer for the same reason. One buffer for all layers (a
+byte buffer, each state's views carved out at their dtype's alignment), so the registration
+(about as costly as touching the pages once) is paid once per displacement, between turns,
+outside the phase that restores it.
 
     sess = engine.new_session(batch=2)
     engine.generate(prompts, 8, session=sess)     # KV stays on the device
-    sess.offload()                                # KV -> host RAM (d2h bytes counted)
+    sess.offload()                                # every layer's state -> host RAM (d2h bytes counted)
     sess.restore()                                # host -> device (h2d bytes counted)
 """
 from __future__ import annotations
+
+import itertools
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 import torch
 
 from engine.counters import Counters
 from engine.devices import Device
 
-MIN_CAPACITY = 256
+MIN_CAPACITY = 256          # unplanned full KV starts here and doubles
+_labels = itertools.count()
 
 
-class Session:
-    """One batch of sequences that advance together (equal lengths)."""
+@dataclass(frozen=True)
+class StateTerm:
+    """One layer's state in the memory plan (bytes for `batch` sequences of `context` tokens)."""
 
-    def __init__(self, device: Device, counters: Counters, n_layers: int, batch: int, kv_heads: int,
-                 head_dim: int, dtype: torch.dtype, max_tokens: int | None = None) -> None:
-        self.device, self.counters = device, counters
-        self.batch, self.kv_heads, self.head_dim, self.dtype = batch, kv_heads, head_dim, dtype
-        self.n_layers = n_layers
-        self.max_tokens = max_tokens                      # the planned context: KV never grows past it
-        self.length = 0                                   # tokens whose KV is held
-        self.capacity = 0
-        self.k: list[torch.Tensor] = []                   # per layer [B, K, capacity, h]
-        self.v: list[torch.Tensor] = []
-        self.pending: list[int] | None = None             # last generated token per row, not yet in the KV
-        self.on_device = True
-        self._label = f"kv:{id(self)}"
+    kind: str                      # plan printout name: "KV cache", "sliding-window KV (4096-token window)", ...
+    per_token: int = 0             # bytes per token of one sequence
+    max_tokens: int | None = None  # tokens held at most (a window); None: the whole context
+    fixed: int = 0                 # bytes per sequence whatever the context
+
+    def bytes(self, context: int, batch: int) -> int:
+        held = context if self.max_tokens is None else min(context, self.max_tokens)
+        return batch * (self.per_token * held + self.fixed)
+
+
+def nbytes_of(tensors: list[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class LayerState(ABC):
+    """One layer's per-session state on the device (see the module docstring)."""
+
+    def __init__(self, device: Device, label: str) -> None:
+        self.device, self.label = device, label
+        self.host: list[torch.Tensor] | None = None     # the snapshot's host copies while displaced
+
+    @abstractmethod
+    def tensors(self) -> list[torch.Tensor]:
+        """The device tensors allocated now (empty before the first use and while displaced)."""
+
+    @abstractmethod
+    def reserve(self, tokens: int, filled: int) -> None:
+        """Make room for `tokens` tokens, keeping the first `filled` (allocates once when planned)."""
+
+    @abstractmethod
+    def snapshot(self, length: int) -> list[torch.Tensor]:
+        """Device views of what a session of `length` tokens keeps (what offload copies out and
+        restore copies back into, after `reserve(length, 0)`)."""
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
+        return nbytes_of(self.tensors())
 
-    def used_bytes(self) -> int:
-        """Bytes of KV actually filled (length, not capacity)."""
-        return 2 * self.n_layers * self.batch * self.kv_heads * self.length * self.head_dim * self.dtype.itemsize
+    def drop(self) -> None:
+        """Free the device tensors."""
+        for t in self.tensors():
+            self.device.release(self.label, t)
+        self._forget()
 
-    def _grow(self, needed: int) -> None:
-        if self.max_tokens is not None and needed > self.max_tokens:
-            raise ValueError(f"session needs KV for {needed} tokens but the engine was planned for "
+    @abstractmethod
+    def _forget(self) -> None:
+        """Drop the references to the (released) device tensors."""
+
+
+class KVState(LayerState):
+    """A key/value pair [B, K, capacity, h] (the common part of full and sliding-window KV)."""
+
+    def __init__(self, device: Device, label: str, batch: int, kv_heads: int, head_dim: int,
+                 dtype: torch.dtype) -> None:
+        super().__init__(device, label)
+        self.batch, self.kv_heads, self.head_dim, self.dtype = batch, kv_heads, head_dim, dtype
+        self.capacity = 0
+        self._k: torch.Tensor | None = None
+        self._v: torch.Tensor | None = None
+
+    @property
+    def k(self) -> torch.Tensor | None:
+        """The key buffer (its host copy while displaced)."""
+        return self.host[0] if self.host is not None else self._k
+
+    @property
+    def v(self) -> torch.Tensor | None:
+        return self.host[1] if self.host is not None else self._v
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [] if self._k is None else [self._k, self._v]
+
+    def _allocate(self, cap: int) -> list[torch.Tensor]:
+        shape = (self.batch, self.kv_heads, cap, self.head_dim)
+        return [self.device.empty(shape, self.dtype, self.label) for _ in range(2)]
+
+    @abstractmethod
+    def append(self, k: torch.Tensor, v: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Add k/v [B, K, T, h] at positions [start, start+T); return the keys/values this pass's
+        queries may see [B, K, S, h] and the position of the first of them."""
+
+    def _forget(self) -> None:
+        self._k = self._v = None
+        self.capacity = 0
+
+
+class FullKV(KVState):
+    """Keys and values of every token, allocated once for the planned context (unplanned: grown
+    by doubling from MIN_CAPACITY)."""
+
+    KIND = "KV cache"
+
+    def __init__(self, device: Device, label: str, batch: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                 max_tokens: int | None) -> None:
+        super().__init__(device, label, batch, kv_heads, head_dim, dtype)
+        self.max_tokens = max_tokens          # the planned context: never grows past it
+
+    @classmethod
+    def term(cls, kv_heads: int, head_dim: int, dtype_bytes: int) -> StateTerm:
+        return StateTerm(cls.KIND, per_token=2 * kv_heads * head_dim * dtype_bytes)
+
+    def reserve(self, tokens: int, filled: int) -> None:
+        if tokens <= self.capacity:
+            return
+        if self.max_tokens is not None and tokens > self.max_tokens:
+            raise ValueError(f"session needs KV for {tokens} tokens but the engine was planned for "
                              f"max_context={self.max_tokens}; pass a larger max_context to Engine.from_pretrained")
         if self.max_tokens is not None:
             cap = self.max_tokens   # planned: allocate the whole context once, as llama.cpp does for n_ctx
         else:
             cap = max(MIN_CAPACITY, self.capacity)
-            while cap < needed:
+            while cap < tokens:
                 cap *= 2
-        shape = (self.batch, self.kv_heads, cap, self.head_dim)
-        new_k = [self.device.empty(shape, self.dtype, self._label) for _ in range(self.n_layers)]
-        new_v = [self.device.empty(shape, self.dtype, self._label) for _ in range(self.n_layers)]
-        for old, new in zip((*self.k, *self.v), (*new_k, *new_v)):
-            new[:, :, : self.length].copy_(old[:, :, : self.length])
-            self.device.release(self._label, old)
-        self.k, self.v, self.capacity = new_k, new_v, cap
+        new = self._allocate(cap)
+        for old, fresh in zip(self.tensors(), new):
+            fresh[:, :, :filled].copy_(old[:, :, :filled])
+            self.device.release(self.label, old)
+        (self._k, self._v), self.capacity = new, cap
 
-    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store k/v [B, K, T, h] after the current length; return all keys/values [B, K, S, h]."""
+    def append(self, k: torch.Tensor, v: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        end = start + k.shape[2]
+        self.reserve(end, start)
+        self._k[:, :, start:end].copy_(k)
+        self._v[:, :, start:end].copy_(v)
+        return self._k[:, :, :end], self._v[:, :, :end], 0
+
+    def snapshot(self, length: int) -> list[torch.Tensor]:
+        return [t[:, :, :length] for t in self.tensors()]
+
+
+class SlidingKV(KVState):
+    """Keys and values of the last `window - 1` tokens only (all a later query can see), in
+    position order: [B, K, min(window - 1, max_tokens), h] each, allocated once."""
+
+    def __init__(self, device: Device, label: str, batch: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                 max_tokens: int | None, window: int) -> None:
+        super().__init__(device, label, batch, kv_heads, head_dim, dtype)
+        self.window = window
+        self.keep = window - 1 if max_tokens is None else min(window - 1, max_tokens)
+
+    @classmethod
+    def term(cls, kv_heads: int, head_dim: int, dtype_bytes: int, window: int) -> StateTerm:
+        return StateTerm(f"sliding-window KV ({window}-token window)", per_token=2 * kv_heads * head_dim * dtype_bytes,
+                         max_tokens=window - 1)
+
+    def held(self, length: int) -> int:
+        """Tokens held after `length` tokens went by."""
+        return min(length, self.keep)
+
+    def reserve(self, tokens: int, filled: int) -> None:
+        if self.capacity == 0 and self.keep > 0:     # bounded: one allocation whatever the context
+            (self._k, self._v), self.capacity = self._allocate(self.keep), self.keep
+
+    def append(self, k: torch.Tensor, v: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        self.reserve(1, 0)
+        held = self.held(start)
+        if held:
+            k_all = torch.cat((self._k[:, :, :held], k), dim=2)               # new tensors: the buffer is free
+            v_all = torch.cat((self._v[:, :, :held], v), dim=2)
+        else:
+            k_all, v_all = k, v
+        n = min(self.keep, k_all.shape[2])
+        if n:
+            self._k[:, :, :n].copy_(k_all[:, :, -n:])
+            self._v[:, :, :n].copy_(v_all[:, :, -n:])
+        return k_all, v_all, start - held
+
+    def snapshot(self, length: int) -> list[torch.Tensor]:
+        return [t[:, :, : self.held(length)] for t in self.tensors()]
+
+
+def _carve(buf: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Views of the byte buffer `buf` shaped and typed like `like`, each at its dtype's alignment."""
+    out, off = [], 0
+    for t in like:
+        size = t.element_size()
+        off = -(-off // size) * size
+        n = t.numel() * size
+        out.append(buf[off:off + n].view(t.dtype).view(t.shape))
+        off += n
+    return out
+
+
+def _carved_bytes(like: list[torch.Tensor]) -> int:
+    off = 0
+    for t in like:
+        off = -(-off // t.element_size()) * t.element_size() + t.numel() * t.element_size()
+    return off
+
+
+class Session:
+    """One batch of sequences that advance together (equal lengths), with one state per layer."""
+
+    def __init__(self, device: Device, counters: Counters, batch: int, states: list[LayerState],
+                 max_tokens: int | None = None) -> None:
+        self.device, self.counters, self.batch = device, counters, batch
+        self.states = states
+        self.max_tokens = max_tokens                      # the planned context
+        self.length = 0                                   # tokens whose state is held
+        self.pending: list[int] | None = None             # last generated token per row, not yet in the state
+        self.on_device = True
+
+    @staticmethod
+    def new_label() -> str:
+        """A device-ledger label for one session's state tensors."""
+        return f"kv:{next(_labels)}"
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.states)
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes the states hold now (allocated, not filled)."""
+        return sum(s.nbytes for s in self.states)
+
+    def used_bytes(self) -> int:
+        """Bytes of state that carry the session (what offload moves)."""
         if not self.on_device:
-            raise RuntimeError("session KV is offloaded to host RAM; call session.restore() first")
-        T = k.shape[2]
-        if self.length + T > self.capacity:
-            self._grow(self.length + T)
-        end = self.length + T
-        self.k[layer][:, :, self.length:end].copy_(k)
-        self.v[layer][:, :, self.length:end].copy_(v)
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+            return sum(nbytes_of(s.host) for s in self.states)
+        return sum(nbytes_of(s.snapshot(self.length)) for s in self.states)
+
+    @property
+    def k(self) -> list[torch.Tensor]:
+        """Key buffers of the KV layers (host copies while displaced)."""
+        return [s.k for s in self.states if isinstance(s, KVState) and s.k is not None]
+
+    @property
+    def v(self) -> list[torch.Tensor]:
+        return [s.v for s in self.states if isinstance(s, KVState) and s.v is not None]
+
+    def state(self, layer: int) -> LayerState:
+        if not self.on_device:
+            raise RuntimeError("session state is offloaded to host RAM; call session.restore() first")
+        return self.states[layer]
 
     def advance(self, T: int) -> None:
         """Called once per forward pass, after every layer appended its T tokens."""
@@ -92,44 +299,42 @@ class Session:
 
     # --- displacement to host RAM -------------------------------------------------------
     def offload(self) -> None:
-        """Move the filled KV to host RAM (one pinned buffer on CUDA) and free the device buffers."""
+        """Move every layer's state to host RAM (one pinned buffer on CUDA) and free the device tensors."""
         if not self.on_device:
             return
-        filled = [t[:, :, : self.length] for pair in zip(self.k, self.v) for t in pair]   # k0, v0, k1, v1, ...
-        per = [t.numel() for t in filled]
-        host = self.device.host_empty((sum(per),), self.dtype, pin=True).split(per)     # views of one buffer
-        host_k, host_v = [], []
-        for i, (src, h) in enumerate(zip(filled, host)):
-            h = h.view(src.shape)
-            h.copy_(src)
-            layer = i // 2
-            self.counters.transfer("d2h", "kv", h.numel() * h.element_size(), layer)
-            (host_k if i % 2 == 0 else host_v).append(h)
-        for t in (*self.k, *self.v):
-            self.device.release(self._label, t)
-        self.k, self.v, self.capacity, self.on_device = host_k, host_v, 0, False
+        parts = [s.snapshot(self.length) for s in self.states]
+        flat = [t for p in parts for t in p]
+        buf = self.device.host_empty((_carved_bytes(flat),), torch.uint8, pin=True)
+        hosts = iter(_carve(buf, flat))
+        for layer, (state, part) in enumerate(zip(self.states, parts)):
+            state.host = [next(hosts) for _ in part]
+            for src, h in zip(part, state.host):
+                h.copy_(src)
+                self.counters.transfer("d2h", "kv", h.numel() * h.element_size(), layer)
+            state.drop()
+        self.on_device = False
 
     def restore(self) -> None:
-        """Bring an offloaded KV back to the device."""
+        """Bring an offloaded session back to the device."""
         if self.on_device:
             return
-        host_k, host_v = self.k, self.v
-        self.k, self.v, self.capacity, self.on_device = [], [], 0, True
-        n = self.length
-        self.length = 0
-        self._grow(n)
-        self.length = n
-        nbytes = sum(h.numel() * h.element_size() for h in (*host_k, *host_v))
+        for state in self.states:
+            state.reserve(self.length, 0)
+        nbytes = sum(nbytes_of(s.host) for s in self.states)
         with self.device.sync_copy(nbytes, {"what": "kv_restore", "direction": "h2d"}):
-            for layer in range(self.n_layers):
-                for h, d in ((host_k[layer], self.k[layer]), (host_v[layer], self.v[layer])):
-                    d[:, :, :n].copy_(h, non_blocking=True)
+            for layer, state in enumerate(self.states):
+                for h, d in zip(state.host, state.snapshot(self.length)):
+                    d.copy_(h, non_blocking=True)
                     self.counters.transfer("h2d", "kv", h.numel() * h.element_size(), layer)
-        self.device.synchronize()    # the host buffer is freed when this returns: no copy may still read it
+        self.device.synchronize()    # the host buffer is freed below: no copy may still read it
+        for state in self.states:
+            state.host = None
+        self.on_device = True
 
     def close(self) -> None:
-        """Free the device buffers."""
-        if self.on_device:
-            for t in (*self.k, *self.v):
-                self.device.release(self._label, t)
-        self.k, self.v, self.capacity, self.length = [], [], 0, 0
+        """Free the device tensors."""
+        for state in self.states:
+            if self.on_device:
+                state.drop()
+            state.host = None
+        self.length, self.on_device = 0, True

@@ -1,8 +1,10 @@
-"""Functional transformer pieces shared by every family: RMSNorm, rotary embedding,
-attention over a KV cache, the SwiGLU expert FFN on a packed buffer, and the router.
+"""Functional transformer pieces shared by every family: RMSNorm (both cast orders),
+rotary embedding, causal masks, attention over a KV cache, the SwiGLU expert FFN on a packed
+buffer, the dense MLP and the softmax top-k router.
 
 Owns: the numerics, written to match Hugging Face transformers op for op (dtype casts
-included) so logits agree to fp32 rounding. Does not own: weights or where experts live.
+included) so logits agree to fp32 rounding. Does not own: weights, which tensors a layer has
+(engine.blocks: the blocks that call these) or where experts live.
 
 Dimension legend: B=batch, T=new tokens, S=tokens in the KV cache, H=query heads,
 K=kv heads, h=head dim, D=hidden, I=expert intermediate, E=experts, k=top-k, N=B*T rows.
@@ -27,6 +29,17 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * x32.to(dtype)
 
 
+def rms_norm_fp32(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float = 0.0) -> torch.Tensor:
+    """RMSNorm scaled in fp32 before the cast back: `(x32 * (offset + w)).to(dtype)` (GPT-OSS with
+    offset 0; Qwen3-Next's and Gemma's zero-centred `1 + w` with offset 1; no weight: plain norm)."""
+    dtype = x.dtype
+    x32 = x.to(torch.float32)
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        x32 = x32 * (offset + weight.float()) if offset else x32 * weight.float()
+    return x32.to(dtype)
+
+
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, linear_factor: float,
                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin for absolute `positions` [T]; each [T, h]."""
@@ -45,27 +58,34 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, H, T, h]; cos/sin [T, h]."""
-    return x * cos + _rotate_half(x) * sin
+    """x [B, H, T, h]; cos/sin [T, r] with r <= h: the first r dims rotate (partial rotary), the rest pass."""
+    r = cos.shape[-1]
+    if r == x.shape[-1]:
+        return x * cos + _rotate_half(x) * sin
+    rot, rest = x[..., :r], x[..., r:]
+    return torch.cat((rot * cos + _rotate_half(rot) * sin, rest), dim=-1)
 
 
-def causal_mask(T: int, past: int, window: int | None, device: torch.device) -> torch.Tensor | None:
-    """Boolean [T, past+T] mask (True = may attend), or None when plain decode needs none."""
-    if T == 1 and (window is None or past + 1 <= window):
+def causal_mask(T: int, past: int, window: int | None, device: torch.device,
+                kv_start: int = 0) -> torch.Tensor | None:
+    """Boolean [T, S] mask (True = may attend) of T queries at positions past.. over the keys at
+    positions kv_start..past+T-1 (S of them), or None when plain decode needs none."""
+    if T == 1 and (window is None or past - kv_start + 1 <= window):
         return None
     q = torch.arange(past, past + T, device=device)[:, None]        # [T, 1]
-    kv = torch.arange(past + T, device=device)[None, :]             # [1, S]
+    kv = torch.arange(kv_start, past + T, device=device)[None, :]   # [1, S]
     mask = kv <= q
     if window is not None:
         mask &= kv > q - window
     return mask
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """q [B, H, T, h], k/v [B, K, S, h] -> [B, T, H*h]."""
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+              scale: float | None = None) -> torch.Tensor:
+    """q [B, H, T, h], k/v [B, K, S, h] -> [B, T, H*h]; scores scaled by `scale` (default h^-0.5)."""
     B, H, T, hd = q.shape
     # grouped-query attention without materialising repeated K/V (a copy of the whole cache per layer per step)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=hd ** -0.5,
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=hd ** -0.5 if scale is None else scale,
                                          enable_gqa=H != k.shape[1])                   # [B, H, T, h]
     return out.transpose(1, 2).reshape(B, T, H * hd)
 

@@ -1,20 +1,26 @@
 """Device memory planning: will this placement, cache and context fit, and how many cache
 slots does the budget leave?
 
-Owns: the arithmetic -- non-expert weights + KV for the requested context + activations
-+ attention workspace + expert bytes held by the placement + allocator slack + reserve --
-against a device budget, `auto` cache sizing, and refusing a plan that does not fit with an
-error that prints the arithmetic. Does not own: allocation (engine.devices accounts real
-allocations against the same budget, and on CUDA caps torch's allocator at it).
+Owns: the arithmetic -- non-expert weights + every layer's state for the requested context +
+activations + attention workspace + expert bytes held by the placement + allocator slack +
+reserve -- against a device budget, `auto` cache sizing, and refusing a plan that does not
+fit with an error that prints the arithmetic. Every number is asked of the blocks the
+model's family builds (engine.architecture): parameters from the tensors they declare, one
+state term per layer from its attention block (bytes per token for full KV or a latent,
+bounded by a window, fixed per sequence for a recurrent state), transient bounds from each
+block. Each kind of state is its own line of the printout. Does not own: allocation
+(engine.devices accounts real allocations against the same budget, and on CUDA caps torch's
+allocator at it) or any architecture's formulas (its blocks').
 
     plan = plan_memory(cfg, "fetch", capacity="auto", budget=2 << 30, context=4096, batch=1,
                        ubatch=512, dtype_bytes=2, device_kind="cuda")
     plan.capacity, print(plan)
 
 Transient memory of one forward pass over a micro-batch (`activation_bytes`) is an upper
-bound built from the tensors this engine's forward really creates (engine.model,
-engine.layers): the largest of the attention block, the MoE block (one expert's
-intermediates for every row at once) and a dense MLP, plus logits. The attention
+bound built from the tensors this engine's forward really creates (each block's
+`activation_bytes`): per layer the residual stream and its norm plus the larger of the
+attention block and the MLP block (a MoE block: one expert's intermediates for every row at
+once), or the logits. The attention
 *workspace* (`attention_workspace_bytes`) depends on which scaled_dot_product_attention
 kernel runs, so it is the worst case for the device:
 - cuda: the math kernel, which materialises the [B, H, T, S] scores and their softmax (in
@@ -37,10 +43,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 
 from engine.config import ModelConfig
 from engine.devices import fmt_bytes
+from engine.kv import StateTerm
 from engine.registry import PLACEMENTS
 
 DEFAULT_RESERVE_FRACTION = 0.05   # headroom for allocator fragmentation and temporaries
@@ -51,7 +57,6 @@ class PlanError(ValueError):
 
 
 SMALL_SEGMENT, LARGE_SEGMENT, BLOCK_ROUND = 2 << 20, 20 << 20, 512   # torch's CUDA caching allocator
-FLASH_CPU_Q_BLOCK, FLASH_CPU_KV_BLOCK = 256, 512                      # torch's CPU flash-attention blocking
 
 
 @dataclass(frozen=True)
@@ -59,7 +64,7 @@ class MemoryPlan:
     placement: str
     budget: int | None
     non_expert: int
-    kv: int
+    kv: int                     # every layer's state (KV and kin), the sum of `states`
     activations: int
     experts: int
     reserve: int
@@ -69,6 +74,7 @@ class MemoryPlan:
     batch: int
     attention: int = 0          # attention workspace of one micro-batch (worst case for the device)
     slack: int = 0              # allocator rounding and segments (cuda)
+    states: tuple[tuple[str, int], ...] = ()   # (printout line, bytes) per kind of layer state
 
     @property
     def transient(self) -> int:
@@ -81,8 +87,8 @@ class MemoryPlan:
 
     def lines(self) -> list[str]:
         cap = f" ({self.capacity} slots/layer)" if self.capacity is not None else ""
-        rows = [("non-expert weights", self.non_expert),
-                (f"KV cache ({self.batch} x {self.context} tokens)", self.kv),
+        states = list(self.states) or [(f"KV cache ({self.batch} x {self.context} tokens)", self.kv)]
+        rows = [("non-expert weights", self.non_expert), *states,
                 ("activations (one micro-batch)", self.activations),
                 ("attention workspace (worst case)", self.attention),
                 (f"experts [{self.placement}]{cap}", self.experts),
@@ -99,45 +105,26 @@ class MemoryPlan:
 
 def activation_bytes(cfg: ModelConfig, tokens: int, batch: int, dtype_bytes: int) -> int:
     """Peak transient bytes of one forward pass over `tokens` rows (B*T), attention workspace
-    excluded (`attention_workspace_bytes`): an upper bound from the tensors engine.model creates.
-
-    N=rows, D=hidden, H/K=query/kv heads, h=head dim, I=expert intermediate, E=experts, k=top-k."""
-    N, db, f32 = tokens, dtype_bytes, 4
-    D, H, K, hd, E, k = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.n_experts, cfg.top_k
-    norm_tmp = N * D * (2 * f32 + db)                                  # rms_norm: fp32 copy, square/product, cast
-    qkv = N * (H + 2 * K) * hd * db * (2 if cfg.qk_norm else 1)        # q/k/v (+ their norms)
-    attn = (N * 2 * D * db + norm_tmp + qkv                            # residual, normed input
-            + 3 * N * H * hd * db                                      # rotary temporaries (x*cos, rotated, *sin)
-            + 2 * N * H * hd * db + N * D * db)                        # attention output, its [N, H*h] copy, o-proj
-    I, S = cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
-    moe = (N * 3 * D * db                                              # residual, normed input, expert sum buffer
-           + N * k * (db + f32 + 8 + 4 * 8)                            # top-k weights/ids, sort, rows/slots per expert
-           + max(norm_tmp, N * E * (db + f32),                         # one of, in turn: the norm, the router,
-                 N * (2 * D + 4 * I) * db,                             # one expert over every row (rows, gate|up,
-                 N * (3 * S + 2 * D) * db if S else 0))                # act, act*up / down, *weight), shared expert
-    dense = N * (3 * D + 3 * cfg.intermediate_size) * db + norm_tmp if cfg.n_moe_layers < cfg.num_layers else 0
-    logits = batch * cfg.vocab_size * max(db, f32) + N * D * db
-    return max(attn, moe, dense, logits)
+    excluded (`attention_workspace_bytes`): an upper bound from the tensors the blocks create."""
+    return cfg.architecture().activation_bytes(tokens, batch, dtype_bytes)
 
 
 def attention_workspace_bytes(cfg: ModelConfig, batch: int, tokens: int, context: int, dtype_bytes: int,
                               device_kind: str) -> int:
-    """Worst-case scaled_dot_product_attention workspace for `tokens` new tokens per sequence
-    attending to `context` keys (see the module docstring for which kernel and why).
+    """Worst-case attention-kernel workspace of any layer for `tokens` new tokens per sequence
+    attending to `context` keys (see the module docstring for which kernel and why)."""
+    return cfg.architecture().workspace_bytes(batch, tokens, context, dtype_bytes, device_kind)
 
-    B=batch, T=tokens, S=context, H=query heads, h=head dim."""
-    B, T, S, H, hd, db = batch, tokens, context, cfg.num_heads, cfg.head_dim, dtype_bytes
-    f32 = 4
-    mask = T * S * (1 + max(db, f32)) if T > 1 else 0                  # bool [T, S] and its additive float form
-    if device_kind == "cuda":                                           # math kernel: materialised, fp32
-        scores = 2 * B * H * T * S * f32                                # scores and softmax(scores)
-        upcast = B * H * (T + 2 * S) * hd * f32                         # q, and k/v repeated to H heads
-        return scores + upcast + mask
-    if device_kind != "cpu":
-        raise ValueError(f"device_kind must be 'cuda' or 'cpu', got {device_kind!r}")
-    qb, kb = min(T, FLASH_CPU_Q_BLOCK), min(S, FLASH_CPU_KV_BLOCK)
-    per_thread = (qb * kb + 2 * qb + qb * hd) * f32 + (qb * kb * db if db < f32 else 0)
-    return torch.get_num_threads() * per_thread + B * H * T * f32 + mask  # + logsumexp [B, H, T]
+
+def state_lines(terms: list[StateTerm], context: int, batch: int) -> tuple[tuple[str, int], ...]:
+    """One (printout line, bytes) per kind of state, summed over the layers that keep it."""
+    groups: dict[str, list[int]] = {}
+    for term in terms:
+        g = groups.setdefault(term.kind, [0, 0])
+        g[0] += 1
+        g[1] += term.bytes(context, batch)
+    return tuple((f"{kind} ({n} layer{'s' if n > 1 else ''}, {batch} x {context} tokens)", b)
+                 for kind, (n, b) in groups.items())
 
 
 def allocator_slack(n_tensors: int, device_kind: str) -> int:
@@ -154,13 +141,15 @@ def plan_memory(cfg: ModelConfig, placement: str, capacity: int | str | None, bu
     """The plan for `device_kind` ('cuda': a real card, the default; 'cpu': the emulated device)."""
     options = placement_options or {}
     cls = PLACEMENTS.get(placement)
-    expert_bytes = cfg.expert_params * dtype_bytes
-    non_expert = cfg.non_expert_params() * dtype_bytes
-    kv = cfg.kv_bytes_per_token(dtype_bytes) * context * batch
+    arch = cfg.architecture()
+    expert_bytes = arch.experts.nbytes(dtype_bytes)
+    non_expert = arch.non_expert_params() * dtype_bytes
+    states = state_lines(arch.state_terms(dtype_bytes), context, batch)
+    kv = sum(b for _, b in states)
     chunk = min(ubatch, context)
-    act = activation_bytes(cfg, chunk * batch, batch, dtype_bytes)
-    attn = attention_workspace_bytes(cfg, batch, chunk, context, dtype_bytes, device_kind)
-    slack = allocator_slack(_n_tensors(cfg), device_kind)
+    act = arch.activation_bytes(chunk * batch, batch, dtype_bytes)
+    attn = arch.workspace_bytes(batch, chunk, context, dtype_bytes, device_kind)
+    slack = allocator_slack(arch.n_device_tensors(), device_kind)
     if reserve is None:
         reserve = int(DEFAULT_RESERVE_FRACTION * budget) if budget is not None else 0
     uses_cache = cls.uses_cache(options)
@@ -179,7 +168,7 @@ def plan_memory(cfg: ModelConfig, placement: str, capacity: int | str | None, bu
                 cap = min(cfg.n_experts, max(0, (budget - fixed) // per_slot))
                 if cap < cfg.top_k:
                     plan = MemoryPlan(placement, budget, non_expert, kv, act, cfg.top_k * per_slot, reserve,
-                                      cfg.top_k, expert_bytes, context, batch, attn, slack)
+                                      cfg.top_k, expert_bytes, context, batch, attn, slack, states)
                     raise PlanError(
                         f"cache_capacity='auto' leaves {cap} slots per layer, fewer than top_k={cfg.top_k}: "
                         f"budget {fmt_bytes(budget)} - fixed {fmt_bytes(fixed)} = {fmt_bytes(budget - fixed)} "
@@ -194,14 +183,8 @@ def plan_memory(cfg: ModelConfig, placement: str, capacity: int | str | None, bu
             cap = capacity
     experts = cls.device_expert_bytes(cfg, expert_bytes, cap, options)
     plan = MemoryPlan(placement, budget, non_expert, kv, act, experts, reserve, cap, expert_bytes, context, batch,
-                      attn, slack)
+                      attn, slack, states)
     if budget is not None and plan.total > budget:
         raise PlanError(f"placement {placement!r} does not fit the device budget: "
                         f"{fmt_bytes(plan.total)} > {fmt_bytes(budget)}\n" + "\n".join(plan.lines()))
     return plan
-
-
-def _n_tensors(cfg: ModelConfig) -> int:
-    """Device tensors the engine allocates: per layer its weights (at most 16), KV pair and
-    expert rows/slots; plus embeddings, final norm and head."""
-    return cfg.num_layers * (16 + 2 + 1) + 3

@@ -1,8 +1,9 @@
 """Lazy plugin registries: name -> "module:Class".
 
-Owns: looking up placement strategies, eviction policies and prefetchers by name,
-including third-party ones declared through the entry-point groups
-`moebench.placements`, `moebench.policies` and `moebench.prefetchers`, and `NoOptions`,
+Owns: looking up placement strategies, eviction policies, prefetchers and model families by
+name, including third-party ones declared through the entry-point groups
+`moebench.placements`, `moebench.policies`, `moebench.prefetchers` and `moebench.families`
+(a family also names the Hugging Face architectures it reads: engine.families), and `NoOptions`,
 the options of a plugin that takes none (each plugin declares an `Options` dataclass: the
 harness turns it into the plugin's Hydra schema). Does not own: constructing them with
 options (callers do).
@@ -105,5 +106,16 @@ PREFETCHERS = Registry(
         "none": "engine.prefetch.none:NoPrefetch",
         "next_layer_gate": "engine.prefetch.next_layer_gate:NextLayerGate",
         "trace_oracle": "engine.prefetch.trace_oracle:TraceOracle",
+    },
+)
+
+FAMILIES = Registry(
+    "model family",
+    "moebench.families",
+    {
+        "mixtral": "engine.families.mixtral:Mixtral",
+        "qwen2_moe": "engine.families.qwen2_moe:Qwen2Moe",
+        "qwen3_moe": "engine.families.qwen3_moe:Qwen3Moe",
+        "olmoe": "engine.families.olmoe:Olmoe",
     },
 )

@@ -13,25 +13,27 @@ COMMON = dict(vocab_size=128, hidden_size=64, num_hidden_layers=3, num_attention
               num_experts_per_tok=2, max_position_embeddings=512, tie_word_embeddings=False)
 
 
-def hf_model(family: str, seed: int = 0):
-    """A tiny random transformers model of `family`, router weights scaled up so that
-    near-ties never decide the top-k set."""
+def hf_model(family: str, seed: int = 0, **options):
+    """A tiny random transformers model of `family` (config `options` on top), router weights
+    scaled up so that near-ties never decide the top-k set."""
     import transformers as tf
 
     torch.manual_seed(seed)
     if family == "mixtral":
-        cfg = tf.MixtralConfig(**COMMON, num_local_experts=8, intermediate_size=96, rope_theta=1e6)
+        cfg = tf.MixtralConfig(**COMMON, num_local_experts=8, intermediate_size=96, rope_theta=1e6, **options)
         model = tf.MixtralForCausalLM(cfg)
     elif family == "qwen2_moe":
         cfg = tf.Qwen2MoeConfig(**COMMON, num_experts=8, moe_intermediate_size=48, intermediate_size=80,
-                                shared_expert_intermediate_size=72, norm_topk_prob=False, mlp_only_layers=[1])
+                                shared_expert_intermediate_size=72, norm_topk_prob=False, mlp_only_layers=[1],
+                                **options)
         model = tf.Qwen2MoeForCausalLM(cfg)
     elif family == "qwen3_moe":
         cfg = tf.Qwen3MoeConfig(**COMMON, num_experts=8, moe_intermediate_size=48, intermediate_size=80,
-                                head_dim=24, norm_topk_prob=True, decoder_sparse_step=1)
+                                head_dim=24, norm_topk_prob=True, decoder_sparse_step=1, **options)
         model = tf.Qwen3MoeForCausalLM(cfg)
     elif family == "olmoe":
-        cfg = tf.OlmoeConfig(**COMMON, num_experts=8, intermediate_size=48, clip_qkv=0.15, norm_topk_prob=False)
+        cfg = tf.OlmoeConfig(**COMMON, num_experts=8, intermediate_size=48, clip_qkv=0.15, norm_topk_prob=False,
+                             **options)
         model = tf.OlmoeForCausalLM(cfg)
     else:
         raise ValueError(family)
@@ -42,6 +44,18 @@ def hf_model(family: str, seed: int = 0):
             elif "norm" in name:  # non-trivial norm weights so a misplaced norm shows up
                 p.uniform_(0.5, 1.5)
     return model.eval()
+
+
+def install_entry_point(tmp_path: Path, monkeypatch, module: str, source: str, group: str, name: str,
+                        target: str) -> None:
+    """An installed-looking distribution: `module` (with `source`) on sys.path and a dist-info
+    declaring the entry point `name = target` in `group` (what `pip install` of a plugin leaves)."""
+    (tmp_path / f"{module}.py").write_text(source)
+    dist = tmp_path / f"{module}-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module.replace('_', '-')}\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(f"[{group}]\n{name} = {target}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
 
 
 def save(model, path: Path, **kw) -> Path:

@@ -2,7 +2,8 @@
 
 Owns: the contract between the MoE block and a strategy (`run(layer, h, ids, weights)`),
 the shared expert loop (`combine`) that every strategy uses so the accumulation order --
-and therefore the output -- never depends on placement, the CPU-execution path shared
+and therefore the output -- never depends on placement (the expert kernel itself is the
+family's, `ctx.store.layout.run`, so placements know nothing of any family), the CPU-execution path shared
 by `cpu` and `hybrid`, and option validation through each strategy's `Options` dataclass.
 A strategy builds its layer's dispatch once (`engine.dispatch.group_by_expert`: one host
 sync per layer) and hands it to `combine`; strategies that copy experts see the whole
@@ -30,7 +31,6 @@ from engine.counters import Counters
 from engine.devices import Device
 from engine.dispatch import Routing, group_by_expert
 from engine.hooks import Instrument
-from engine.layers import expert_ffn
 from engine.policies.base import EvictionPolicy
 from engine.registry import NoOptions
 
@@ -144,12 +144,12 @@ class Placement(ABC):
 
         N=rows, k=top-k, D=hidden, P=packed expert numel, n=rows routed to one expert.
         """
-        cfg, span = self.ctx.cfg, self.ctx.instrument.span
+        layout, span = self.ctx.store.layout, self.ctx.instrument.span
         out = torch.zeros_like(h)                                          # [N, D]
         for e, tok, kpos in routing:                                       # ascending expert id
             w = weights_of(e)                                              # [P]; may wait for a copy
             with span("expert", layer=layer, expert=e, tokens=int(tok.numel())):
-                y = expert_ffn(h[tok], w, cfg.hidden_size, cfg.moe_intermediate_size, cfg.hidden_act)  # [n, D]
+                y = layout.run(h[tok], w)                                  # [n, D]: the family's kernel
                 y = y * weights[tok, kpos, None]
                 out.index_add_(0, tok, y.to(out.dtype))
             if release is not None:

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from engine.blocks.routers import Router
 from engine.cache import ExpertCache
 from engine.config import ModelConfig
 from engine.registry import NoOptions
@@ -27,7 +28,7 @@ from engine.registry import NoOptions
 class PrefetchContext:
     cfg: ModelConfig
     cache: ExpertCache
-    routers: dict[int, torch.Tensor]      # MoE layer -> router weight [E, D]
+    routers: dict[int, Router]            # MoE layer -> its router (engine.blocks.routers)
 
 
 class Prefetcher(ABC):

@@ -4,7 +4,6 @@ attention block, so some predictions miss -- prefetch_wasted_bytes shows how man
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from engine.dispatch import tokens_per_expert
 from engine.prefetch.base import Prefetcher
@@ -17,8 +16,7 @@ class NextLayerGate(Prefetcher):
         nxt = self.next_layer.get(layer)
         if nxt is None:
             return
-        logits = F.linear(h, self.ctx.routers[nxt])                      # [N, E]
-        guess = logits.topk(self.ctx.cfg.top_k, dim=-1).indices          # [N, k]
+        guess, _ = self.ctx.routers[nxt].route(h)                        # [N, k]: the next router's choice
         votes = tokens_per_expert(guess, self.ctx.cfg.n_experts).tolist()   # [E]: the one device->host transfer
         # most-voted first (ties: lower id first, a stable sort), so a small cache keeps the likeliest experts
         experts = sorted((e for e, n in enumerate(votes) if n > 0), key=lambda e: -votes[e])

@@ -86,7 +86,7 @@ def test_plan_over_budget_shows_arithmetic():
     with pytest.raises(PlanError) as err:
         Engine.from_pretrained("tiny-mixtral", device="cpu", placement="resident", device_memory="6MiB")
     msg = str(err.value)
-    for part in ("non-expert weights", "KV cache (1 x 4096 tokens)", "experts [resident]", "= total", "budget",
+    for part in ("non-expert weights", "KV cache (4 layers, 1 x 4096 tokens)", "experts [resident]", "= total", "budget",
                  "6.00 MiB"):
         assert part in msg
     assert live_models() == before

@@ -45,11 +45,11 @@ def hf_reference(model, prompt: list[list[int]], steps: int):
     return prefill, logits, toks, routes
 
 
-def check_against_hf(model, path, dtype="float32"):
+def check_against_hf(model, path, dtype="float32", ubatch=512):
     ref_prefill, ref_logits, ref_toks, ref_routes = hf_reference(model, PROMPT, STEPS)
-    eng = Engine.from_pretrained(path, device="cpu", dtype=dtype)
-    ours_routes: dict[int, torch.Tensor] = {}
-    hook = RouteCallback(lambda layer, ids, w: ours_routes.setdefault(layer, ids.clone()))
+    eng = Engine.from_pretrained(path, device="cpu", dtype=dtype, ubatch=ubatch)
+    ours_routes: dict[int, list[torch.Tensor]] = {}      # per layer, each prefill chunk's routing
+    hook = RouteCallback(lambda layer, ids, w: ours_routes.setdefault(layer, []).append(ids.clone()))
     eng.model.add_routing_hook(hook)
     sess = eng.new_session(1)
     prefill = eng.prefill(sess, PROMPT, all_logits=True)[0]
@@ -62,7 +62,7 @@ def check_against_hf(model, path, dtype="float32"):
     assert max(diffs) <= TOL, diffs
     assert set(ours_routes) == set(ref_routes) and ref_routes
     for layer, ref in ref_routes.items():
-        ours = ours_routes[layer]
+        ours = torch.cat(ours_routes[layer])
         assert [set(r) for r in ours.tolist()] == [set(r) for r in ref.tolist()], f"layer {layer}"
 
 
@@ -70,6 +70,14 @@ def check_against_hf(model, path, dtype="float32"):
 def test_matches_transformers(family, hf_checkpoints):
     model, path = hf_checkpoints[family]
     check_against_hf(model, path)
+
+
+@pytest.mark.parametrize("ubatch", [512, 5])
+def test_sliding_window_matches_transformers(tmp_path, ubatch):
+    """A window shorter than the prompt: our bounded state (the last window - 1 tokens) against
+    transformers' sliding-window cache, prefill in one chunk or in chunks longer than the window."""
+    model = hf_model("mixtral", seed=3, sliding_window=4)
+    check_against_hf(model, save(model, tmp_path / "window"), ubatch=ubatch)
 
 
 def test_per_expert_names_on_disk(hf_checkpoints):

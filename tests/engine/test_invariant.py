@@ -109,7 +109,10 @@ def test_every_ubatch(ubatch, placement, options):
 
 def test_continuation_equals_fresh_prefill_of_whole_history():
     """KV reuse is real: a continued turn gives the logits of prefilling the whole history."""
-    eng = Engine.from_pretrained(MODEL, device="cpu")
+    assert_continuation_equals_fresh(Engine.from_pretrained(MODEL, device="cpu"))
+
+
+def assert_continuation_equals_fresh(eng: Engine) -> None:
     sess = eng.new_session(2)
     p1, p2 = prompts(2, 20, 5), prompts(2, 6, 6)
     r1 = eng.generate(p1, 4, session=sess)
@@ -158,3 +161,18 @@ def test_copy_schedule_is_bitwise_invisible(options, capacity):
     twin = Engine.from_pretrained(MODEL, device="cpu", placement="fetch", cache_capacity=capacity, **other)
     scenario(twin, 3)
     assert twin.counters == eng.counters
+
+
+@pytest.mark.parametrize("placement,options", [("fetch", {"cache_capacity": 2}), ("cpu", {}),
+                                               ("stream", {"cache_capacity": 2, "stream_threshold": 4})])
+def test_bounded_sliding_window_state(placement, options):
+    """A window shorter than the turns (the state keeps 5 tokens): every placement, through a
+    continued and a restored session, bitwise resident; and continuing equals prefilling the
+    whole history (the bounded state forgets nothing a query may see)."""
+    window = {"sliding_window": 6}
+    ref_eng = Engine.from_pretrained(MODEL, device="cpu", model_overrides=window, ubatch=5)
+    ref = scenario(ref_eng, 3)
+    eng = Engine.from_pretrained(MODEL, device="cpu", placement=placement, model_overrides=window, ubatch=5, **options)
+    toks, logits = scenario(eng, 3)
+    assert toks == ref[0] and all(torch.equal(a, b) for a, b in zip(logits, ref[1]))
+    assert_continuation_equals_fresh(ref_eng)

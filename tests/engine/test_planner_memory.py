@@ -20,6 +20,7 @@ CASES = [  # tokens, batch, dtype, placement options, model overrides
     (512, 2, "float32", {}, None),                                # the attention workspace matters here
     (128, 2, "float32", {}, {"family": "qwen2_moe", "shared_expert_intermediate_size": 96}),
     (200, 1, "float32", {}, {"family": "qwen3_moe", "qk_norm": "head"}),
+    (256, 2, "float32", {}, {"sliding_window": 32}),              # bounded state: held + new keys concatenated
 ]
 
 

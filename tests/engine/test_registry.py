@@ -8,6 +8,7 @@ import pytest
 
 from engine import Engine
 from engine.registry import PLACEMENTS, Registry, UnknownPluginError
+from tests.conftest import install_entry_point
 
 PLUGIN = '''
 from engine.placements.resident import Resident
@@ -21,12 +22,8 @@ class Mirror(Resident):
 @pytest.fixture
 def third_party(tmp_path, monkeypatch):
     """An installed-looking distribution declaring a placement in `moebench.placements`."""
-    (tmp_path / "mirror_plugin.py").write_text(PLUGIN)
-    dist = tmp_path / "mirror_plugin-1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: mirror-plugin\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text("[moebench.placements]\nmirror = mirror_plugin:Mirror\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
+    install_entry_point(tmp_path, monkeypatch, "mirror_plugin", PLUGIN, "moebench.placements", "mirror",
+                        "mirror_plugin:Mirror")
     yield
     sys.modules.pop("mirror_plugin", None)
 

@@ -1,0 +1,164 @@
+"""Attention blocks: token mixing with per-session state, one class per kind of attention.
+
+Owns: the `AttentionBlock` interface -- forward over a pass with the layer's `LayerState`,
+the state it creates (`new_state`) and what that costs in the plan (`state_term`), and its
+transient bounds (`activation_bytes`, `workspace_bytes`) -- and `GQAAttention`, grouped-query
+attention with the first wave's options (q/k/v and output biases, per-head or whole-projection
+q/k norms, q/k/v clipping, partial rotary, a sliding window: a bounded SlidingKV state). Does not own: the state
+mechanics (engine.kv) or the numerics (engine.layers).
+
+Kinds to come are subclasses here or in the family that alone needs them: multi-head latent
+attention (a latent state, its own projections), sinks (override `attend`), output gates
+(override `forward`'s projection), per-layer windows (construct with or without `window`),
+linear/recurrent attention (a fixed state, no KV at all).
+
+Dimension legend: B=batch, T=new tokens, S=tokens attended, D=hidden, H/K=query/kv heads,
+h=head dim, N=B*T rows.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+import torch.nn.functional as F
+
+from engine.blocks.base import Block, Pass, TensorSpec, Transient
+from engine.blocks.rope import Rope
+from engine.devices import Device
+from engine.kv import FullKV, KVState, LayerState, SlidingKV, StateTerm
+from engine.layers import attention, causal_mask, rms_norm
+
+QK_NORMS = ("none", "head", "full")
+FLASH_CPU_Q_BLOCK, FLASH_CPU_KV_BLOCK = 256, 512                      # torch's CPU flash-attention blocking
+
+
+class AttentionBlock(Block, ABC):
+    """x [B, T, D] (normed) -> [B, T, D], reading and appending the layer's state."""
+
+    def __init__(self, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+
+    @abstractmethod
+    def forward(self, x: torch.Tensor, state: LayerState, p: Pass) -> torch.Tensor: ...
+
+    @abstractmethod
+    def new_state(self, batch: int, max_tokens: int | None, device: Device, dtype: torch.dtype,
+                  label: str) -> LayerState:
+        """This layer's empty state for a session (allocated on first use; planned: at max_tokens)."""
+
+    @abstractmethod
+    def state_term(self, dtype_bytes: int) -> StateTerm:
+        """What `new_state`'s state costs in the plan; bytes(max_tokens, batch) == its allocation."""
+
+    @abstractmethod
+    def activation_bytes(self, rows: int, dtype_bytes: int) -> Transient:
+        """Transient bytes of the block's own tensors over `rows` rows (the attention kernel's
+        workspace apart)."""
+
+    @abstractmethod
+    def workspace_bytes(self, batch: int, tokens: int, context: int, dtype_bytes: int, device_kind: str) -> int:
+        """Worst-case attention-kernel workspace (engine.planner's docstring says which kernel and why)."""
+
+    def __call__(self, x: torch.Tensor, state: LayerState, p: Pass) -> torch.Tensor:
+        return self.forward(x, state, p)
+
+
+def sdpa_workspace_bytes(batch: int, heads: int, head_dim: int, tokens: int, context: int, dtype_bytes: int,
+                         device_kind: str) -> int:
+    """Worst-case scaled_dot_product_attention workspace for `tokens` new tokens per sequence
+    attending to `context` keys at `heads` query heads (engine.planner's docstring)."""
+    B, T, S, H, hd, db = batch, tokens, context, heads, head_dim, dtype_bytes
+    f32 = 4
+    mask = T * S * (1 + max(db, f32)) if T > 1 else 0                  # bool [T, S] and its additive float form
+    if device_kind == "cuda":                                           # math kernel: materialised, fp32
+        scores = 2 * B * H * T * S * f32                                # scores and softmax(scores)
+        upcast = B * H * (T + 2 * S) * hd * f32                         # q, and k/v repeated to H heads
+        return scores + upcast + mask
+    if device_kind != "cpu":
+        raise ValueError(f"device_kind must be 'cuda' or 'cpu', got {device_kind!r}")
+    qb, kb = min(T, FLASH_CPU_Q_BLOCK), min(S, FLASH_CPU_KV_BLOCK)
+    per_thread = (qb * kb + 2 * qb + qb * hd) * f32 + (qb * kb * db if db < f32 else 0)
+    return torch.get_num_threads() * per_thread + B * H * T * f32 + mask  # + logsumexp [B, H, T]
+
+
+class GQAAttention(AttentionBlock):
+    """Grouped-query attention over a full KV cache (Mixtral, Qwen2/3-MoE, OLMoE; GLM-4.5's shape)."""
+
+    def __init__(self, layer: int, prefix: str, hidden: int, heads: int, kv_heads: int, head_dim: int, rope: Rope,
+                 eps: float, qkv_bias: bool = False, o_bias: bool = False, qk_norm: str = "none",
+                 clip_qkv: float | None = None, window: int | None = None, scale: float | None = None) -> None:
+        """prefix: e.g. "model.layers.3.self_attn."; qk_norm: none | head (Qwen3, per head over h) |
+        full (OLMoE, over the whole projection); window: a query sees the last `window` positions
+        (itself included) and the state keeps only window - 1 tokens; scale: of the scores
+        (default head_dim^-0.5; Gemma 4: 1.0)."""
+        super().__init__(layer)
+        if qk_norm not in QK_NORMS:
+            raise ValueError(f"qk_norm must be one of {QK_NORMS}, got {qk_norm!r}")
+        if heads % kv_heads:
+            raise ValueError(f"num_heads {heads} is not a multiple of num_kv_heads {kv_heads}")
+        self.prefix, self.D, self.H, self.K, self.hd = prefix, hidden, heads, kv_heads, head_dim
+        self.rope, self.eps, self.qkv_bias, self.o_bias = rope, eps, qkv_bias, o_bias
+        self.qk_norm, self.clip_qkv, self.window, self.scale = qk_norm, clip_qkv, window, scale
+
+    def tensors(self) -> dict[str, TensorSpec]:
+        a, D, H, K, hd = self.prefix, self.D, self.H, self.K, self.hd
+        t = {"q": TensorSpec(a + "q_proj.weight", (H * hd, D)), "k": TensorSpec(a + "k_proj.weight", (K * hd, D)),
+             "v": TensorSpec(a + "v_proj.weight", (K * hd, D)), "o": TensorSpec(a + "o_proj.weight", (D, H * hd))}
+        if self.qkv_bias:
+            t |= {"q_b": TensorSpec(a + "q_proj.bias", (H * hd,)), "k_b": TensorSpec(a + "k_proj.bias", (K * hd,)),
+                  "v_b": TensorSpec(a + "v_proj.bias", (K * hd,))}
+        if self.o_bias:
+            t["o_b"] = TensorSpec(a + "o_proj.bias", (D,))
+        if self.qk_norm != "none":
+            full = self.qk_norm == "full"
+            t |= {"q_norm": TensorSpec(a + "q_norm.weight", (H * hd if full else hd,), "ones"),
+                  "k_norm": TensorSpec(a + "k_norm.weight", (K * hd if full else hd,), "ones")}
+        return t
+
+    def forward(self, x: torch.Tensor, state: KVState, p: Pass) -> torch.Tensor:
+        w, eps, hd = self.w, self.eps, self.hd
+        B, T, _ = x.shape
+        q, k, v = F.linear(x, w["q"], w.get("q_b")), F.linear(x, w["k"], w.get("k_b")), F.linear(x, w["v"], w.get("v_b"))
+        if self.qk_norm == "full":    # OLMoE: norm over the whole projection, before the head split
+            q, k = rms_norm(q, w["q_norm"], eps), rms_norm(k, w["k_norm"], eps)     # [B, T, H*h] / [B, T, K*h]
+        if self.clip_qkv is not None:
+            q, k, v = (t.clamp(-self.clip_qkv, self.clip_qkv) for t in (q, k, v))
+        q, k, v = (t.view(B, T, -1, hd) for t in (q, k, v))                       # [B, T, H|K, h]
+        if self.qk_norm == "head":    # Qwen3: per-head norm over h
+            q, k = rms_norm(q, w["q_norm"], eps), rms_norm(k, w["k_norm"], eps)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))                          # [B, H|K, T, h]
+        cos, sin = self.rope.tables(p)
+        q, k = self.rope.apply(q, cos, sin), self.rope.apply(k, cos, sin)
+        k_all, v_all, kv_start = state.append(k, v, p.past)                        # [B, K, S, h]
+        mask = p.cached(("mask", self.window, kv_start),
+                        lambda: causal_mask(T, p.past, self.window, p.device, kv_start))
+        return F.linear(self.attend(q, k_all, v_all, mask), w["o"], w.get("o_b"))  # [B, T, D]
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """q [B, H, T, h], k/v [B, K, S, h] -> [B, T, H*h] (a subclass adds sinks, soft-capping, ...)."""
+        return attention(q, k, v, mask, self.scale)
+
+    def new_state(self, batch: int, max_tokens: int | None, device: Device, dtype: torch.dtype,
+                  label: str) -> KVState:
+        if self.window is not None:
+            return SlidingKV(device, label, batch, self.K, self.hd, dtype, max_tokens, self.window)
+        return FullKV(device, label, batch, self.K, self.hd, dtype, max_tokens)
+
+    def state_term(self, dtype_bytes: int) -> StateTerm:
+        if self.window is not None:
+            return SlidingKV.term(self.K, self.hd, dtype_bytes, self.window)
+        return FullKV.term(self.K, self.hd, dtype_bytes)
+
+    def activation_bytes(self, rows: int, dtype_bytes: int) -> Transient:
+        N, db, H, K, hd = rows, dtype_bytes, self.H, self.K, self.hd
+        return Transient(N * (H + 2 * K) * hd * db * 2                 # q/k/v and their normed or clipped copies
+                + 3 * N * H * hd * db                         # rotary temporaries (x*cos, rotated, *sin)
+                + 2 * N * H * hd * db + N * self.D * db)     # attention output, its [N, H*h] copy, o-proj
+
+    def workspace_bytes(self, batch: int, tokens: int, context: int, dtype_bytes: int, device_kind: str) -> int:
+        if self.window is None:
+            return sdpa_workspace_bytes(batch, self.H, self.hd, tokens, context, dtype_bytes, device_kind)
+        S = min(context, self.window - 1 + tokens)                        # held keys and the new ones
+        window_copy = 2 * batch * self.K * S * self.hd * dtype_bytes      # their concatenation (SlidingKV.append)
+        return sdpa_workspace_bytes(batch, self.H, self.hd, tokens, S, dtype_bytes, device_kind) + window_copy

@@ -1,0 +1,96 @@
+"""The layer stack's pieces: the pre-norm decoder layer, the token embedding and the LM head.
+
+Owns: `DecoderLayer` -- x + attention(norm(x)), then x + mlp(norm(x)) -- composed of an
+attention block, an MLP block (dense or MoE) and two norms, with its transient bound;
+`Embedding` (optionally scaled, Gemma); `LMHead` (final norm, projection, tied or not,
+optional final-logit soft-capping). Does not own: the blocks themselves (attention, mlp,
+norms modules) or the pass loop (engine.model).
+
+A family whose layer has another shape (Gemma 4's sandwich norms and dense MLP beside the
+experts on a separately normed input) subclasses DecoderLayer and overrides `forward` and
+`activation_bytes`, reusing the same blocks.
+
+Dimension legend: B=batch, T=new tokens, D=hidden, N=B*T rows, V=vocab.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.blocks.attention import AttentionBlock
+from engine.blocks.base import Block, Pass, TensorSpec
+from engine.blocks.mlp import MoEBlock
+from engine.blocks.norms import RMSNorm, norm_temp_bytes
+from engine.kv import LayerState
+
+
+class DecoderLayer(Block):
+    def __init__(self, index: int, attn_norm: RMSNorm, attention: AttentionBlock, mlp_norm: RMSNorm,
+                 mlp: Block) -> None:
+        super().__init__()
+        self.index, self.attn_norm, self.attention, self.mlp_norm, self.mlp = index, attn_norm, attention, mlp_norm, mlp
+
+    def children(self) -> tuple[Block, ...]:
+        return (self.attn_norm, self.attention, self.mlp_norm, self.mlp)
+
+    @property
+    def moe(self) -> MoEBlock | None:
+        """The layer's MoE block, or None for a dense layer."""
+        return self.mlp if isinstance(self.mlp, MoEBlock) else None
+
+    def forward(self, x: torch.Tensor, state: LayerState, p: Pass) -> torch.Tensor:
+        """x [B, T, D] -> [B, T, D]."""
+        B, T, _ = x.shape
+        with p.span("attention", layer=self.index):
+            x = x + self.attention(self.attn_norm(x), state, p)
+        h = self.mlp_norm(x)
+        return x + self.mlp(h.view(B * T, -1), p).view(B, T, -1)
+
+    __call__ = forward
+
+    def activation_bytes(self, rows: int, dtype_bytes: int) -> int:
+        """Transient bytes over `rows` rows: the residual and the normed input, plus the larger of
+        the two blocks, each after its norm's temporaries (engine.blocks.base.Transient)."""
+        D = self.attn_norm.dim
+        norm = norm_temp_bytes(rows, D, dtype_bytes)
+        return 2 * rows * D * dtype_bytes + max(self.attention.activation_bytes(rows, dtype_bytes).after(norm),
+                                                self.mlp.activation_bytes(rows, dtype_bytes).after(norm))
+
+
+class Embedding(Block):
+    def __init__(self, vocab: int, hidden: int, name: str = "model.embed_tokens.weight",
+                 scale: float | None = None) -> None:
+        super().__init__()
+        self.vocab, self.hidden, self.name, self.scale = vocab, hidden, name, scale
+
+    def tensors(self) -> dict[str, TensorSpec]:
+        return {"weight": TensorSpec(self.name, (self.vocab, self.hidden))}
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        x = F.embedding(ids, self.w["weight"])                                     # [B, T, D]
+        return x if self.scale is None else x * torch.tensor(self.scale, dtype=x.dtype)
+
+
+class LMHead(Block):
+    """Final norm and vocabulary projection; tied: the projection is the embedding (set by the model)."""
+
+    def __init__(self, norm: RMSNorm, vocab: int, hidden: int, tied: bool, name: str = "lm_head.weight",
+                 softcap: float | None = None) -> None:
+        super().__init__()
+        self.norm, self.vocab, self.hidden, self.tied, self.name, self.softcap = norm, vocab, hidden, tied, name, softcap
+
+    def tensors(self) -> dict[str, TensorSpec]:
+        return {} if self.tied else {"weight": TensorSpec(self.name, (self.vocab, self.hidden))}
+
+    def children(self) -> tuple[Block, ...]:
+        return (self.norm,)
+
+    def __call__(self, x: torch.Tensor, all_logits: bool) -> torch.Tensor:
+        """x [B, T, D] -> logits [B, V] for the last position ([B, T, V] with all_logits)."""
+        logits = F.linear(self.norm(x if all_logits else x[:, -1]), self.w["weight"])
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    def activation_bytes(self, rows: int, batch: int, dtype_bytes: int) -> int:
+        return batch * self.vocab * max(dtype_bytes, 4) + rows * self.hidden * dtype_bytes

@@ -1,0 +1,122 @@
+"""Expert layouts: how one routed expert is packed, read, written and run.
+
+Owns: the `ExpertLayout` interface the expert store, the placements' shared expert loop and
+the exporter ask -- the packed buffer's size and storage dtype (so a quantised or biased
+expert is still one contiguous buffer and one copy), reading one expert from a checkpoint
+into it (per-expert Hub tensors or fused stacked ones), drawing a preset's seeded random one,
+writing it back under Hub names, and the kernel that runs it on a set of rows -- and
+`SwiGLUExperts`, the first wave's gate/up/down expert. Does not own: where experts live
+(engine.cache), which rows an expert gets or how outputs accumulate
+(engine.placements.base.Placement.combine: that order is the invariant's).
+
+A family with another expert (GPT-OSS's clamped SwiGLU with biases, MXFP4 blocks whose
+storage dtype is uint8) subclasses ExpertLayout; placements need no change.
+
+Dimension legend: n=rows routed to one expert, D=hidden, I=expert intermediate, P=packed numel.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+import torch
+
+from engine.checkpoint import Checkpoint, MissingTensorError
+from engine.layers import expert_ffn
+
+RandomTensor = Callable[[str, tuple[int, ...]], torch.Tensor]   # name, shape -> seeded fp32 values (std 0.02)
+
+
+class ExpertLayout(ABC):
+    @property
+    @abstractmethod
+    def numel(self) -> int:
+        """Elements of one packed expert buffer."""
+
+    @property
+    def params(self) -> int:
+        """Parameters of one expert (FLOP and size arithmetic); the packed numel unless quantised."""
+        return self.numel
+
+    def storage_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The packed buffer's dtype when the model runs in `dtype` (a quantised layout: uint8)."""
+        return dtype
+
+    def nbytes(self, dtype_bytes: int) -> int:
+        """Bytes of one packed expert when the model runs at `dtype_bytes` per element."""
+        return self.numel * dtype_bytes
+
+    @abstractmethod
+    def read_into(self, ckpt: Checkpoint, layer: int, e: int, out: torch.Tensor) -> None:
+        """Write expert (layer, e) from the checkpoint into the 1-D packed buffer `out`."""
+
+    def random_into(self, random: RandomTensor, layer: int, e: int, out: torch.Tensor) -> None:
+        """A preset's seeded random expert (layer, e), drawn as one packed buffer."""
+        out.copy_(random(f"model.layers.{layer}.experts.{e}", (self.numel,)))
+
+    @abstractmethod
+    def hub_tensors(self, layer: int, e: int, packed: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Expert (layer, e) under its per-expert Hub names (what export writes and read_into reads)."""
+
+    @abstractmethod
+    def run(self, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+        """The expert on rows x [n, D] from its packed buffer [P] -> [n, D] (unweighted)."""
+
+    @abstractmethod
+    def activation_bytes(self, rows: int, dtype_bytes: int) -> int:
+        """Transient bytes of `run` over `rows` rows."""
+
+
+class SwiGLUExperts(ExpertLayout):
+    """act(x @ gate^T) * (x @ up^T) @ down^T, packed as [gate (I*D) | up (I*D) | down (D*I)]."""
+
+    def __init__(self, hidden: int, intermediate: int, act: str, prefix: str,
+                 names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"),
+                 fused_prefixes: tuple[str, ...] = ("model.layers.{layer}.mlp",)) -> None:
+        """prefix: the MoE block's, with a {layer} field ("model.layers.{layer}.block_sparse_moe");
+        names: per-expert (gate, up, down) tensor names under `{prefix}.experts.{e}.`; fused
+        stacked `experts.gate_up_proj` [E, 2I, D] / `experts.down_proj` [E, D, I] are also read
+        under `prefix` and each of `fused_prefixes`."""
+        self.D, self.I, self.act, self.prefix, self.names = hidden, intermediate, act, prefix, names
+        self.fused_prefixes = fused_prefixes
+
+    @property
+    def numel(self) -> int:
+        return 3 * self.D * self.I
+
+    def expert_names(self, layer: int, e: int) -> tuple[str, str, str]:
+        p = f"{self.prefix.format(layer=layer)}.experts.{e}."
+        return tuple(p + n + ".weight" for n in self.names)
+
+    def _views(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        D, I = self.D, self.I
+        return out[: 2 * I * D].view(2 * I, D), out[2 * I * D:].view(D, I)           # [2I, D], [D, I]
+
+    def read_into(self, ckpt: Checkpoint, layer: int, e: int, out: torch.Tensor) -> None:
+        gate, up, down = self.expert_names(layer, e)
+        gu, dn = self._views(out)
+        if ckpt.has(gate):
+            gu[: self.I].copy_(ckpt.get(gate))
+            gu[self.I:].copy_(ckpt.get(up))
+            dn.copy_(ckpt.get(down))
+            return
+        prefix = self.prefix.format(layer=layer)
+        for p in (prefix, *(f.format(layer=layer) for f in self.fused_prefixes)):
+            fused = f"{p}.experts.gate_up_proj"
+            if ckpt.has(fused):
+                gu.copy_(ckpt.get_row(fused, e))
+                dn.copy_(ckpt.get_row(f"{p}.experts.down_proj", e))
+                return
+        raise MissingTensorError(f"tensor {gate!r} is missing from checkpoint {ckpt.path} "
+                                 f"(no fused {prefix}.experts.gate_up_proj either)")
+
+    def hub_tensors(self, layer: int, e: int, packed: torch.Tensor) -> dict[str, torch.Tensor]:
+        gu, dn = self._views(packed)
+        gate, up, down = self.expert_names(layer, e)
+        return {gate: gu[: self.I].clone(), up: gu[self.I:].clone(), down: dn.clone()}
+
+    def run(self, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+        return expert_ffn(x, packed, self.D, self.I, self.act)
+
+    def activation_bytes(self, rows: int, dtype_bytes: int) -> int:
+        return rows * (2 * self.D + 4 * self.I) * dtype_bytes     # rows, gate|up, act, act*up / down, *weight

@@ -1,0 +1,40 @@
+"""RMSNorm as a block: the Llama form (scale after the cast back), and the fp32-scaled forms
+(GPT-OSS; Gemma's and Qwen3-Next's zero-centred `1 + w`; a weightless norm).
+
+Owns: which norm a tensor name is and its transient bytes. Does not own: the arithmetic
+(engine.layers.rms_norm / rms_norm_fp32).
+
+    RMSNorm("model.norm.weight", 4096, 1e-5)                         # w * norm(x).to(dtype)
+    RMSNorm(name, 2048, 1e-6, offset=1.0)                            # (norm(x32) * (1 + w)).to(dtype)
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.blocks.base import Block, TensorSpec
+from engine.layers import rms_norm, rms_norm_fp32
+
+
+def norm_temp_bytes(rows: int, hidden: int, dtype_bytes: int) -> int:
+    """Transient bytes of one RMSNorm over [rows, hidden]: the fp32 copy, its square/product, the cast."""
+    return rows * hidden * (2 * 4 + dtype_bytes)
+
+
+class RMSNorm(Block):
+    def __init__(self, name: str | None, dim: int, eps: float, offset: float = 0.0,
+                 weight_in_fp32: bool = False) -> None:
+        """name None: no weight (a plain norm); offset 1.0: `1 + w` (the weight is stored
+        zero-centred); weight_in_fp32: scale before the cast back (implied by an offset)."""
+        super().__init__()
+        self.name, self.dim, self.eps, self.offset = name, dim, eps, offset
+        self.fp32 = weight_in_fp32 or bool(offset) or name is None
+
+    def tensors(self) -> dict[str, TensorSpec]:
+        if self.name is None:
+            return {}
+        return {"weight": TensorSpec(self.name, (self.dim,), "zeros" if self.offset else "ones")}
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fp32:
+            return rms_norm_fp32(x, self.w.get("weight"), self.eps, self.offset)
+        return rms_norm(x, self.w["weight"], self.eps)

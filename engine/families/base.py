@@ -1,0 +1,114 @@
+"""The model-family interface: what one architecture tells the engine.
+
+Owns: `Family` -- which Hugging Face `architectures` / `model_type`s it reads, its own frozen
+config dataclass (`Config`), parsing `config.json` into a ModelConfig (`parse`) and writing
+one back (`hf_config`, for export), building each decoder layer from blocks (`layer`), the
+routed experts' layout (`experts`), its norm (`norm`), the embedding and head, and its
+presets -- plus the config.json readers every family shares (`hf_common`, `rope_from_hf`).
+Does not own: the blocks (engine.blocks), loading or running them (engine.model), planning
+(engine.planner asks the blocks the family built).
+
+Families are registered by name in engine.registry.FAMILIES (or the entry-point group
+`moebench.families`) and are used as classes: nothing is instantiated.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+from engine.architecture import Architecture
+from engine.blocks.decoder import DecoderLayer, Embedding, LMHead
+from engine.blocks.experts import ExpertLayout
+from engine.blocks.norms import RMSNorm
+from engine.config import ModelConfig, UnsupportedModelError
+
+
+class Family(ABC):
+    name: ClassVar[str] = ""                          # the registry name, ModelConfig.family
+    architectures: ClassVar[tuple[str, ...]] = ()     # config.json "architectures" it reads
+    model_types: ClassVar[tuple[str, ...]] = ()       # config.json "model_type"s it reads
+    Config: ClassVar[type]                            # frozen dataclass: the fields beyond ModelConfig's
+
+    # --- config.json --------------------------------------------------------------------
+    @classmethod
+    @abstractmethod
+    def parse(cls, d: dict[str, Any], name: str) -> ModelConfig:
+        """config.json (current or older Hub form) -> ModelConfig; UnsupportedModelError for
+        options this family cannot run."""
+
+    @classmethod
+    @abstractmethod
+    def hf_config(cls, cfg: ModelConfig) -> dict[str, Any]:
+        """ModelConfig -> config.json in the current transformers form, so that
+        `parse(hf_config(cfg))` gives cfg back and transformers builds the same model."""
+
+    # --- blocks -------------------------------------------------------------------------------
+    @classmethod
+    @abstractmethod
+    def layer(cls, cfg: ModelConfig, i: int) -> DecoderLayer:
+        """Decoder layer i, composed of blocks (no weights yet); a MoE block exactly at cfg.moe_layers."""
+
+    @classmethod
+    @abstractmethod
+    def experts(cls, cfg: ModelConfig) -> ExpertLayout:
+        """The routed experts' packed layout, reading, writing and kernel."""
+
+    @classmethod
+    @abstractmethod
+    def norm(cls, cfg: ModelConfig, name: str) -> RMSNorm:
+        """The family's hidden-size norm for tensor `name`."""
+
+    @classmethod
+    def embedding(cls, cfg: ModelConfig) -> Embedding:
+        return Embedding(cfg.vocab_size, cfg.hidden_size)
+
+    @classmethod
+    def head(cls, cfg: ModelConfig) -> LMHead:
+        return LMHead(cls.norm(cfg, "model.norm.weight"), cfg.vocab_size, cfg.hidden_size, cfg.tie_word_embeddings)
+
+    @classmethod
+    def architecture(cls, cfg: ModelConfig) -> Architecture:
+        return Architecture(cls.embedding(cfg), [cls.layer(cfg, i) for i in range(cfg.num_layers)], cls.head(cfg),
+                            cls.experts(cfg))
+
+    @classmethod
+    def presets(cls) -> dict[str, ModelConfig]:
+        """Named configs at real shapes (seeded random weights); gathered into engine.config.PRESETS."""
+        return {}
+
+    # --- shared by every family's parse / hf_config -------------------------------------------
+    @classmethod
+    def hf_common(cls, d: dict[str, Any], *, moe_intermediate_size: int,
+                  moe_layers: tuple[int, ...]) -> dict[str, Any]:
+        """The ModelConfig common fields from config.json (expert count under either Hub key)."""
+        n_experts = d.get("num_local_experts") or d.get("num_experts")
+        if not n_experts:
+            raise UnsupportedModelError(f"{cls.name}: config has neither num_local_experts nor num_experts > 0")
+        return dict(vocab_size=d["vocab_size"], hidden_size=d["hidden_size"], num_layers=d["num_hidden_layers"],
+                    n_experts=n_experts, top_k=d["num_experts_per_tok"], moe_intermediate_size=moe_intermediate_size,
+                    moe_layers=moe_layers, max_position_embeddings=d.get("max_position_embeddings", 4096),
+                    tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+                    torch_dtype=str(d.get("dtype") or d.get("torch_dtype") or "float32").replace("torch.", ""))
+
+    @classmethod
+    def hf_common_config(cls, cfg: ModelConfig) -> dict[str, Any]:
+        """The common fields back as config.json keys (weights exported in fp32)."""
+        return {"architectures": [cls.architectures[0]], "model_type": cls.model_types[0],
+                "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_layers,
+                "num_experts_per_tok": cfg.top_k, "max_position_embeddings": cfg.max_position_embeddings,
+                "tie_word_embeddings": cfg.tie_word_embeddings, "dtype": "float32"}
+
+
+def rope_from_hf(d: dict[str, Any]) -> tuple[float, float]:
+    """(theta, linear factor) from either `rope_parameters` (current) or `rope_theta`/`rope_scaling` (older Hub)."""
+    params = d.get("rope_parameters") or {}
+    theta = params.get("rope_theta", d.get("rope_theta", 10000.0))
+    scaling = d.get("rope_scaling") or (params if params.get("rope_type", "default") != "default" else None)
+    if not scaling:
+        return float(theta), 1.0
+    kind = scaling.get("rope_type") or scaling.get("type") or "default"
+    if kind == "default":
+        return float(theta), 1.0
+    if kind == "linear":
+        return float(theta), float(scaling["factor"])
+    raise UnsupportedModelError(f"rope scaling type {kind!r} is not supported; supported: default, linear")
