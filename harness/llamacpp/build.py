@@ -38,6 +38,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,7 @@ CUDA_CHOICES = ("auto", "on", "off")
 #   LLAMA_BUILD_COMMIT=<commit>       the sdist has no .git; the commit its CHANGELOG names
 #                                     is what `--version` and llama-bench's build_commit report
 #   GGML_CUDA=ON|OFF                  the backend
+#   CMAKE_C/CXX_FLAGS=-mno-amx-*      only where the CPU reports AMX but cannot run it (`amx_broken`)
 BASE_FLAGS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DBUILD_SHARED_LIBS=OFF",
@@ -101,14 +103,23 @@ def llamacpp_root() -> Path:
     return cache_root() / "llama.cpp"
 
 
+# GCC gives an explicit -mno-* precedence over -march=native whatever the order
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
+
 @dataclass(frozen=True)
 class BuildConfig:
-    """What decides the binaries (hashed into the build dir name); `jobs` does not."""
+    """What decides the binaries (hashed into the build dir name); `jobs` does not.
+    `no_amx`: compile without AMX although the CPU reports it (see `amx_broken`)."""
     cuda: bool = False
+    no_amx: bool = False
     jobs: int = field(default=0, compare=False)   # 0: os.cpu_count()
 
     def cmake_flags(self, commit: str) -> list[str]:
-        return [*BASE_FLAGS, f"-DLLAMA_BUILD_COMMIT={commit}", f"-DGGML_CUDA={'ON' if self.cuda else 'OFF'}"]
+        flags = [*BASE_FLAGS, f"-DLLAMA_BUILD_COMMIT={commit}", f"-DGGML_CUDA={'ON' if self.cuda else 'OFF'}"]
+        if self.no_amx:
+            flags += [f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}"]
+        return flags
 
     def flags_hash(self, commit: str) -> str:
         text = "\n".join([SDIST_SHA256, *self.cmake_flags(commit), *TARGETS])
@@ -215,6 +226,7 @@ def vendored_commit(src: Path) -> str:
 # ---------------------------------------------------------------- build
 
 
+@lru_cache(maxsize=1)
 def detect_cuda() -> bool:
     """True when this machine can build and run CUDA: nvcc and a visible NVIDIA GPU."""
     nvcc = shutil.which("nvcc") or (Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc")
@@ -229,12 +241,57 @@ def detect_cuda() -> bool:
     return False
 
 
+# A few AMX instructions; exit 0 only if this machine executes them.
+_AMX_PROBE = r"""
+#include <immintrin.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+int main(void) {
+    unsigned char cfg[64];
+    if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */)) return 2;
+    memset(cfg, 0, sizeof cfg);
+    cfg[0] = 1; cfg[16] = 64; cfg[48] = 16;          /* palette 1; tile 0: 16 rows of 64 bytes */
+    _tile_loadconfig(cfg);
+    _tile_zero(0);
+    _tile_release();
+    return 0;
+}
+"""
+
+
+@lru_cache(maxsize=1)
+def amx_broken() -> bool:
+    """True when the CPU reports AMX but executing it fails. Seen on VMs whose hypervisor passes
+    the CPUID bits through without enabling the tile state: `-march=native` then compiles
+    ggml's AMX kernels, the OS grants the permission, and the first quantized matmul dies with
+    SIGILL. The probe is compiled and run, so the answer is this machine's, not a table's."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    if "amx_int8" not in flags:
+        return False
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        return False
+    with tempfile.TemporaryDirectory() as d:
+        src, exe = Path(d) / "amx.c", Path(d) / "amx"
+        src.write_text(_AMX_PROBE)
+        if subprocess.run([cc, "-O1", "-mamx-tile", str(src), "-o", str(exe)], capture_output=True).returncode:
+            return False                           # a compiler without AMX cannot emit it either
+        rc = subprocess.run([str(exe)], capture_output=True).returncode
+    if rc != 0:
+        log.info("this CPU reports AMX but the AMX probe exited %d: building with %s", rc, NO_AMX)
+    return rc != 0
+
+
 def resolve_config(cuda: str = "auto", jobs: int = 0) -> BuildConfig:
     if cuda not in CUDA_CHOICES:
         raise ValueError(f"cuda must be one of {CUDA_CHOICES}, got {cuda!r}")
     if jobs < 0:
         raise ValueError(f"jobs must be >= 0 (0: all cores), got {jobs}")
-    return BuildConfig(cuda=detect_cuda() if cuda == "auto" else cuda == "on", jobs=jobs)
+    return BuildConfig(cuda=detect_cuda() if cuda == "auto" else cuda == "on", no_amx=amx_broken(), jobs=jobs)
 
 
 def build_dir(config: BuildConfig, commit: str) -> Path:
@@ -361,6 +418,10 @@ def find_binaries() -> Binaries:
     builds = cached_builds()
     if builds:
         info = builds[0]
+        want = resolve_config("auto")
+        if info.cmake_flags != want.cmake_flags(info.llama_cpp_commit):
+            log.warning("using the llama.cpp build in %s, made with other flags than this machine's "
+                        "(%s); `make llamacpp` builds the matching one", info.build_dir, want)
         b = Path(info.build_dir) / "bin"
         return Binaries(b / "llama-server", b / "llama-bench", _opt(b / "llama-quantize"), info, "cache")
     found = {t: shutil.which(t) for t in REQUIRED}
@@ -373,14 +434,15 @@ def find_binaries() -> Binaries:
 
 
 def cached_builds() -> list[BuildInfo]:
-    """Finished builds of the pinned version in the cache, best first (the backend this machine
-    would build first, then newest)."""
+    """Finished builds of the pinned version in the cache, best first: the one `make llamacpp`
+    would build on this machine, then the same backend, then newest."""
     root = llamacpp_root()
     if not root.is_dir():
         return []
     infos = [i for d in root.glob(f"{LLAMA_CPP_PYTHON_VERSION}-*") if (i := finished_build(d))]
-    want = "cuda" if detect_cuda() else "cpu"
-    return sorted(infos, key=lambda i: (i.backend != want, -_ts(i)))
+    want = resolve_config("auto")
+    return sorted(infos, key=lambda i: (i.cmake_flags != want.cmake_flags(i.llama_cpp_commit),
+                                        i.backend != want.backend, -_ts(i)))
 
 
 def _ts(info: BuildInfo) -> float:
