@@ -14,6 +14,11 @@ Cache: `<cache_root>/gguf/<identity hash>/model-<type>.gguf` beside `model-<type
 record, written last: a GGUF without it is not trusted). A checkpoint's identity is its resolved
 path plus the name, size and mtime of each file in it; a preset's is its name, seed and the
 full ModelConfig. Change any file of a checkpoint and it is converted again.
+
+Tokenizer-less checkpoints: supported for the llama-family converter (Mixtral, and so every
+mixtral preset), which reads a SentencePiece `tokenizer.model`; the Qwen/OLMoE converters read
+a BPE tokenizer through transformers and need the model's own tokenizer files. A checkpoint with
+its own tokenizer keeps it (and its EOS: pass `ignore_eos` for fixed-length generation).
 """
 from __future__ import annotations
 
@@ -148,7 +153,14 @@ def _convert(model_dir: Path, outtype: str, identity: str, out_dir: Path,
         cmd = [sys.executable, str(src / "convert_hf_to_gguf.py"), str(stage), "--outtype", outtype,
                "--outfile", str(raw), "--model-name", model_dir.resolve().name]
         progress(f"converting {model_dir} to GGUF {outtype}")
-        _run(cmd, env, "convert_hf_to_gguf.py")
+        try:
+            _run(cmd, env, "convert_hf_to_gguf.py")
+        except ConversionError as e:
+            if supplied:     # e.g. Qwen/OLMoE converters read a BPE tokenizer, never tokenizer.model
+                raise ConversionError(f"{e}\n{model_dir} has no tokenizer; moebench supplies one only in the "
+                                      "form the llama-family converter (Mixtral) reads. Put the model's "
+                                      "tokenizer files beside its config.json") from e
+            raise
         out = Path(tmp) / "model.gguf"
         if supplied:
             env["PYTHONPATH"] = os.pathsep.join([str(src / "gguf-py"), str(REPO_ROOT)])

@@ -128,7 +128,7 @@ class SlotResult:
 # ---------------------------------------------------------------- process bookkeeping
 
 _live: set[LlamaServer] = set()
-_live_lock = threading.Lock()
+_live_lock = threading.RLock()       # re-entrant: the SIGTERM handler may run while it is held
 _prev_sigterm: Any = None
 
 

@@ -230,3 +230,23 @@ def test_parent_signal_stops_the_server(bins, gguf_f32, tmp_path, sig):
         assert wait_gone(server_pid), f"llama-server {server_pid} outlived its parent"
     finally:
         parent.kill()
+
+
+def test_preset_exported_and_converted_matches_our_engine(bins, gguf_root, tmp_path):
+    """A moebench preset (seeded weights through engine.export) reaches llama.cpp as the same
+    model: same greedy tokens and the same log-probabilities (fp32, exact configuration)."""
+    import torch
+
+    from engine import Engine
+    from harness.llamacpp.convert import convert_preset
+
+    g = convert_preset("tiny-mixtral", seed=0, root=gguf_root)
+    eng = Engine.from_pretrained("tiny-mixtral", placement="resident", device="cpu")
+    ids = prompt_ids(64, g.vocab_size, seed=9)
+    ours = eng.generate([ids], 8)
+    with LlamaServer(g.path, EXACT.replace(threads=1), log_path=tmp_path / "preset.log", binaries=bins) as srv:
+        r = srv.complete(ids, 8, cache_prompt=False, n_probs=5)
+    assert r.tokens == ours.tokens[0]
+    diff = max(abs(torch.log_softmax(ours.logits[i][0].double(), -1)[t.id].item() - t.logprob)
+               for i, top in enumerate(r.top_logprobs) for t in top)
+    assert diff < 1e-4
