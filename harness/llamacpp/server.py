@@ -107,6 +107,8 @@ class Completion:
     wall_s: float
     ttft_s: float | None
     token_times_s: list[float] | None
+    token_server_ms: list[float] | None   # server clock per token: cumulative predicted_ms (stream +
+                                          # timings_per_token); diffs are per-step decode times
     tokens_cached: int | None             # tokens in the slot's KV after this request
     stop_type: str | None                 # "limit" (n_predict reached), "eos", "word", ...
     top_logprobs: list[list[TopLogprob]] | None
@@ -210,6 +212,7 @@ class LlamaServer:
         self.proc: subprocess.Popen | None = None
         self.last_peak_rss_bytes: int | None = None
         self.load_s: float | None = None        # start -> /health ok (client wall time)
+        self._log_start = 0
 
     # -------------------------------------------------------- lifecycle
 
@@ -231,6 +234,7 @@ class LlamaServer:
         _install_sigterm()
         t0 = time.perf_counter()
         with open(self.log_path, "ab") as logf:
+            self._log_start = logf.tell()          # the log may hold earlier runs: tails show this one
             logf.write(f"$ {' '.join(argv)}\n".encode())
             logf.flush()
             # own session: a Ctrl-C in the terminal reaches us, not the server; we stop it
@@ -298,10 +302,11 @@ class LlamaServer:
         return self.proc.pid
 
     def log_tail(self, n: int = LOG_TAIL_LINES) -> str:
+        """The last n lines this server wrote to its log (not those of earlier runs there)."""
         try:
             with open(self.log_path, "rb") as f:
                 f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - 64 * 1024))
+                f.seek(max(self._log_start, f.tell() - 64 * 1024))
                 lines = f.read().decode(errors="replace").splitlines()
         except OSError as e:
             return f"(log {self.log_path} unreadable: {e})"
@@ -379,8 +384,8 @@ class LlamaServer:
         return self._call("GET", "/slots")
 
     def complete(self, prompt_ids: Sequence[int], n_predict: int, *, slot: int = 0, cache_prompt: bool = True,
-                 n_probs: int = 0, stream: bool = False, ignore_eos: bool = False,
-                 on_token: Callable[[int, float], None] | None = None,
+                 n_probs: int = 0, stream: bool = False, timings_per_token: bool = False,
+                 ignore_eos: bool = False, on_token: Callable[[int, float], None] | None = None,
                  extra: dict[str, Any] | None = None) -> Completion:
         """Greedy completion of token ids (temperature 0), exactly as given (no BOS added).
         `cache_prompt`: reuse the slot's KV for the common prefix. `n_probs`: top-k logprobs per
@@ -390,11 +395,13 @@ class LlamaServer:
         `on_token(id, seconds_since_request)`: called per streamed token (needs stream=True)."""
         if n_predict < 1:
             raise ValueError(f"n_predict must be >= 1, got {n_predict}")
-        if on_token is not None and not stream:
-            raise ValueError("on_token needs stream=True (tokens arrive one by one only when streamed)")
+        if (on_token is not None or timings_per_token) and not stream:
+            raise ValueError("on_token and timings_per_token need stream=True (tokens arrive one by one "
+                             "only when streamed)")
         body: dict[str, Any] = {"prompt": [int(t) for t in prompt_ids], "n_predict": n_predict, "temperature": 0.0,
                                 "top_k": 1, "samplers": ["top_k"], "id_slot": slot, "cache_prompt": cache_prompt,
-                                "return_tokens": True, "stream": stream, "ignore_eos": ignore_eos,
+                                "return_tokens": True, "stream": stream, "timings_per_token": timings_per_token,
+                                "ignore_eos": ignore_eos,
                                 "n_probs": n_probs, **(extra or {})}
         t0 = time.perf_counter()
         try:
@@ -406,13 +413,15 @@ class LlamaServer:
         wall = time.perf_counter() - t0
         if status != 200:
             raise LlamaServerError(f"POST /completion -> HTTP {status}: {out!r}", self.log_tail())
-        return _completion(out, list(out.get("tokens") or []), wall, None, None, out.get("completion_probabilities"))
+        return _completion(out, list(out.get("tokens") or []), wall, None, None, None,
+                           out.get("completion_probabilities"))
 
     def _complete_stream(self, body: dict[str, Any], t0: float,
                          on_token: Callable[[int, float], None] | None) -> Completion:
         conn = http.client.HTTPConnection(HOST, self.port, timeout=self.request_timeout_s)
         tokens: list[int] = []
         times: list[float] = []
+        server_ms: list[float] = []
         probs: list[dict] = []
         final: dict[str, Any] | None = None
         try:
@@ -427,6 +436,8 @@ class LlamaServer:
                 new = list(event.get("tokens") or [])
                 tokens += new
                 times += [now] * len(new)
+                if new and "timings" in event:
+                    server_ms += [float(event["timings"]["predicted_ms"])] * len(new)
                 for t in new:
                     if on_token is not None:
                         on_token(int(t), now)
@@ -439,7 +450,8 @@ class LlamaServer:
         wall = time.perf_counter() - t0
         if final is None:
             raise self._failure("stream ended without a final event")
-        return _completion(final, tokens, wall, times[0] if times else None, times, probs or None)
+        return _completion(final, tokens, wall, times[0] if times else None, times,
+                           server_ms if len(server_ms) == len(tokens) and tokens else None, probs or None)
 
     # -------------------------------------------------------- slots
 
@@ -469,12 +481,13 @@ class LlamaServer:
 
 
 def _completion(out: dict[str, Any], tokens: list[int], wall: float, ttft: float | None,
-                times: list[float] | None, probs: list[dict] | None) -> Completion:
+                times: list[float] | None, server_ms: list[float] | None, probs: list[dict] | None) -> Completion:
     top = None
     if probs:
         top = [[TopLogprob(int(c["id"]), float(c["logprob"])) for c in p.get("top_logprobs", [])] for p in probs]
     return Completion(tokens=[int(t) for t in tokens], timings=Timings.parse(out["timings"]), wall_s=wall,
-                      ttft_s=ttft, token_times_s=times, tokens_cached=out.get("tokens_cached"),
+                      ttft_s=ttft, token_times_s=times, token_server_ms=server_ms,
+                      tokens_cached=out.get("tokens_cached"),
                       stop_type=out.get("stop_type"), top_logprobs=top, raw=out)
 
 
