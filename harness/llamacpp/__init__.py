@@ -6,6 +6,7 @@ phases, rows per phase) lives with the harness. One module per concern:
 
   build         pinned llama.cpp build into the cache (`python -m harness.llamacpp.build`)
   convert       HF checkpoint dir or moebench preset -> cached GGUF of a given type
+  gguf_vocab    the pass-through vocabulary for tokenizer-less checkpoints (run by convert)
   flags         the offload/runtime knobs as a dataclass -> argv, checked against the build
   server        `LlamaServer`: one llama-server process, its health, its log, a typed client
   bench_import  llama-bench JSON/JSONL -> tidy rows + manifest

@@ -224,14 +224,29 @@ class LlamaServer:
         return argv + self.extra_args
 
     def start(self) -> LlamaServer:
+        """Launch and wait for /health. A port picked here that another process took meanwhile
+        is picked again (twice at most); every other startup failure raises LlamaServerError."""
         if self.proc is not None:
             raise RuntimeError("this LlamaServer is already started")
         if self.slot_save_path:
             self.slot_save_path.mkdir(parents=True, exist_ok=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.port = self.port or free_port()
-        argv = self.argv(self.port)
         _install_sigterm()
+        fixed_port = self.port is not None
+        for attempt in range(3):
+            self.port = self.port if fixed_port else free_port()
+            try:
+                self._launch()
+                return self
+            except LlamaServerError as e:
+                if fixed_port or attempt == 2 or "bind" not in e.log_tail.lower():
+                    raise
+                log.info("port %d was taken before llama-server bound it; trying another", self.port)
+                self.proc = None
+        raise AssertionError("unreachable")
+
+    def _launch(self) -> None:
+        argv = self.argv(self.port)
         t0 = time.perf_counter()
         with open(self.log_path, "ab") as logf:
             self._log_start = logf.tell()          # the log may hold earlier runs: tails show this one
@@ -248,9 +263,8 @@ class LlamaServer:
             self.stop()
             raise
         self.load_s = time.perf_counter() - t0
-        log.info("llama-server pid %d up on port %d in %.1f s (log %s)", self.proc.pid, self.port, self.load_s,
+        log.info("llama-server pid %d up on port %d in %.2f s (log %s)", self.proc.pid, self.port, self.load_s,
                  self.log_path)
-        return self
 
     def _wait_healthy(self) -> None:
         deadline = time.monotonic() + self.startup_timeout_s
@@ -267,7 +281,7 @@ class LlamaServer:
                 last = f"HTTP {status}: {body!r}"
             except (OSError, http.client.HTTPException) as e:
                 last = f"{type(e).__name__}: {e}"
-            time.sleep(0.1)
+            time.sleep(0.02)                       # load_s is this fine-grained
         raise LlamaServerError(f"llama-server not healthy after {self.startup_timeout_s:.0f} s "
                                f"(last /health: {last})", self.log_tail())
 

@@ -259,3 +259,22 @@ def test_preset_exported_and_converted_matches_our_engine(bins, gguf_root, tmp_p
     diff = max(abs(torch.log_softmax(ours.logits[i][0].double(), -1)[t.id].item() - t.logprob)
                for i, top in enumerate(r.top_logprobs) for t in top)
     assert diff < 1e-4
+
+
+def test_a_taken_port_is_retried_only_when_picked_here(bins, gguf_f32, tmp_path, monkeypatch):
+    import socket
+
+    import harness.llamacpp.server as server_mod
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        with pytest.raises(LlamaServerError, match="couldn't bind"):
+            LlamaServer(gguf_f32.path, EXACT, log_path=tmp_path / "fixed.log", binaries=bins, port=taken).start()
+        picks = iter([taken])
+        real = server_mod.free_port
+        monkeypatch.setattr(server_mod, "free_port", lambda: next(picks, None) or real())
+        with LlamaServer(gguf_f32.path, EXACT, log_path=tmp_path / "retry.log", binaries=bins) as srv:
+            assert srv.port != taken and srv.health()["status"] == "ok"
+    assert (tmp_path / "retry.log").read_text().count("$ ") == 2
