@@ -275,7 +275,7 @@ class LlamaServer:
                 raise LlamaServerError(f"llama-server exited with status {rc} during startup "
                                        f"({' '.join(self.argv(self.port))})", self.log_tail(), rc)
             try:
-                status, body = self._request("GET", "/health", timeout=5.0)
+                status, body = self._request("GET", "/health", timeout=2.0)
                 if status == 200:
                     return
                 last = f"HTTP {status}: {body!r}"
