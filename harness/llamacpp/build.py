@@ -40,6 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import TextIO
 
 log = logging.getLogger(__name__)
 
@@ -362,7 +363,7 @@ def _compile(config: BuildConfig, src: Path, commit: str, out: Path,
 _PROGRESS = re.compile(r"^\[(\d+)/(\d+)\]|^\[\s*(\d+)%\]")
 
 
-def _run_logged(cmd: Sequence[str], logf, progress: Callable[[str], None], step: str) -> None:
+def _run_logged(cmd: Sequence[str], logf: TextIO, progress: Callable[[str], None], step: str) -> None:
     """Run cmd with its output into logf; report compile progress at most every 5 %."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     last = -5.0

@@ -28,7 +28,6 @@ import io
 import json
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import tempfile

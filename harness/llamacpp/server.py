@@ -15,11 +15,8 @@ results into tidy rows (the harness's llama.cpp engine adapter).
         r = srv.complete(prompt_ids, 16, cache_prompt=False)     # r.tokens, r.timings.prompt_ms, r.wall_s
         srv.slot_save(0, "s.bin")                                 # -> SlotResult(bytes=..., tokens=...)
 
-Field names as this llama.cpp build reports them (checked by tests/llamacpp):
-`/completion` -> `tokens` (with `return_tokens`), `timings.{prompt_n, prompt_ms, predicted_n,
-predicted_ms, cache_n}`, `tokens_cached`, `stop_type`, `completion_probabilities[i].top_logprobs`;
-`/slots/N?action=save` -> `n_saved`, `n_written`, `timings.save_ms`; `restore` -> `n_restored`,
-`n_read`, `timings.restore_ms`; `erase` -> `n_erased`.
+The typed answers (`Completion`, `Timings`, `SlotResult`) and the field names llama-server
+uses for them are in `harness.llamacpp.responses`.
 """
 from __future__ import annotations
 
@@ -34,13 +31,13 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from harness.llamacpp.build import Binaries, find_binaries
 from harness.llamacpp.flags import DEFAULTS, LlamaFlags
+from harness.llamacpp.responses import Completion, SlotResult, parse_completion, sse_events
 
 log = logging.getLogger(__name__)
 
@@ -56,75 +53,6 @@ class LlamaServerError(RuntimeError):
         super().__init__(f"{message}\n--- last lines of the llama-server log ---\n{log_tail}" if log_tail else message)
         self.log_tail = log_tail
         self.returncode = returncode
-
-
-@dataclass(frozen=True)
-class Timings:
-    """llama.cpp's own per-request timings (source=engine), as its `timings` object reports them.
-    `prompt_n` counts the prompt tokens computed, `cache_n` those taken from the slot's KV instead;
-    `predicted_n` counts every generated token, the first included."""
-    prompt_n: int
-    prompt_ms: float
-    predicted_n: int
-    predicted_ms: float
-    cache_n: int | None
-    raw: dict[str, Any]
-
-    @property
-    def decode_steps(self) -> int:
-        """Decode passes timed by predicted_ms: the first generated token comes free from the
-        prompt's last logits, so predicted_ms covers predicted_n - 1 steps (llama.cpp's own rule)."""
-        return max(self.predicted_n - 1, 0)
-
-    @property
-    def prefill_tok_per_s(self) -> float | None:
-        return self.prompt_n / self.prompt_ms * 1e3 if self.prompt_ms > 0 and self.prompt_n else None
-
-    @property
-    def decode_tok_per_s(self) -> float | None:
-        return self.decode_steps / self.predicted_ms * 1e3 if self.predicted_ms > 0 and self.decode_steps else None
-
-    @classmethod
-    def parse(cls, t: dict[str, Any]) -> Timings:
-        return cls(prompt_n=int(t["prompt_n"]), prompt_ms=float(t["prompt_ms"]),
-                   predicted_n=int(t["predicted_n"]), predicted_ms=float(t["predicted_ms"]),
-                   cache_n=int(t["cache_n"]) if "cache_n" in t else None, raw=dict(t))
-
-
-@dataclass(frozen=True)
-class TopLogprob:
-    id: int
-    logprob: float
-
-
-@dataclass(frozen=True)
-class Completion:
-    """One /completion answer. `wall_s` (request sent -> answer complete) and, when streamed,
-    `ttft_s` (request sent -> first token received) and `token_times_s` (arrival time of each
-    token, from the request) are the client's (source=client); `timings` is the server's."""
-    tokens: list[int]
-    timings: Timings
-    wall_s: float
-    ttft_s: float | None
-    token_times_s: list[float] | None
-    token_server_ms: list[float] | None   # server clock per token: cumulative predicted_ms (stream +
-                                          # timings_per_token); diffs are per-step decode times
-    tokens_cached: int | None             # tokens in the slot's KV after this request
-    stop_type: str | None                 # "limit" (n_predict reached), "eos", "word", ...
-    top_logprobs: list[list[TopLogprob]] | None
-    raw: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class SlotResult:
-    """A slot save/restore/erase. `bytes` is what the server wrote/read (`n_written`/`n_read`);
-    `tokens` the tokens saved/restored/erased; `ms` its own timing (null for erase)."""
-    action: str
-    slot: int
-    tokens: int
-    bytes: int | None
-    ms: float | None
-    raw: dict[str, Any]
 
 
 # ---------------------------------------------------------------- process bookkeeping
@@ -427,7 +355,7 @@ class LlamaServer:
         wall = time.perf_counter() - t0
         if status != 200:
             raise LlamaServerError(f"POST /completion -> HTTP {status}: {out!r}", self.log_tail())
-        return _completion(out, list(out.get("tokens") or []), wall, None, None, None,
+        return parse_completion(out, list(out.get("tokens") or []), wall, None, None, None,
                            out.get("completion_probabilities"))
 
     def _complete_stream(self, body: dict[str, Any], t0: float,
@@ -445,7 +373,7 @@ class LlamaServer:
             if resp.status != 200:
                 raise LlamaServerError(f"POST /completion (stream) -> HTTP {resp.status}: {resp.read()!r}",
                                        self.log_tail())
-            for event in _sse_events(resp):
+            for event in sse_events(resp):
                 now = time.perf_counter() - t0
                 new = list(event.get("tokens") or [])
                 tokens += new
@@ -464,7 +392,7 @@ class LlamaServer:
         wall = time.perf_counter() - t0
         if final is None:
             raise self._failure("stream ended without a final event")
-        return _completion(final, tokens, wall, times[0] if times else None, times,
+        return parse_completion(final, tokens, wall, times[0] if times else None, times,
                            server_ms if len(server_ms) == len(tokens) and tokens else None, probs or None)
 
     # -------------------------------------------------------- slots
@@ -494,27 +422,6 @@ class LlamaServer:
         return self._slot(slot, "erase")
 
 
-def _completion(out: dict[str, Any], tokens: list[int], wall: float, ttft: float | None,
-                times: list[float] | None, server_ms: list[float] | None, probs: list[dict] | None) -> Completion:
-    top = None
-    if probs:
-        top = [[TopLogprob(int(c["id"]), float(c["logprob"])) for c in p.get("top_logprobs", [])] for p in probs]
-    return Completion(tokens=[int(t) for t in tokens], timings=Timings.parse(out["timings"]), wall_s=wall,
-                      ttft_s=ttft, token_times_s=times, token_server_ms=server_ms,
-                      tokens_cached=out.get("tokens_cached"),
-                      stop_type=out.get("stop_type"), top_logprobs=top, raw=out)
-
-
-def _sse_events(resp: http.client.HTTPResponse) -> Iterator[dict[str, Any]]:
-    """`data: {...}` lines of a server-sent-event stream, parsed."""
-    for line in resp:
-        line = line.strip()
-        if line.startswith(b"data:"):
-            payload = line[5:].strip()
-            if payload and payload != b"[DONE]":
-                yield json.loads(payload)
-
-
 def _proc_status_bytes(pid: int, key: str) -> int | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -523,3 +430,7 @@ def _proc_status_bytes(pid: int, key: str) -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+# the typed answers live in `responses`; importable from here too
+__all__ = ["LlamaServer", "LlamaServerError", "Completion", "SlotResult", "free_port", "server_env"]

@@ -1,6 +1,7 @@
 """HF checkpoint -> GGUF with the pinned converter: types, the pass-through vocabulary, the cache."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -19,7 +20,6 @@ def gguf_fields(path) -> dict:
             "else f.contents()) for f in r.fields.values() if not f.name.startswith('GGUF.')}, default=str))")
     env = {**os.environ, "PYTHONPATH": str(build.source_dir() / "gguf-py")}
     out = subprocess.run([sys.executable, "-c", code, str(path)], env=env, capture_output=True, text=True, check=True)
-    import json
     return json.loads(out.stdout)
 
 
