@@ -6,13 +6,13 @@ STAMP  := $(VENV)/.installed
 # The CPU build of torch; GPU machines bring their own torch and run from the checkout.
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: setup run test bench clean
+.PHONY: setup run test bench clean llamacpp
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_CPU)"
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q -e ".[test,llamacpp]"
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -20,10 +20,18 @@ setup: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/moebench
 
+# The pinned llama.cpp (engine=llamacpp, tests/llamacpp), built once into $$MOEBENCH_CACHE or
+# ~/.cache/moebench/llama.cpp/ (tens of minutes on 2 cores); a finished build is reused in seconds.
+# CUDA where nvcc and a GPU exist: LLAMACPP_CUDA=auto|on|off.
+LLAMACPP_CUDA ?= auto
+llamacpp: $(STAMP)
+	$(PY) -m harness.llamacpp.build --cuda $(LLAMACPP_CUDA)
+
 # One intra-op thread: the tests check correctness, not speed, and tiny models on a small shared
 # machine run faster and steadier without OpenMP threads spinning against other processes.
-test: $(STAMP)
-	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) -m pytest -q
+# MOEBENCH_REQUIRE_LLAMACPP=1: the llama.cpp tests fail, not skip, when the build is missing.
+test: $(STAMP) llamacpp
+	MOEBENCH_REQUIRE_LLAMACPP=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) -m pytest -q
 
 # Micro-benchmarks (benchmarks/micro, pytest-benchmark; not part of `make test`). Each run is saved
 # under $(BENCH_STORAGE) (machine-local, git-ignored) and compared with the previous saved run;

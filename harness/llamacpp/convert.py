@@ -1,0 +1,232 @@
+"""Weights for llama.cpp: a Hugging Face checkpoint dir or a moebench preset -> a cached GGUF.
+
+Owns: running the pinned converter (`convert_hf_to_gguf.py` with its own `gguf-py`, from the
+tree `build.source_dir()` extracted) in a subprocess; the GGUF types it offers and the ones
+made from its f32 output with `llama-quantize`; supplying a tokenizer when the checkpoint has
+none and then giving the GGUF the pass-through vocabulary (`gguf_vocab`), so that the same
+token ids reach both engines; and the cache, keyed by model identity and type. Does not own:
+building llama.cpp (`build`), running it (`server`), or exporting presets (`engine.export`).
+
+    g = convert("path/to/hf-dir", "f32")                 # -> GGUFModel(path=..., vocab_size=..., ...)
+    g = convert_preset("tiny-mixtral", seed=0, outtype="q8_0")
+
+Cache: `<cache_root>/gguf/<identity hash>/model-<type>.gguf` beside `model-<type>.json` (the
+record, written last: a GGUF without it is not trusted). A checkpoint's identity is its resolved
+path plus the name, size and mtime of each file in it; a preset's is its name, seed and the
+full ModelConfig. Change any file of a checkpoint and it is converted again.
+
+Tokenizer-less checkpoints: supported for the llama-family converter (Mixtral, and so every
+mixtral preset), which reads a SentencePiece `tokenizer.model`; the Qwen/OLMoE converters read
+a BPE tokenizer through transformers and need the model's own tokenizer files. A checkpoint with
+its own tokenizer keeps it (and its EOS: pass `ignore_eos` for fixed-length generation).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from harness.llamacpp import build
+
+if TYPE_CHECKING:
+    from engine.config import ModelConfig
+
+log = logging.getLogger(__name__)
+
+# What the pinned convert_hf_to_gguf.py writes itself (its --outtype choices, less "auto")
+CONVERTER_TYPES = ("f32", "f16", "bf16", "q8_0", "tq1_0", "tq2_0")
+# What llama-quantize makes from the f32 GGUF (a selection of its types; names as it takes them)
+QUANTIZE_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k_s", "q3_k_m", "q3_k_l", "q4_k_s",
+                  "q4_k_m", "q5_k_s", "q5_k_m", "q6_k")
+GGUF_TYPES = CONVERTER_TYPES + QUANTIZE_TYPES
+
+TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json", "tekken.json")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class ConversionError(RuntimeError):
+    """The converter or quantizer failed; carries the tail of its output."""
+
+
+@dataclass(frozen=True)
+class GGUFModel:
+    """A converted model, as recorded in the cache."""
+    path: Path
+    outtype: str
+    vocab_size: int
+    passthrough_vocab: bool     # True: moebench supplied the vocabulary (ids pass unchanged, no EOS/EOG)
+    source: str                 # the checkpoint dir converted
+    identity: str               # what the cache key was computed from
+    llama_cpp_commit: str
+    size_bytes: int
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["path"] = str(self.path)
+        return d
+
+
+def gguf_root() -> Path:
+    return build.cache_root() / "gguf"
+
+
+def checkpoint_identity(model_dir: Path) -> str:
+    """Resolved path + (name, size, mtime_ns) of every file in the dir, recursively."""
+    model_dir = Path(model_dir).resolve()
+    parts = [str(model_dir)]
+    for p in sorted(model_dir.rglob("*")):
+        if p.is_file():
+            st = p.stat()
+            parts.append(f"{p.relative_to(model_dir)}:{st.st_size}:{st.st_mtime_ns}")
+    return "\n".join(parts)
+
+
+def convert(model_dir: Path | str, outtype: str = "f32", *, identity: str | None = None,
+            root: Path | None = None, progress: Callable[[str], None] = log.info) -> GGUFModel:
+    """The GGUF of checkpoint `model_dir` at `outtype`, converted once and cached under `root`
+    (default `gguf_root()`)."""
+    if outtype not in GGUF_TYPES:
+        raise ValueError(f"outtype {outtype!r} is not offered; the converter writes {list(CONVERTER_TYPES)}, "
+                         f"llama-quantize makes {list(QUANTIZE_TYPES)}")
+    model_dir = Path(model_dir)
+    if not (model_dir / "config.json").is_file():
+        raise FileNotFoundError(f"{model_dir} is not a Hugging Face checkpoint dir: it has no config.json")
+    identity = identity or checkpoint_identity(model_dir)
+    out_dir = Path(root or gguf_root()) / hashlib.sha256(identity.encode()).hexdigest()[:16]
+    cached = _cached(out_dir, outtype)
+    if cached is not None:
+        return cached
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "identity.txt").write_text(identity + "\n")
+    if outtype in QUANTIZE_TYPES:
+        base = convert(model_dir, "f32", identity=identity, root=root, progress=progress)
+        return _quantize(base, outtype, out_dir, progress)
+    return _convert(model_dir, outtype, identity, out_dir, progress)
+
+
+def convert_preset(name: str, seed: int = 0, outtype: str = "f32", *, cfg: ModelConfig | None = None,
+                   root: Path | None = None, progress: Callable[[str], None] = log.info) -> GGUFModel:
+    """Preset `name` (or `cfg`, a ModelConfig with overrides) with seeded weights, exported through
+    `engine.export.export_preset` into the cache, then converted."""
+    from engine.config import preset
+    from engine.export import export_preset
+
+    cfg = cfg or preset(name)
+    identity = f"preset:{name}:seed={seed}:{json.dumps(dataclasses.asdict(cfg), sort_keys=True, default=str)}"
+    key = hashlib.sha256(identity.encode()).hexdigest()[:16]
+    ckpt = export_preset(name, seed, cfg, Path(root or build.cache_root()) / "checkpoints" / key)
+    return convert(ckpt, outtype, identity=identity, root=root, progress=progress)
+
+
+def _cached(out_dir: Path, outtype: str) -> GGUFModel | None:
+    record = out_dir / f"model-{outtype}.json"
+    if not record.is_file():
+        return None
+    d = json.loads(record.read_text())
+    d["path"] = Path(d["path"])
+    g = GGUFModel(**d)
+    return g if g.path.is_file() and g.path.stat().st_size == g.size_bytes else None
+
+
+def _convert(model_dir: Path, outtype: str, identity: str, out_dir: Path,
+             progress: Callable[[str], None]) -> GGUFModel:
+    src = build.source_dir()
+    commit = build.vendored_commit(src)
+    final = out_dir / f"model-{outtype}.gguf"
+    with tempfile.TemporaryDirectory(prefix=".convert-", dir=out_dir) as tmp:
+        stage = Path(tmp) / "checkpoint"
+        supplied = _stage(model_dir, stage)
+        raw = Path(tmp) / "converted.gguf"
+        env = {**os.environ, "PYTHONPATH": str(src / "gguf-py")}
+        env.pop("NO_LOCAL_GGUF", None)
+        cmd = [sys.executable, str(src / "convert_hf_to_gguf.py"), str(stage), "--outtype", outtype,
+               "--outfile", str(raw), "--model-name", model_dir.resolve().name]
+        progress(f"converting {model_dir} to GGUF {outtype}")
+        try:
+            _run(cmd, env, "convert_hf_to_gguf.py")
+        except ConversionError as e:
+            if supplied:     # e.g. Qwen/OLMoE converters read a BPE tokenizer, never tokenizer.model
+                raise ConversionError(f"{e}\n{model_dir} has no tokenizer; moebench supplies one only in the "
+                                      "form the llama-family converter (Mixtral) reads. Put the model's "
+                                      "tokenizer files beside its config.json") from e
+            raise
+        out = Path(tmp) / "model.gguf"
+        if supplied:
+            env["PYTHONPATH"] = os.pathsep.join([str(src / "gguf-py"), str(REPO_ROOT)])
+            _run([sys.executable, "-m", "harness.llamacpp.gguf_vocab", str(raw), str(out)], env, "gguf_vocab")
+        else:
+            raw.rename(out)
+        vocab = _vocab_size(model_dir)
+        os.replace(out, final)
+    return _record(GGUFModel(path=final, outtype=outtype, vocab_size=vocab, passthrough_vocab=supplied,
+                             source=str(model_dir.resolve()), identity=identity, llama_cpp_commit=commit,
+                             size_bytes=final.stat().st_size), out_dir)
+
+
+def _quantize(base: GGUFModel, outtype: str, out_dir: Path, progress: Callable[[str], None]) -> GGUFModel:
+    quantize = build.find_binaries().quantize
+    if quantize is None:
+        raise ConversionError(f"{outtype} needs llama-quantize, which this llama.cpp build lacks; {build.BUILD_HINT}")
+    final = out_dir / f"model-{outtype}.gguf"
+    tmp = out_dir / f".model-{outtype}.gguf.tmp"
+    progress(f"quantizing {base.path.name} to {outtype}")
+    _run([str(quantize), str(base.path), str(tmp), outtype.upper()], dict(os.environ), "llama-quantize")
+    os.replace(tmp, final)
+    return _record(dataclasses.replace(base, path=final, outtype=outtype, size_bytes=final.stat().st_size), out_dir)
+
+
+def _record(g: GGUFModel, out_dir: Path) -> GGUFModel:
+    tmp = out_dir / f".model-{g.outtype}.json.tmp"
+    tmp.write_text(json.dumps(g.to_json(), indent=2) + "\n")
+    os.replace(tmp, out_dir / f"model-{g.outtype}.json")     # the record last
+    return g
+
+
+def _stage(model_dir: Path, stage: Path) -> bool:
+    """Link the checkpoint's files into `stage`; supply a tokenizer when it has none.
+    Returns True when the tokenizer was supplied (the GGUF then gets the pass-through vocab)."""
+    stage.mkdir(parents=True)
+    for p in Path(model_dir).resolve().iterdir():
+        (stage / p.name).symlink_to(p)
+    if any((stage / f).exists() for f in TOKENIZER_FILES):
+        return False
+    (stage / "tokenizer.model").write_bytes(_placeholder_sentencepiece(_vocab_size(model_dir)))
+    return True
+
+
+def _placeholder_sentencepiece(vocab_size: int) -> bytes:
+    """A few-piece SentencePiece model: only so the converter accepts the checkpoint (it pads
+    the vocab to vocab_size); `gguf_vocab` replaces it with the pass-through vocab afterwards."""
+    import sentencepiece as spm
+
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(["abcdefgh"] * 4), model_writer=buf,
+                                   vocab_size=min(8, vocab_size), model_type="char", hard_vocab_limit=False,
+                                   minloglevel=2)
+    return buf.getvalue()
+
+
+def _vocab_size(model_dir: Path) -> int:
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    v = cfg.get("vocab_size") or cfg.get("text_config", {}).get("vocab_size")
+    if not isinstance(v, int):
+        raise ValueError(f"{model_dir}/config.json has no integer vocab_size (got {v!r})")
+    return v
+
+
+def _run(cmd: list[str], env: dict[str, str], what: str) -> None:
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
+        raise ConversionError(f"{what} failed (exit {proc.returncode}): {' '.join(cmd)}\n{tail}")
+    log.debug("%s output:\n%s", what, proc.stdout[-4000:] + proc.stderr[-4000:])

@@ -1,0 +1,244 @@
+"""llama.cpp's offload and runtime knobs: one dataclass, turned into argv, checked against the build.
+
+Owns: the knobs moebench sweeps (`-ngl`, `--cpu-moe`, `--n-cpu-moe`, `-ot`, `-ub`, `-b`, `-c`,
+`-ctk/-ctv`, `-fa`, `-t`, `-np`), the two named configurations (`EXACT`: reproduces the
+fp32 reference token for token; `DEFAULTS`: what llama.cpp picks when given nothing), and
+validating a knob set against what *this* binary accepts, by parsing its `--help` once per
+binary (cached by path, size and mtime). Does not own: starting the server (`server`), or
+which knob values a sweep tries (Hydra config).
+
+    flags = LlamaFlags(threads=2, n_gpu_layers=0, cache_type_k="f32", cache_type_v="f32", flash_attn="off")
+    argv = flags.server_argv(bins.server)       # validated: ['-t', '2', '-ngl', '0', ...]
+    argv = flags.bench_argv(bins.bench)         # llama-bench spelling of the same knobs
+
+Why EXACT is f32 KV with flash attention off: on f32 weights llama.cpp's CPU flash-attention
+path and an f16 KV cache are lossy (greedy tokens drift from transformers' after a few dozen
+steps); with `-ctk f32 -ctv f32 -fa off` they match. llama-bench does not accept `-ctk f32`, so
+EXACT cannot be benchmarked by llama-bench; `bench_argv` says so instead of passing it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import subprocess
+from dataclasses import dataclass, fields
+from functools import lru_cache
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+FLASH_ATTN = ("on", "off", "auto")
+
+# knob -> tidy-row column. `batch`, `threads` and `ctx` are renamed because the row schema
+# already has `batch` (sequences per step) and `context_tokens`; llama.cpp's -b is tokens.
+KNOB_COLUMNS = {"n_gpu_layers": "n_gpu_layers", "cpu_moe": "cpu_moe", "n_cpu_moe": "n_cpu_moe",
+                "override_tensor": "override_tensor", "ubatch": "ubatch", "batch": "n_batch", "ctx": "n_ctx",
+                "cache_type_k": "cache_type_k", "cache_type_v": "cache_type_v", "flash_attn": "flash_attn",
+                "threads": "threads", "parallel": "n_parallel", "cache_ram": "cache_ram_mib"}
+
+
+class FlagError(ValueError):
+    """A knob value this llama.cpp build does not accept."""
+
+
+@dataclass(frozen=True)
+class LlamaFlags:
+    """None means: do not pass the flag, llama.cpp's own default applies."""
+    n_gpu_layers: int | str | None = None      # -ngl N | "auto" | "all"
+    cpu_moe: bool = False                       # --cpu-moe: every layer's experts on the CPU
+    n_cpu_moe: int | None = None                # --n-cpu-moe N: experts of the first N layers on the CPU
+    override_tensor: tuple[str, ...] = ()       # -ot PATTERN=BUFFER, each as given (e.g. "exps=CPU")
+    ubatch: int | None = None                   # -ub: physical (micro-)batch
+    batch: int | None = None                    # -b: logical batch
+    ctx: int | None = None                      # -c: context size (0: the model's)
+    cache_type_k: str | None = None             # -ctk
+    cache_type_v: str | None = None             # -ctv
+    flash_attn: str | None = None               # -fa on|off|auto
+    threads: int | None = None                  # -t
+    parallel: int | None = 1                    # -np: server slots (1: every request on slot 0)
+    cache_ram: int | None = None                # -cram MiB: the server's host-RAM prompt cache (0: off)
+
+    def __post_init__(self) -> None:
+        for name in ("ubatch", "batch", "threads", "parallel", "n_cpu_moe"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < (0 if name == "n_cpu_moe" else 1)):
+                raise FlagError(f"{name} must be a positive integer or None, got {v!r}")
+        if self.cache_ram is not None and (not isinstance(self.cache_ram, int) or self.cache_ram < -1):
+            raise FlagError(f"cache_ram must be MiB >= 0 (0: off), -1 (no limit) or None, got {self.cache_ram!r}")
+        if self.ctx is not None and (not isinstance(self.ctx, int) or self.ctx < 0):
+            raise FlagError(f"ctx must be an integer >= 0 (0: the model's context) or None, got {self.ctx!r}")
+        if self.n_gpu_layers is not None and not (
+                (isinstance(self.n_gpu_layers, int) and self.n_gpu_layers >= 0) or self.n_gpu_layers in ("auto", "all")):
+            raise FlagError(f"n_gpu_layers must be an integer >= 0, 'auto' or 'all', got {self.n_gpu_layers!r}")
+        if self.flash_attn is not None and self.flash_attn not in FLASH_ATTN:
+            raise FlagError(f"flash_attn must be one of {FLASH_ATTN} or None, got {self.flash_attn!r}")
+        if self.cpu_moe and self.n_cpu_moe is not None:
+            raise FlagError(f"cpu_moe=True and n_cpu_moe={self.n_cpu_moe} both given; cpu_moe already puts "
+                            "every layer's experts on the CPU")
+        if isinstance(self.override_tensor, str):
+            object.__setattr__(self, "override_tensor", (self.override_tensor,))
+        for ot in self.override_tensor:
+            if "=" not in ot:
+                raise FlagError(f"override_tensor entries are PATTERN=BUFFER (e.g. 'exps=CPU'), got {ot!r}")
+
+    def replace(self, **changes) -> LlamaFlags:
+        return dataclasses.replace(self, **changes)
+
+    def as_factors(self) -> dict[str, object]:
+        """The knobs as tidy-row columns, named as `KNOB_COLUMNS` says (None: llama.cpp's default).
+        `kv_dtype` is the DESIGN column: the K/V cache type, "K/V" when they differ."""
+        out: dict[str, object] = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            out[KNOB_COLUMNS[f.name]] = (",".join(v) or None) if isinstance(v, tuple) else v
+        k, v = self.cache_type_k, self.cache_type_v
+        out["kv_dtype"] = k if k == v else f"{k or 'default'}/{v or 'default'}"
+        return out
+
+    # ------------------------------------------------------------ argv
+
+    def _pairs(self, bench: bool) -> list[tuple[str, str, str | None]]:
+        """(knob, flag, value) in argv order; value None for a bare switch."""
+        p: list[tuple[str, str, str | None]] = []
+        if self.threads is not None:
+            p.append(("threads", "-t", str(self.threads)))
+        if self.n_gpu_layers is not None:
+            p.append(("n_gpu_layers", "-ngl", str(self.n_gpu_layers)))
+        if self.cpu_moe and not bench:
+            p.append(("cpu_moe", "--cpu-moe", None))
+        if self.n_cpu_moe is not None:
+            p.append(("n_cpu_moe", "-ncmoe" if bench else "--n-cpu-moe", str(self.n_cpu_moe)))
+        if bench and (self.override_tensor or self.cpu_moe):
+            # llama-bench has no --cpu-moe; it is the server's expert-tensor override, spelled out.
+            # One -ot per test there: overrides joined by ';' (',' would make them separate tests)
+            ots = [*self.override_tensor, *([CPU_MOE_OVERRIDE] if self.cpu_moe else [])]
+            p.append(("override_tensor" if self.override_tensor else "cpu_moe", "-ot", ";".join(ots)))
+        elif not bench:
+            p += [("override_tensor", "-ot", ot) for ot in self.override_tensor]
+        if self.ubatch is not None:
+            p.append(("ubatch", "-ub", str(self.ubatch)))
+        if self.batch is not None:
+            p.append(("batch", "-b", str(self.batch)))
+        if self.ctx is not None and not bench:
+            p.append(("ctx", "-c", str(self.ctx)))
+        if self.cache_type_k is not None:
+            p.append(("cache_type_k", "-ctk", self.cache_type_k))
+        if self.cache_type_v is not None:
+            p.append(("cache_type_v", "-ctv", self.cache_type_v))
+        if self.flash_attn is not None:
+            p.append(("flash_attn", "-fa", self.flash_attn))
+        if self.parallel is not None and not bench:
+            p.append(("parallel", "-np", str(self.parallel)))
+        if self.cache_ram is not None and not bench:
+            p.append(("cache_ram", "-cram", str(self.cache_ram)))
+        return p
+
+    def server_argv(self, server: Path | None = None) -> list[str]:
+        """argv for llama-server; checked against `server --help` when a binary is given."""
+        pairs = self._pairs(bench=False)
+        if server is not None:
+            validate(pairs, help_spec(Path(server)), Path(server).name)
+        return [x for _, f, v in pairs for x in ((f,) if v is None else (f, v))]
+
+    def bench_argv(self, bench: Path | None = None) -> list[str]:
+        """argv for llama-bench (its own spelling); `ctx`, `parallel`, `cache_ram` do not apply there."""
+        pairs = self._pairs(bench=True)
+        if bench is not None:
+            validate(pairs, help_spec(Path(bench)), Path(bench).name)
+        return [x for _, f, v in pairs for x in (f, v if v is not None else "1")]
+
+
+# What llama-server's --cpu-moe does: the routed experts' tensors of every layer in host memory
+CPU_MOE_OVERRIDE = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps=CPU"
+
+
+# The configuration that reproduces the fp32 reference (see module docstring), and llama.cpp's own.
+EXACT = LlamaFlags(cache_type_k="f32", cache_type_v="f32", flash_attn="off")
+DEFAULTS = LlamaFlags()
+
+
+# ---------------------------------------------------------------- what the build accepts
+
+
+@dataclass(frozen=True)
+class HelpSpec:
+    """What one binary's --help says it accepts: every flag spelling, and for the flags whose
+    values are a closed list, that list."""
+    flags: frozenset[str]
+    choices: dict[str, tuple[str, ...]]
+
+
+_VALUE_KNOBS = {"-ctk": "cache_type_k", "-ctv": "cache_type_v", "-fa": "flash_attn"}
+
+
+# ggml type names a KV cache may take; which ones a binary accepts is asked of the binary
+KV_TYPE_CANDIDATES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+
+
+@lru_cache(maxsize=16)
+def _help_cached(path: str, size: int, mtime_ns: int) -> HelpSpec:
+    out = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=60)
+    text = out.stdout + out.stderr
+    if not text.strip():
+        raise FlagError(f"{path} --help printed nothing (exit {out.returncode}); cannot validate flags")
+    spec = parse_help(text)
+    # llama-bench's help lists no cache types; ask it: it parses argv in order and exits 0 at
+    # --list-devices only if every earlier value was accepted
+    missing = [f for f in ("-ctk", "-ctv") if f in spec.flags and f not in spec.choices]
+    if missing and "--list-devices" in spec.flags:
+        for f in missing:
+            spec.choices[f] = tuple(t for t in KV_TYPE_CANDIDATES if subprocess.run(
+                [path, f, t, "--list-devices"], capture_output=True, timeout=60).returncode == 0)
+    return spec
+
+
+def help_spec(binary: Path) -> HelpSpec:
+    """Parse `binary --help` (once per binary version)."""
+    st = Path(binary).stat()
+    return _help_cached(str(binary), st.st_size, st.st_mtime_ns)
+
+
+_FLAG = re.compile(r"-{1,2}[a-zA-Z][\w-]*")
+_CLOSED = re.compile(r"[\[<{]((?:[\w.]+\|)+[\w.]+)[\]>}]")
+
+
+def parse_help(text: str) -> HelpSpec:
+    """Flags: the `-x, --xx METAVAR` spellings that open an option line. Choices: for -ctk/-ctv
+    the `allowed values:` list under them, for -fa its `[on|off|auto]`-style list."""
+    flags: set[str] = set()
+    choices: dict[str, tuple[str, ...]] = {}
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        s = line.strip()
+        if not s.startswith("-"):
+            continue
+        names = []
+        for tok in s.split():
+            t = tok.rstrip(",")
+            if _FLAG.fullmatch(t):
+                names.append(t)
+            elif not (t.isupper() or t[:1] in "<[{"):
+                break                                  # the description starts
+        flags.update(names)
+        below = " ".join(l.strip() for l in lines[i + 1:i + 4] if not l.strip().startswith("-"))
+        for n in names:
+            if n in _VALUE_KNOBS and n not in choices:
+                m = re.search(r"allowed values:\s*([\w\s,]+?)(?:\(|$)", s + " " + below)
+                c = _CLOSED.search(s)
+                if m:
+                    choices[n] = tuple(v.strip() for v in m.group(1).split(",") if v.strip())
+                elif c:
+                    choices[n] = tuple(c.group(1).split("|"))
+    return HelpSpec(frozenset(flags), choices)
+
+
+def validate(pairs: list[tuple[str, str, str | None]], spec: HelpSpec, binary: str) -> None:
+    """Raise FlagError naming the knob, its value and what this build accepts."""
+    for knob, flag, value in pairs:
+        if flag not in spec.flags:
+            raise FlagError(f"knob {knob}={value!r}: this {binary} has no {flag} option "
+                            f"(its --help lists {len(spec.flags)} flags)")
+        allowed = spec.choices.get(flag)
+        if allowed and value is not None and value not in allowed:
+            raise FlagError(f"knob {knob}={value!r}: this {binary} accepts {flag} {'|'.join(allowed)}")

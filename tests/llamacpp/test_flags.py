@@ -1,0 +1,70 @@
+"""Knobs -> argv, and validation against what the real binaries' --help accepts."""
+from __future__ import annotations
+
+import pytest
+
+from harness.llamacpp.flags import CPU_MOE_OVERRIDE, DEFAULTS, EXACT, FlagError, LlamaFlags, help_spec
+
+
+def test_argv_spelling_server_and_bench():
+    f = LlamaFlags(n_gpu_layers=99, n_cpu_moe=3, override_tensor=("exps=CPU",), ubatch=128, batch=512, ctx=1024,
+                   cache_type_k="q8_0", cache_type_v="q8_0", flash_attn="on", threads=2, cache_ram=0)
+    assert f.server_argv() == ["-t", "2", "-ngl", "99", "--n-cpu-moe", "3", "-ot", "exps=CPU", "-ub", "128",
+                               "-b", "512", "-c", "1024", "-ctk", "q8_0", "-ctv", "q8_0", "-fa", "on",
+                               "-np", "1", "-cram", "0"]
+    assert f.bench_argv() == ["-t", "2", "-ngl", "99", "-ncmoe", "3", "-ot", "exps=CPU", "-ub", "128",
+                              "-b", "512", "-ctk", "q8_0", "-ctv", "q8_0", "-fa", "on"]
+    assert LlamaFlags(cpu_moe=True).server_argv() == ["--cpu-moe", "-np", "1"]
+    # llama-bench has no --cpu-moe: the same override spelled out, in the one -ot of the test
+    assert LlamaFlags(cpu_moe=True, override_tensor=("a=CPU",)).bench_argv() == ["-ot", "a=CPU;" + CPU_MOE_OVERRIDE]
+    assert DEFAULTS.server_argv() == ["-np", "1"]
+    assert EXACT.server_argv() == ["-ctk", "f32", "-ctv", "f32", "-fa", "off", "-np", "1"]
+
+
+def test_factors_name_the_knobs():
+    f = EXACT.replace(threads=2, batch=256).as_factors()
+    assert f["kv_dtype"] == "f32" and f["flash_attn"] == "off" and f["n_batch"] == 256 and f["threads"] == 2
+    assert f["override_tensor"] is None and f["n_gpu_layers"] is None
+    assert LlamaFlags(cache_type_k="q8_0").as_factors()["kv_dtype"] == "q8_0/default"
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(flash_attn="yes"), ["flash_attn", "'yes'", "on", "off", "auto"]),
+    (dict(ubatch=0), ["ubatch", "0"]),
+    (dict(n_gpu_layers="most"), ["n_gpu_layers", "'most'", "auto"]),
+    (dict(cpu_moe=True, n_cpu_moe=2), ["cpu_moe", "n_cpu_moe=2"]),
+    (dict(override_tensor=("exps",)), ["PATTERN=BUFFER", "'exps'"]),
+    (dict(cache_ram=-5), ["cache_ram", "-5"]),
+])
+def test_bad_values_fail_at_construction(kw, words):
+    with pytest.raises(FlagError) as e:
+        LlamaFlags(**kw)
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_help_of_the_real_build_is_parsed(bins):
+    server = help_spec(bins.server)
+    for flag in ("-ngl", "--cpu-moe", "--n-cpu-moe", "-ot", "-ub", "-b", "-c", "-ctk", "-ctv", "-fa", "-t", "-np",
+                 "-cram", "--slot-save-path"):
+        assert flag in server.flags, flag
+    assert "f32" in server.choices["-ctk"] and "q8_0" in server.choices["-ctk"]
+    assert set(server.choices["-fa"]) >= {"on", "off", "auto"}
+    bench = help_spec(bins.bench)
+    assert "-ncmoe" in bench.flags and "-ctk" in bench.flags
+
+
+def test_validation_names_knob_value_and_what_the_build_accepts(bins):
+    EXACT.replace(threads=1, ubatch=64).server_argv(bins.server)            # accepted
+    with pytest.raises(FlagError) as e:
+        LlamaFlags(cache_type_k="q3_k").server_argv(bins.server)
+    msg = str(e.value)
+    assert "cache_type_k='q3_k'" in msg and "llama-server" in msg and "f32" in msg and "q8_0" in msg
+
+
+def test_llama_bench_rejects_f32_kv_before_launch(bins):
+    """llama-bench cannot run the exact configuration: its -ctk has no f32."""
+    with pytest.raises(FlagError) as e:
+        EXACT.bench_argv(bins.bench)
+    assert "cache_type_k='f32'" in str(e.value) and "llama-bench" in str(e.value)
+    LlamaFlags(cache_type_k="f16", cache_type_v="f16", flash_attn="off", threads=1).bench_argv(bins.bench)
