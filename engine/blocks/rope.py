@@ -9,11 +9,13 @@ arithmetic (engine.layers.rope_cos_sin / apply_rope).
     cos, sin = rope.tables(p)                   # [T, dim] each, once per pass
     q = rope.apply(q, cos, sin)                 # q [B, H, T, h]; h > dim rotates the first dim only
 
-A new scaling (YaRN, NTK) is a subclass overriding `tables` (and `attention_scaling` where the
-scheme scales cos/sin), kept in this module once a second family needs it.
+A scaling scheme is a subclass overriding `inv_freq` and, where it scales cos/sin,
+`attention_scaling`: `Yarn` (DeepSeek-V3, GPT-OSS) is the worked example, equal to transformers'
+`rope_type: yarn` (tests/engine/test_blocks.py).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -30,9 +32,69 @@ class Rope:
 
     def tables(self, p: Pass) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, dim] at the pass's positions, in the pass's dtype (memoised per pass)."""
-        return p.cached(("rope", self), lambda: rope_cos_sin(p.positions, self.dim, self.theta,
-                                                             self.linear_factor, p.dtype))
+        return p.cached(("rope", self), lambda: self.cos_sin(p.positions, p.dtype))
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        return rope_cos_sin(positions, self.dim, self.theta, self.linear_factor, dtype)
 
     @staticmethod
     def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         return apply_rope(x, cos, sin)
+
+
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    """YaRN's magnitude correction for a context scaled by `scale` (1 when not scaled up)."""
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+@dataclass(frozen=True)
+class Yarn(Rope):
+    """YaRN (arXiv 2309.00071) as transformers' `rope_type: yarn`: frequencies interpolated by
+    `factor` below the correction range, extrapolated above it, a linear ramp between (the range
+    from `beta_fast`/`beta_slow` rotations over `original_max_position_embeddings`), and cos/sin
+    scaled by the attention factor (given, or from `factor` and `mscale`/`mscale_all_dim`).
+    A family whose attention also corrects its softmax scale (DeepSeek-V3) does that in its
+    attention block with `yarn_mscale`."""
+
+    factor: float = 1.0
+    original_max_position_embeddings: int = 4096
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool = True
+
+    @property
+    def attention_scaling(self) -> float:
+        if self.attention_factor is not None:
+            return float(self.attention_factor)
+        if self.mscale and self.mscale_all_dim:
+            return float(yarn_mscale(self.factor, self.mscale) / yarn_mscale(self.factor, self.mscale_all_dim))
+        return float(yarn_mscale(self.factor))
+
+    def inv_freq(self, device: torch.device | None = None) -> torch.Tensor:
+        """[dim/2] float32 inverse frequencies."""
+        dim, base = self.dim, self.theta
+        pos_freqs = base ** (torch.arange(0, dim, 2, device=device).float() / dim)
+        extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (self.factor * pos_freqs)
+
+        def correction_dim(rotations: float) -> float:
+            return (dim * math.log(self.original_max_position_embeddings / (rotations * 2 * math.pi))
+                    / (2 * math.log(base)))
+
+        low, high = correction_dim(self.beta_fast), correction_dim(self.beta_slow)
+        if self.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        if low == high:
+            high += 0.001                                            # no singularity
+        ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32, device=device) - low) / (high - low), 0, 1)
+        keep = 1 - ramp                                              # 1: extrapolate (high frequencies)
+        return interpolation * (1 - keep) + extrapolation * keep
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[:, None] * self.inv_freq(positions.device)[None, :]   # [T, dim/2]
+        emb = torch.cat((freqs, freqs), dim=-1)                                          # [T, dim]
+        s = self.attention_scaling
+        return (emb.cos() * s).to(dtype), (emb.sin() * s).to(dtype)
