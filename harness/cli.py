@@ -5,6 +5,8 @@
     moebench rerun results/sweeps/<id>/<job>   # the same job again, from its manifest
     moebench plan [-m] [overrides]             # the memory plan (no weights read); fit: the largest setting that fits
     moebench table results/sweeps/<id> --format md|csv|json|latex
+    moebench setup llamacpp                    # engine=llamacpp: build the pinned llama.cpp once (cached)
+    moebench import llama-bench FILE.jsonl     # llama-bench's own results as tidy rows
     moebench calibrate --out conf/hardware/this-machine.yaml   # the cost model's profile of this machine
 
 A sweep's directory is `<run.out>/sweeps/<run.sweep_id>`; without run.sweep_id it is a hash of
@@ -178,15 +180,19 @@ COMMANDS = {
     "fit": "harness.plan:fit_main",                # the largest context / capacity, fewest CPU layers
     "table": "harness.table:main",                 # one row per configuration of a results dir
     "calibrate": "harness.costmodel.calibrate:main",   # measure this machine, write a hardware profile
+    "setup llamacpp": "harness.llamacpp.build:main",   # build the pinned llama.cpp once into the cache
+    "import llama-bench": "harness.llamacpp.bench_import:main",   # llama-bench output -> tidy rows
 }
 
 
 def main() -> None:
     argv = sys.argv[1:]
-    if argv[:1] and argv[0] in COMMANDS:
-        import importlib
-        module, _, fn = COMMANDS[argv[0]].partition(":")
-        sys.exit(getattr(importlib.import_module(module), fn)(argv[1:]))
+    for words in (2, 1):                         # `moebench setup llamacpp` before `moebench plan`
+        name = " ".join(argv[:words])
+        if len(argv) >= words and name in COMMANDS:
+            import importlib
+            module, _, fn = COMMANDS[name].partition(":")
+            sys.exit(getattr(importlib.import_module(module), fn)(argv[words:]))
     if argv[:1] == ["rerun"]:
         from harness.rerun import rerun_args
         try:

@@ -87,6 +87,9 @@ METRIC_UNITS: dict[str, str] = {
     "exposed_copy_ablation_ci_low_s": "s",
     "exposed_copy_ablation_ci_high_s": "s",
     "exposed_copy_ablation_significant": "bool",
+    # engines that report what they saved and their own top-k logprobs (llama.cpp)
+    "saved_state_bytes": "B",
+    "max_abs_logprob_diff": "-",
 }
 
 # how copy/compute overlap measured on the emulated device is labelled wherever it is shown (rule 7.8):

@@ -26,7 +26,9 @@ KEY_METRICS = (("time_s", "time s", "{:.4f}", 1), ("ttft_s", "TTFT s", "{:.4f}",
                ("hit_rate", "hit rate", "{:.3f}", 1), ("reused_tokens", "reused", "{:.0f}", 1),
                ("peak_host_rss_bytes", "host RSS MiB", "{:.0f}", 2**20),
                ("peak_device_bytes", "device MiB", "{:.1f}", 2**20),
-               ("max_abs_logit_diff", "max|Δlogit|", "{:.1e}", 1), ("token_agreement", "token agr.", "{:.3f}", 1))
+               ("max_abs_logit_diff", "max|Δlogit|", "{:.1e}", 1), ("max_abs_logprob_diff", "max|Δlogprob|", "{:.1e}", 1),
+               ("token_agreement", "token agr.", "{:.3f}", 1), ("saved_state_bytes", "saved state MiB", "{:.2f}", 2**20),
+               ("restore_s", "restore s", "{:.4f}", 1))
 TRANSFER_METRICS = (("copy_busy_s", "copy busy s", "{:.4f}", 1), ("overlap_s", "overlap s", "{:.4f}", 1),
                     ("exposed_copy_s", "exposed s", "{:.4f}", 1), ("overlap_frac", "overlap frac", "{:.2f}", 1),
                     ("link_gbps", "link GB/s", "{:.1f}", 1), ("prefetch_issued", "pf issued", "{:.0f}", 1),
@@ -97,8 +99,9 @@ class Reporter:
         ok = spread[spread["status"] == "ok"]
         for job_id, job in ok.groupby("job_id", sort=False):
             first = df[df["job_id"] == job_id].iloc[0]
+            cap = "—" if pd.isna(first["cache_capacity"]) else first["cache_capacity"]
             head = (f"{title} job {job_id}: {first['engine']} {first['model']} placement={first['placement']} "
-                    f"capacity={first['cache_capacity']} prefetch={first['prefetch']} {first['workload']}@"
+                    f"capacity={cap} prefetch={first['prefetch']} {first['workload']}@"
                     f"{first['context_tokens']} batch={first['batch']} "
                     f"({'emulated ' if first['emulated'] else ''}{first['device_name']})")
             self.console.print(self._table(head, job, KEY_METRICS))
@@ -123,25 +126,25 @@ class Reporter:
         """Metrics down, phases across (in the contract's order); a cell is the median and, with
         `spread` and more than one value, min–max under it, and with IQR_MIN_N or more values the
         interquartile range (fewer values have no meaningful quartiles); the header gives n."""
-        stats = rows.set_index(["phase", "metric"])
         phases = sorted(set(rows["phase"]), key=phase_rank)
-        cells: dict[tuple[str, str], str] = {}
+        valued = rows[rows["median"].notna()]
+        # a metric measured by more than one source (llama.cpp's own timings beside the client's) gets
+        # one line per source: they are never mixed in one number (DESIGN.md §5)
+        sources = valued.groupby("metric")["source"].agg(lambda s: sorted(set(s))).to_dict()
+        cells: dict[tuple[str, str, str], str] = {}
         ns: dict[str, set[int]] = {p: set() for p in phases}
-        for phase in phases:
-            for metric, _, fmt, scale in metrics:
-                if (phase, metric) not in stats.index:
-                    continue
-                s = stats.loc[(phase, metric)]
-                s = s.iloc[0] if isinstance(s, pd.DataFrame) else s
-                if pd.isna(s["median"]):
-                    continue
-                ns[phase].add(int(s["n"]))
-                cell = fmt.format(s["median"] / scale)
-                if spread and s["n"] > 1:
-                    cell += f"\n{fmt.format(s['min'] / scale)}–{fmt.format(s['max'] / scale)}"
-                if spread and s["n"] >= IQR_MIN_N:
-                    cell += f"\nIQR {fmt.format(s['p25'] / scale)}–{fmt.format(s['p75'] / scale)}"
-                cells[(phase, metric)] = cell
+        for _, s in valued.iterrows():
+            fmt_scale = next(((fmt, scale) for m, _, fmt, scale in metrics if m == s["metric"]), None)
+            if fmt_scale is None:
+                continue
+            fmt, scale = fmt_scale
+            ns[s["phase"]].add(int(s["n"]))
+            cell = fmt.format(s["median"] / scale)
+            if spread and s["n"] > 1:
+                cell += f"\n{fmt.format(s['min'] / scale)}–{fmt.format(s['max'] / scale)}"
+            if spread and s["n"] >= IQR_MIN_N:
+                cell += f"\nIQR {fmt.format(s['p25'] / scale)}–{fmt.format(s['p75'] / scale)}"
+            cells[(s["phase"], s["metric"], s["source"])] = cell
         phases = [p for p in phases if ns[p]]
         t = Table(title=Text(title), title_justify="left")
         t.add_column("metric")
@@ -149,9 +152,11 @@ class Reporter:
             n = ",".join(map(str, sorted(ns[p])))
             t.add_column(Text(f"{p}\n(n={n})" if spread else p), justify="right")
         for metric, label, _, _ in metrics:
-            row = [cells.get((p, metric), "—") for p in phases]
-            if any(c != "—" for c in row):
-                t.add_row(Text(label), *row)
+            many = len(sources.get(metric, [])) > 1
+            for source in sources.get(metric, []):
+                row = [cells.get((p, metric, source), "—") for p in phases]
+                if any(c != "—" for c in row):
+                    t.add_row(Text(f"{label} [{source}]" if many else label), *row)
         return t
 
 

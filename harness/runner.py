@@ -81,9 +81,17 @@ def factors_of(cfg: DictConfig) -> dict[str, Any]:
         uses_cache = needs_cache(placement, options)
     except (TypeError, ValueError):   # invalid options: validate() reports them; the row still gets factors
         uses_cache = False
+    try:
+        from harness.engines import ENGINES
+        ours = ENGINES.get(g("engine.name")).uses_placement
+    except (ValueError, ImportError):             # an unknown engine: validate() reports it
+        ours = True
+    if not ours:                                  # the engine's own knobs are its columns
+        placement, uses_cache = None, False
     return {"engine": g("engine.name"), "model": g("model.name"), "placement": placement,
             "cache_capacity": str(g("cache.capacity")) if uses_cache else None,
-            "cache_policy": g("cache.policy") if uses_cache else None, "prefetch": g("prefetch.name"),
+            "cache_policy": g("cache.policy") if uses_cache else None,
+            "prefetch": g("prefetch.name") if ours else None,
             "workload": g("workload.name"), "context_tokens": g("workload.context_tokens"),
             "gen_tokens": g("workload.gen_tokens"), "batch": g("workload.batch"), "dtype": g("model.dtype")}
 
@@ -107,6 +115,7 @@ class Job:
         self.load_start: MachineLoad | None = None
         self.load_end: MachineLoad | None = None
         self.reference: Reference | None = None
+        self.adapter: Adapter | None = None
 
     # --- rows -------------------------------------------------------------------------------
     def emit(self, repeat: int | None, phase: str, metrics: dict, source: str, profiler: str = "none",
@@ -147,6 +156,12 @@ class Job:
             text = f"{type(exc).__name__}: {exc}"
             log.error("job %s failed: %s", self.ctx.job_id, text)
             log.debug("%s", traceback.format_exc())
+            if self.adapter is not None:     # keep what the engine left (a server's log), then never reuse it
+                try:
+                    self.adapter.save_artifacts(self.ctx.job_dir)
+                except OSError as err:
+                    log.warning("job %s: could not save the engine's artifacts: %s", self.ctx.job_id, err)
+                release_cached()
             row = results.failed_row(self.factors, self.device, self.ctx.sweep_id, self.ctx.job_id, text,
                                      extra=self.extra)
             return JobOutcome([row], error=text)
@@ -172,6 +187,7 @@ class Job:
         self.extra.update(ubatch=spec.workload.ubatch, token_source=sample.token_source,
                           resolved_capacity=eng.resolved_capacity, placement_options=repr(spec.placement_options),
                           expert_cache_mode=spec.run.expert_cache)
+        self.extra.update(eng.knobs())              # an engine's own knobs (llama.cpp's -ngl, -ub, -t ...)
         gen, run_cfg = spec.workload.gen_tokens, spec.run
         for i in range(run_cfg.warmup):                                 # excluded from every table
             with self.reporter.step(f"warm-up {i + 1}/{run_cfg.warmup}"):
@@ -188,6 +204,7 @@ class Job:
         for r, res in enumerate(measured):
             self.emit_repeat(r, res, "nsys" if nvtx_child else "none", check=run_cfg.check_reference)
         self._passes(spec, eng, sample, warm)
+        eng.save_artifacts(self.ctx.job_dir)
         self._ablation(spec, eng, sample, measured, warm)
         self.load_end = MachineLoad.sample(threads)
 
@@ -204,6 +221,7 @@ class Job:
         key_extra = (self.reference.key,) if spec.prefetch == "trace_oracle" else ()
         with PhaseProbe(kind, None) as probe:
             eng, loaded = get_adapter(spec, prefetch_options=prefetch_options, key_extra=key_extra)
+        self.adapter = eng
         self.device = {"device_kind": eng.device_kind, "device_name": eng.device_name, "emulated": eng.emulated}
         load = {"time_s": probe.time_s if loaded else None,
                 "peak_host_rss_bytes": probe.peak_host_rss_bytes if loaded else None,

@@ -37,6 +37,7 @@ class PhaseResult:
     engine: dict[str, float | None] = field(default_factory=dict)   # read from the engine's counters
     logits: list[torch.Tensor] = field(default_factory=list)        # host fp32 [B, V] per token produced
     tokens: list[list[int]] = field(default_factory=list)           # per token produced: one id per row
+    top_logprobs: list[list[dict[int, float] | None]] = field(default_factory=list)   # per token: per row
     expert_cache: str | None = None                                  # cold | warm at phase start; None: no cache
 
 
@@ -148,6 +149,7 @@ def run_repeat(eng: Adapter, sample: WorkloadSample, gen_tokens: int, keep_logit
         if gen_tokens > 1:
             logits_of_steps: list[torch.Tensor] = []
             step_tokens: list[list[int]] = []
+            step_probs: list[list[dict[int, float] | None]] = []
 
             def decode() -> tuple[int, dict]:
                 nonlocal tok
@@ -160,13 +162,15 @@ def run_repeat(eng: Adapter, sample: WorkloadSample, gen_tokens: int, keep_logit
                     step_tokens.append(tok)
                     if keep_logits and out.logits is not None:
                         logits_of_steps.append(_host(out.logits))
+                    if keep_logits and out.top_logprobs is not None:
+                        step_probs.append(out.top_logprobs)
                     t0 = time.perf_counter()
                 return batch * (gen_tokens - 1), {"tpot_s_p50": percentile(result.steps, 50),
                                                   "tpot_s_p90": percentile(result.steps, 90),
                                                   "tpot_s_p99": percentile(result.steps, 99)}
 
             ph = measured("decode", decode, "warm" if cached else None)
-            ph.tokens, ph.logits = step_tokens, logits_of_steps
+            ph.tokens, ph.logits, ph.top_logprobs = step_tokens, logits_of_steps, step_probs
         for name in ("prefill_continuation", "prefill_restored"):
             reused = ctx_len + gen_tokens - 1 + (len(sample.continuations[0]) + 1 if name == "prefill_restored" else 0)
             rows = [[t, *c] for t, c in zip(tok, sample.continuations)]
@@ -198,6 +202,8 @@ def _note(ph: PhaseResult, out: Produced, keep_logits: bool) -> list[int]:
     ph.tokens = [out.tokens]
     if keep_logits and out.logits is not None:
         ph.logits = [_host(out.logits)]
+    if keep_logits and out.top_logprobs is not None:
+        ph.top_logprobs = [out.top_logprobs]
     return out.tokens
 
 
@@ -209,4 +215,18 @@ def check_phase(got: PhaseResult, ref: PhaseResult | None) -> dict[str, float | 
     n = min(len(got.logits), len(ref.logits))
     diff = max((got.logits[i] - ref.logits[i]).abs().max().item() for i in range(n)) if n else None
     pairs = [(a, b) for ga, gb in zip(got.tokens, ref.tokens) for a, b in zip(ga, gb)]
-    return {"max_abs_logit_diff": diff, "token_agreement": sum(a == b for a, b in pairs) / len(pairs)}
+    out = {"max_abs_logit_diff": diff, "token_agreement": sum(a == b for a, b in pairs) / len(pairs)}
+    if got.top_logprobs and ref.logits:
+        out["max_abs_logprob_diff"] = _logprob_diff(got.top_logprobs, ref.logits)
+    return out
+
+
+def _logprob_diff(got: list[list[dict[int, float] | None]], ref: list[torch.Tensor]) -> float | None:
+    """max |logprob - reference log-softmax| over the ids an engine reported (its top-k), per token
+    and row; None when it reported none."""
+    diffs = []
+    for step, logits in zip(got, ref):
+        lp = torch.log_softmax(logits.double(), dim=-1)                  # [B, V]
+        for row, probs in enumerate(step):
+            diffs += [abs(v - lp[row, i].item()) for i, v in (probs or {}).items()]
+    return max(diffs) if diffs else None

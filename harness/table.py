@@ -23,12 +23,13 @@ from dataclasses import dataclass
 import pandas as pd
 
 from harness.contract import speed_rows
+from harness.llamacpp.flags import KNOB_COLUMNS
 from harness.results import FACTOR_COLUMNS
 
 FORMATS = ("md", "csv", "json", "latex")
 # extra row columns that can tell configurations apart, beside the schema's factors
-EXTRA_FACTORS = ("placement_options", "ubatch", "expert_cache_mode", "kv_dtype", "expert_quant", "n_cpu_moe",
-                 "n_gpu_layers", "cpu_moe", "threads")
+EXTRA_FACTORS = ("placement_options", "ubatch", "expert_cache_mode", "kv_dtype", "expert_quant", "threads",
+                 "llamacpp_config", "gguf_type", *dict.fromkeys(KNOB_COLUMNS.values()))
 
 
 @dataclass(frozen=True)
@@ -36,25 +37,32 @@ class Column:
     label: str
     phase: str
     metric: str
+    source: str                 # never mixed (DESIGN.md §5): speeds as the client saw them, counters from the engine
     scale: float = 1.0
     fmt: str = ".3f"
 
 
-COLUMNS = (Column("pp tok/s", "prefill_fresh", "tok_per_s", fmt=".1f"),
-           Column("TTFT s", "prefill_fresh", "ttft_s", fmt=".4f"),
-           Column("tg tok/s", "decode", "tok_per_s", fmt=".1f"),
-           Column("TPOT p50 ms", "decode", "tpot_s_p50", 1e-3, fmt=".2f"),
-           Column("cont. TTFT s", "prefill_continuation", "ttft_s", fmt=".4f"),
-           Column("restored TTFT s", "prefill_restored", "ttft_s", fmt=".4f"),
-           Column("decode hit rate", "decode", "hit_rate"),
-           Column("decode h2d MiB", "decode", "h2d_bytes", 2**20, fmt=".2f"),
-           Column("max|Δlogit|", "decode", "max_abs_logit_diff", fmt=".1e"),
-           Column("token agr.", "decode", "token_agreement"))
+COLUMNS = (Column("pp tok/s", "prefill_fresh", "tok_per_s", "client", fmt=".1f"),
+           Column("TTFT s", "prefill_fresh", "ttft_s", "client", fmt=".4f"),
+           Column("tg tok/s", "decode", "tok_per_s", "client", fmt=".1f"),
+           Column("TPOT p50 ms", "decode", "tpot_s_p50", "client", 1e-3, fmt=".2f"),
+           Column("cont. TTFT s", "prefill_continuation", "ttft_s", "client", fmt=".4f"),
+           Column("restored TTFT s", "prefill_restored", "ttft_s", "client", fmt=".4f"),
+           Column("decode hit rate", "decode", "hit_rate", "engine"),
+           Column("decode h2d MiB", "decode", "h2d_bytes", "engine", 2**20, fmt=".2f"),
+           Column("max|Δlogit|", "decode", "max_abs_logit_diff", "engine", fmt=".1e"),
+           Column("token agr.", "decode", "token_agreement", "engine"))
+
+
+def _per_job(df: pd.DataFrame, cols: list[str]) -> pd.DataFrame:
+    """Each job's value of each column: its first non-null one (a job's early rows may lack a
+    column its engine adds later, e.g. llama.cpp's knobs after the load)."""
+    return df.groupby("job_id", sort=False)[cols].first()
 
 
 def _varying(df: pd.DataFrame) -> list[str]:
-    cols = [c for c in (*FACTOR_COLUMNS, *EXTRA_FACTORS) if c in df.columns]
-    per_job = df.drop_duplicates("job_id")
+    cols = [c for c in dict.fromkeys((*FACTOR_COLUMNS, *EXTRA_FACTORS)) if c in df.columns]
+    per_job = _per_job(df, cols)
     varying = [c for c in cols if per_job[c].astype(str).nunique(dropna=False) > 1]
     return varying or ["placement"]
 
@@ -63,17 +71,18 @@ def sweep_table(df: pd.DataFrame, columns: Sequence[Column] = COLUMNS) -> pd.Dat
     """One row per job: the varying factors, then per column `<label>` (median), `<label> ±`
     (half the min-max range over repeats) and `<label> n`; failed jobs get `status`/`error`."""
     factors = _varying(df)
+    values = _per_job(df, factors)
     speed = speed_rows(df)
     out = []
     for job_id, job in df.groupby("job_id", sort=False):
-        first = job.iloc[0]
-        row = {c: first[c] for c in factors}
+        row = {c: values.loc[job_id, c] for c in factors}
         failed = job[job["status"] == "failed"]
         row["status"] = "failed" if len(failed) else "ok"
         row["error"] = str(failed.iloc[0].get("error", "")).splitlines()[0] if len(failed) else None
         mine = speed[(speed["job_id"] == job_id) & speed["repeat"].notna()]     # the measured repeats
         for col in columns:
-            vals = mine[(mine["phase"] == col.phase) & (mine["metric"] == col.metric)]["value"].dropna()
+            vals = mine[(mine["phase"] == col.phase) & (mine["metric"] == col.metric)
+                        & (mine["source"] == col.source)]["value"].dropna()
             row[col.label] = float(vals.median()) / col.scale if len(vals) else None
             row[f"{col.label} ±"] = float(vals.max() - vals.min()) / 2 / col.scale if len(vals) > 1 else None
             row[f"{col.label} n"] = int(len(vals))

@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 ENGINES = Registry("engine", "moebench.engines", {
     "moebench": "harness.engines.moebench:MoebenchAdapter",
     "hf": "harness.engines.hf:HFAdapter",
+    "llamacpp": "harness.engines.llamacpp:LlamaCppAdapter",
 })
 LOADS: list[tuple] = []            # one entry per real model load in this process (benchmarks count these)
 _CACHE: "OrderedDict[tuple, EngineAdapter]" = OrderedDict()

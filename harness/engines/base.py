@@ -28,10 +28,12 @@ from engine.registry import NoOptions
 
 @dataclass
 class Produced:
-    """What one forward pass gave: one id per sequence, and its logits [B, V] when available."""
+    """What one forward pass gave: one id per sequence, its logits [B, V] when the engine has
+    them, and per sequence the top-k {id: logprob} when the engine reports only those."""
 
     tokens: list[int]
     logits: torch.Tensor | None = None
+    top_logprobs: list[dict[int, float] | None] | None = None
 
 
 class EngineAdapter(ABC):
@@ -43,6 +45,7 @@ class EngineAdapter(ABC):
     resolved_capacity: int | None = None
     has_expert_cache: bool = False     # whether phases start from a cold or warm expert cache
     instrument: Instrument = NULL
+    uses_placement: ClassVar[bool] = True   # moebench's placement/cache/prefetch factors apply to it
 
     @classmethod
     @abstractmethod
@@ -80,6 +83,9 @@ class EngineAdapter(ABC):
     def knobs(self) -> dict[str, Any]:
         """Engine settings that become row columns (e.g. llama.cpp's -ngl, --n-cpu-moe)."""
         return {}
+
+    def save_artifacts(self, job_dir: Any) -> None:
+        """Write what belongs to the job that just ran into its dir (e.g. a server's log)."""
 
     def reset(self) -> None:
         """Cold state between repeats (empty expert caches)."""

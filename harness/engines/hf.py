@@ -21,6 +21,7 @@ from harness.engines.base import EngineAdapter, Produced, argmax
 
 class HFAdapter(EngineAdapter):
     name = "hf"
+    uses_placement = False            # transformers runs its own way; moebench's placement/cache do not apply
 
     def __init__(self, spec: Any) -> None:
         import transformers

@@ -89,6 +89,17 @@ class SlotResult:
     raw: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class StreamChunk:
+    """One event of a streamed completion: the tokens it brought, when (seconds since the
+    request, client clock), their top logprobs as the server sent them, and -- on the last
+    event -- the whole Completion."""
+    tokens: list[int]
+    t: float
+    probs: list[dict[str, Any]]
+    final: Completion | None
+
+
 def parse_completion(out: dict[str, Any], tokens: list[int], wall: float, ttft: float | None,
                 times: list[float] | None, server_ms: list[float] | None, probs: list[dict] | None) -> Completion:
     top = None

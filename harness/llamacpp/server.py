@@ -31,13 +31,13 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from harness.llamacpp.build import Binaries, find_binaries
 from harness.llamacpp.flags import DEFAULTS, LlamaFlags
-from harness.llamacpp.responses import Completion, SlotResult, parse_completion, sse_events
+from harness.llamacpp.responses import Completion, SlotResult, StreamChunk, parse_completion, sse_events
 
 log = logging.getLogger(__name__)
 
@@ -325,6 +325,15 @@ class LlamaServer:
     def slots(self) -> list[dict[str, Any]]:
         return self._call("GET", "/slots")
 
+    def _body(self, prompt_ids: Sequence[int], n_predict: int, slot: int, cache_prompt: bool, n_probs: int,
+              stream: bool, timings_per_token: bool, ignore_eos: bool, extra: dict[str, Any] | None) -> dict[str, Any]:
+        if n_predict < 1:
+            raise ValueError(f"n_predict must be >= 1, got {n_predict}")
+        return {"prompt": [int(t) for t in prompt_ids], "n_predict": n_predict, "temperature": 0.0,
+                "top_k": 1, "samplers": ["top_k"], "id_slot": slot, "cache_prompt": cache_prompt,
+                "return_tokens": True, "stream": stream, "timings_per_token": timings_per_token,
+                "ignore_eos": ignore_eos, "n_probs": n_probs, **(extra or {})}
+
     def complete(self, prompt_ids: Sequence[int], n_predict: int, *, slot: int = 0, cache_prompt: bool = True,
                  n_probs: int = 0, stream: bool = False, timings_per_token: bool = False,
                  ignore_eos: bool = False, on_token: Callable[[int, float], None] | None = None,
@@ -335,20 +344,22 @@ class LlamaServer:
         `ignore_eos`: keep generating past end-of-generation tokens (llama.cpp then biases them
         to -inf, which changes greedy tokens; the pass-through vocabulary has none to bias).
         `on_token(id, seconds_since_request)`: called per streamed token (needs stream=True)."""
-        if n_predict < 1:
-            raise ValueError(f"n_predict must be >= 1, got {n_predict}")
         if (on_token is not None or timings_per_token) and not stream:
             raise ValueError("on_token and timings_per_token need stream=True (tokens arrive one by one "
                              "only when streamed)")
-        body: dict[str, Any] = {"prompt": [int(t) for t in prompt_ids], "n_predict": n_predict, "temperature": 0.0,
-                                "top_k": 1, "samplers": ["top_k"], "id_slot": slot, "cache_prompt": cache_prompt,
-                                "return_tokens": True, "stream": stream, "timings_per_token": timings_per_token,
-                                "ignore_eos": ignore_eos,
-                                "n_probs": n_probs, **(extra or {})}
+        if stream:
+            chunks = self.stream(prompt_ids, n_predict, slot=slot, cache_prompt=cache_prompt, n_probs=n_probs,
+                                 timings_per_token=timings_per_token, ignore_eos=ignore_eos, extra=extra)
+            for chunk in chunks:
+                for t in chunk.tokens:
+                    if on_token is not None:
+                        on_token(int(t), chunk.t)
+                if chunk.final is not None:
+                    return chunk.final
+            raise AssertionError("unreachable: stream() ends with a final chunk or raises")
+        body = self._body(prompt_ids, n_predict, slot, cache_prompt, n_probs, False, False, ignore_eos, extra)
         t0 = time.perf_counter()
         try:
-            if stream:
-                return self._complete_stream(body, t0, on_token)
             status, out = self._request("POST", "/completion", body)
         except (OSError, http.client.HTTPException) as e:
             raise self._failure(f"POST /completion failed: {type(e).__name__}: {e}") from e
@@ -356,44 +367,55 @@ class LlamaServer:
         if status != 200:
             raise LlamaServerError(f"POST /completion -> HTTP {status}: {out!r}", self.log_tail())
         return parse_completion(out, list(out.get("tokens") or []), wall, None, None, None,
-                           out.get("completion_probabilities"))
+                                out.get("completion_probabilities"))
 
-    def _complete_stream(self, body: dict[str, Any], t0: float,
-                         on_token: Callable[[int, float], None] | None) -> Completion:
+    def stream(self, prompt_ids: Sequence[int], n_predict: int, *, slot: int = 0, cache_prompt: bool = True,
+               n_probs: int = 0, timings_per_token: bool = False, ignore_eos: bool = False,
+               extra: dict[str, Any] | None = None) -> Iterator[StreamChunk]:
+        """The same request streamed: one `StreamChunk` per server event as it arrives (its new
+        tokens, seconds since the request, their top logprobs); the last chunk carries the whole
+        `Completion` as `.final`. A caller that stops iterating early closes the connection."""
+        body = self._body(prompt_ids, n_predict, slot, cache_prompt, n_probs, True, timings_per_token, ignore_eos,
+                          extra)
+        t0 = time.perf_counter()
         conn = http.client.HTTPConnection(HOST, self.port, timeout=self.request_timeout_s)
         tokens: list[int] = []
         times: list[float] = []
         server_ms: list[float] = []
         probs: list[dict] = []
-        final: dict[str, Any] | None = None
         try:
-            conn.request("POST", "/completion", body=json.dumps(body).encode(),
-                         headers={"Content-Type": "application/json"})
-            resp = conn.getresponse()
+            try:
+                conn.request("POST", "/completion", body=json.dumps(body).encode(),
+                             headers={"Content-Type": "application/json"})
+                resp = conn.getresponse()
+            except (OSError, http.client.HTTPException) as e:
+                raise self._failure(f"POST /completion (stream) failed: {type(e).__name__}: {e}") from e
             if resp.status != 200:
                 raise LlamaServerError(f"POST /completion (stream) -> HTTP {resp.status}: {resp.read()!r}",
                                        self.log_tail())
-            for event in sse_events(resp):
-                now = time.perf_counter() - t0
-                new = list(event.get("tokens") or [])
-                tokens += new
-                times += [now] * len(new)
-                if new and "timings" in event:
-                    server_ms += [float(event["timings"]["predicted_ms"])] * len(new)
-                for t in new:
-                    if on_token is not None:
-                        on_token(int(t), now)
-                probs += event.get("completion_probabilities") or []
-                if event.get("stop"):
-                    final = event
-                    break
+            try:
+                for event in sse_events(resp):
+                    now = time.perf_counter() - t0
+                    new = [int(t) for t in event.get("tokens") or []]
+                    tokens += new
+                    times += [now] * len(new)
+                    if new and "timings" in event:
+                        server_ms += [float(event["timings"]["predicted_ms"])] * len(new)
+                    event_probs = event.get("completion_probabilities") or []
+                    probs += event_probs
+                    if event.get("stop"):
+                        wall = time.perf_counter() - t0
+                        final = parse_completion(event, tokens, wall, times[0] if times else None, times,
+                                                 server_ms if len(server_ms) == len(tokens) and tokens else None,
+                                                 probs or None)
+                        yield StreamChunk(new, now, event_probs, final)
+                        return
+                    yield StreamChunk(new, now, event_probs, None)
+            except (OSError, http.client.HTTPException, ValueError) as e:
+                raise self._failure(f"stream broke: {type(e).__name__}: {e}") from e
+            raise self._failure("stream ended without a final event")
         finally:
             conn.close()
-        wall = time.perf_counter() - t0
-        if final is None:
-            raise self._failure("stream ended without a final event")
-        return parse_completion(final, tokens, wall, times[0] if times else None, times,
-                           server_ms if len(server_ms) == len(tokens) and tokens else None, probs or None)
 
     # -------------------------------------------------------- slots
 

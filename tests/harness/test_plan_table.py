@@ -81,8 +81,10 @@ def _tree(root: Path) -> Path:
         f = {**factors, "placement": placement, "cache_capacity": cap}
         rows = []
         for r in range(3):
-            rows += R.make_rows(f, dev, "s", str(i), r, "decode", {"tok_per_s": rate + 10 * r, "hit_rate": 0.5},
-                                "client", extra={"profiler": "none"})
+            rows += R.make_rows(f, dev, "s", str(i), r, "decode", {"tok_per_s": rate + 10 * r}, "client",
+                                extra={"profiler": "none"})
+            rows += R.make_rows(f, dev, "s", str(i), r, "decode", {"tok_per_s": 1.0, "hit_rate": 0.5}, "engine",
+                                extra={"profiler": "none"})          # an engine's own rate: never the client column
             rows += R.make_rows(f, dev, "s", str(i), r, "prefill_fresh", {"tok_per_s": 10 * rate, "ttft_s": 0.05},
                                 "client", extra={"profiler": "none"})
         R.write_job(sweep / str(i), rows, {"t": 1})

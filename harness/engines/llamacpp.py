@@ -1,0 +1,246 @@
+"""`engine=llamacpp`: llama.cpp's server driving the same scenario as our engine, on the same
+weights and the same token ids, so one sweep compares llama.cpp's offload knobs with each other
+and with our placements.
+
+Owns: turning the job into llama.cpp's world -- the model converted to GGUF at
+`engine.weights` (harness.llamacpp.convert, cached), the knobs (`Options`: -ngl, --cpu-moe,
+--n-cpu-moe, -ot, -b, -ctk/-ctv, -fa, the server's host prompt cache; -ub from
+`workload.ubatch`, -c from the session length, -t from the run's threads) checked against this
+build before launch, one server per model and knob set (reused across repeats and jobs, always
+stopped) -- and each phase as llama.cpp requests:
+
+  prefill_fresh         the slot erased, then the context as one request (n_predict=1); the
+                        server must report 0 cached tokens
+  decode                the pending token and gen-1 steps, streamed: each step timed as it
+                        arrives (client) and by the server's own clock (engine)
+  prefill_continuation  the whole history plus the turn, the slot's KV reused (`reused_tokens`
+                        from the server's cached-token count)
+  kv_offload            the slot saved to a file and erased (`saved_state_bytes`)
+  prefill_restored      the slot restored from that file, then continued
+
+Engine-side figures are llama.cpp's own per-request timings (source=engine) and its server
+process's peak RSS; counters it cannot give (bytes over the link, expert-cache hits) are
+null, never 0. Greedy tokens are checked against our exact reference like every engine's, and
+where the server returns top-k logprobs, those against the reference's (`max_abs_logprob_diff`).
+Does not own: building llama.cpp, converting, or the HTTP client (harness.llamacpp).
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.engines.base import EngineAdapter, Produced
+from harness.machine import default_threads
+
+log = logging.getLogger(__name__)
+CONFIGS = ("exact", "defaults")      # exact: f32 KV, flash attention off (reproduces the reference)
+TOP_LOGPROBS = 5
+
+
+@dataclass(frozen=True)
+class LlamaCppOptions:
+    config: str = "exact"                  # exact | defaults: llama.cpp's own choices for -ctk/-ctv/-fa
+    weights: str = "f32"                   # GGUF type: f32 f16 bf16 q8_0 q4_k_m ... (the converter's or llama-quantize's)
+    n_gpu_layers: str | None = None        # -ngl N | auto | all (None: llama.cpp's default)
+    cpu_moe: bool = False                  # --cpu-moe: every layer's experts on the CPU
+    n_cpu_moe: int | None = None           # --n-cpu-moe N: the experts of the first N layers on the CPU
+    override_tensor: str | None = None     # -ot PATTERN=BUFFER[,PATTERN=BUFFER...]
+    batch: int | None = None               # -b: logical batch (tokens)
+    cache_type_k: str | None = None        # -ctk: overrides the config's
+    cache_type_v: str | None = None        # -ctv
+    flash_attn: str | None = None          # -fa on|off|auto: overrides the config's
+    cache_ram: int = 0                     # --cache-ram MiB: the server's host-RAM prompt cache (0: off, so a
+                                           # fresh prefill is fresh; set it to sweep what it buys)
+    top_logprobs: bool = True              # ask for the top-5 logprobs of each token (checked against ours)
+
+    def __post_init__(self) -> None:
+        from harness.llamacpp.convert import GGUF_TYPES
+        if self.config not in CONFIGS:
+            raise ValueError(f"config: allowed {list(CONFIGS)}, got {self.config!r}")
+        if self.weights not in GGUF_TYPES:
+            raise ValueError(f"weights: allowed {sorted(GGUF_TYPES)}, got {self.weights!r}")
+        if self.n_gpu_layers is not None and not (str(self.n_gpu_layers).isdigit()
+                                                  or self.n_gpu_layers in ("auto", "all")):
+            raise ValueError(f"n_gpu_layers: allowed an integer >= 0, 'auto' or 'all', got {self.n_gpu_layers!r}")
+        self.flags(ubatch=None, ctx=None, threads=None)        # the knob checks of LlamaFlags, before any launch
+
+    def flags(self, ubatch: int | None, ctx: int | None, threads: int | None):
+        from harness.llamacpp.flags import DEFAULTS, EXACT
+        base = EXACT if self.config == "exact" else DEFAULTS
+        ngl = int(self.n_gpu_layers) if self.n_gpu_layers is not None and str(self.n_gpu_layers).isdigit() \
+            else self.n_gpu_layers
+        changes = {"n_gpu_layers": ngl, "cpu_moe": self.cpu_moe, "n_cpu_moe": self.n_cpu_moe,
+                   "override_tensor": tuple(p for p in (self.override_tensor or "").split(",") if p),
+                   "batch": self.batch, "ubatch": ubatch, "ctx": ctx, "threads": threads, "cache_ram": self.cache_ram}
+        for knob in ("cache_type_k", "cache_type_v", "flash_attn"):
+            if getattr(self, knob) is not None:
+                changes[knob] = getattr(self, knob)
+        return base.replace(**changes)
+
+
+@dataclass
+class _Session:
+    history: list[int]                     # token ids whose KV the slot holds (the pending token not included)
+    saved: str | None = None               # the slot file of a displaced session
+
+
+class LlamaCppAdapter(EngineAdapter):
+    name = "llamacpp"
+    Options = LlamaCppOptions
+    uses_placement = False            # its offload knobs are engine.*; moebench's placement/cache do not apply
+
+    def __init__(self, spec: Any, options: LlamaCppOptions) -> None:
+        from harness.engines import session_tokens_of
+        from harness.llamacpp.build import find_binaries
+        from harness.llamacpp.convert import convert, convert_preset
+        from harness.llamacpp.server import LlamaServer
+
+        if spec.workload.batch != 1:
+            raise ValueError(f"engine=llamacpp: workload.batch={spec.workload.batch}; this adapter drives one "
+                             "server slot per job, so allowed: workload.batch=1")
+        self.options = options
+        self.binaries = find_binaries()        # a clear error saying how to build when missing
+        threads = spec.run.threads or default_threads()
+        self.flags = options.flags(spec.workload.ubatch, session_tokens_of(spec) + 1, threads)
+        self.flags.server_argv(self.binaries.server)           # validated against this build before launch
+        self.gguf = (convert(spec.model.path, options.weights) if spec.model.path else
+                     convert_preset(spec.model.name, spec.model.seed, options.weights, cfg=spec.model_config))
+        self.workdir = Path(tempfile.mkdtemp(prefix="moebench-llamacpp-"))
+        self.server = LlamaServer(self.gguf.path, self.flags, log_path=self.workdir / "llama-server.log",
+                                  binaries=self.binaries, slot_save_path=self.workdir / "slots").start()
+        backend = (self.binaries.info.backend if self.binaries.info else "unknown").lower()
+        self.device_kind = "cuda" if "cuda" in backend else "cpu"
+        self.device_name = f"llama.cpp {backend}"
+        self.emulated = False
+        self._metrics: dict[str, float | None] = {}
+        self._log_offset = 0
+
+    @classmethod
+    def build(cls, spec: Any, options: Any, **kw: Any) -> "LlamaCppAdapter":
+        return cls(spec, options)
+
+    # --- rows ---------------------------------------------------------------------------------
+    def knobs(self) -> dict[str, Any]:
+        """llama.cpp's knobs under their row names (harness.llamacpp.flags.KNOB_COLUMNS; `threads` and
+        `ubatch` are the run's own columns too, with the same values), the configuration and weights."""
+        out = dict(self.flags.as_factors())
+        out.update(llamacpp_config=self.options.config, gguf_type=self.options.weights,
+                   llamacpp_commit=self.gguf.llama_cpp_commit)
+        return out
+
+    def phase_metrics(self) -> dict[str, float | None]:
+        out, self._metrics = self._metrics, {}
+        out["peak_host_rss_bytes"] = self.server.peak_rss_bytes()     # the server process, not the harness
+        return out
+
+    def reset_device_peak(self) -> None:
+        self.server.reset_peak_rss()
+
+    def save_artifacts(self, job_dir: Path) -> None:
+        """This job's part of the server log, into the job dir."""
+        log_path = self.server.log_path
+        if log_path.is_file():
+            with open(log_path, "rb") as f:
+                f.seek(self._log_offset)
+                data = f.read()
+            self._log_offset += len(data)
+            job_dir.mkdir(parents=True, exist_ok=True)
+            (job_dir / "llama-server.log").write_bytes(data)
+
+    # --- the scenario ---------------------------------------------------------------------------
+    def new_session(self, batch: int) -> _Session:
+        self.server.slot_erase(0)
+        return _Session([])
+
+    def _probs(self) -> int:
+        return TOP_LOGPROBS if self.options.top_logprobs else 0
+
+    def prefill(self, sess: _Session, rows: list[list[int]]) -> Produced:
+        fresh = not sess.history
+        prompt = [*sess.history, *rows[0]]
+        r = self.server.complete(prompt, 1, cache_prompt=True, n_probs=self._probs())
+        t = r.timings
+        if fresh and t.cache_n:
+            raise RuntimeError(f"llama-server reused {t.cache_n} cached tokens for a fresh prefill (its prompt cache "
+                               "is on? engine.cache_ram=0 turns it off)")
+        self._metrics.update(time_s=t.prompt_ms / 1e3, tokens=float(t.prompt_n), tok_per_s=t.prefill_tok_per_s,
+                             reused_tokens=None if t.cache_n is None else float(t.cache_n))
+        sess.history = prompt
+        return Produced([r.tokens[0]], top_logprobs=[_top(r.top_logprobs, 0)])
+
+    def decode(self, sess: _Session, tokens: list[int], steps: int) -> Iterator[Produced]:
+        prompt = [*sess.history, tokens[0]]
+        made: list[int] = []
+        chunks = self.server.stream(prompt, steps, cache_prompt=True, n_probs=self._probs(), timings_per_token=True)
+        final = None
+        for chunk in chunks:
+            for i, tok in enumerate(chunk.tokens):
+                made.append(tok)
+                probs = chunk.probs[i] if i < len(chunk.probs) else None
+                yield Produced([tok], top_logprobs=[_top_one(probs)])
+            final = chunk.final or final
+        if final is None:
+            raise RuntimeError("llama-server's stream ended without its timings")
+        t = final.timings
+        per_step = _diffs(final.token_server_ms)
+        self._metrics.update(time_s=(t.prompt_ms + t.predicted_ms) / 1e3, tokens=float(len(made)),
+                             tok_per_s=len(made) / ((t.prompt_ms + t.predicted_ms) / 1e3)
+                             if t.prompt_ms + t.predicted_ms > 0 else None)
+        if per_step:
+            from harness.measure import percentile
+            self._metrics.update({f"tpot_s_p{q}": percentile(per_step, q) for q in (50, 90, 99)})
+        sess.history = [*prompt, *made[:-1]]
+
+    def offload(self, sess: _Session) -> None:
+        name = f"slot-{id(sess)}.bin"
+        r = self.server.slot_save(0, name)
+        self.server.slot_erase(0)
+        sess.saved = name
+        self._metrics.update(time_s=None if r.ms is None else r.ms / 1e3,
+                             saved_state_bytes=None if r.bytes is None else float(r.bytes))
+
+    def restore(self, sess: _Session) -> None:
+        if sess.saved is None:
+            raise RuntimeError("restore() of a session that was not offloaded")
+        r = self.server.slot_restore(0, sess.saved)
+        if r.tokens != len(sess.history):
+            raise RuntimeError(f"llama-server restored {r.tokens} tokens of a {len(sess.history)}-token session")
+        self._metrics["restore_s"] = None if r.ms is None else r.ms / 1e3
+
+    def close_session(self, sess: _Session) -> None:
+        if sess.saved is not None:
+            (self.workdir / "slots" / sess.saved).unlink(missing_ok=True)
+        self.server.slot_erase(0)
+
+    def reset(self) -> None:
+        self.server.slot_erase(0)
+
+    def close(self) -> None:
+        if getattr(self, "server", None) is not None:
+            self.server.stop()
+            self.server = None
+        shutil.rmtree(getattr(self, "workdir", ""), ignore_errors=True)
+
+
+def _top_one(prob: dict[str, Any] | None) -> dict[int, float] | None:
+    if not prob:
+        return None
+    return {int(c["id"]): float(c["logprob"]) for c in prob.get("top_logprobs", [])}
+
+
+def _top(top: list | None, i: int) -> dict[int, float] | None:
+    if not top or i >= len(top):
+        return None
+    return {c.id: c.logprob for c in top[i]}
+
+
+def _diffs(cumulative_ms: list[float] | None) -> list[float]:
+    """Per-step seconds from the server's cumulative decode clock (one value per token)."""
+    if not cumulative_ms or len(cumulative_ms) < 2:
+        return []
+    return [(b - a) / 1e3 for a, b in zip(cumulative_ms, cumulative_ms[1:])]
