@@ -31,7 +31,7 @@ import torch
 
 from engine import Engine
 from engine.config import ModelConfig
-from harness.costmodel.timemodel import DTYPE_BYTES, phase_events, physical_terms
+from harness.costmodel.timemodel import phase_events, physical_terms
 from harness.costmodel.profiles import HardwareProfile, Overheads
 from harness.costmodel.work import EVENTS, PassWork, PhaseWork, PlacementSpec
 from harness.measure import sync
@@ -250,17 +250,47 @@ def run_probes(device: str = "cpu", dtype: str = "float32", quick: bool = False)
 def fit_overheads(probes: list[Probe], profile: HardwareProfile, dtype: str = "float32") -> tuple[Overheads, list[dict]]:
     """Non-negative least squares on relative error: for each probe,
     measured = compute_scale * compute + exposed copies + sum_e cost_e * events_e,
-    divided through by measured, with compute and copies from the profile's rates.
+    divided through by measured, with compute and copies from the profile's rates at `dtype`.
 
-    One refit drops outliers -- probes off by more than max(25%, 3x the median error), which
-    on a shared machine are repeats that all met a busy moment -- and reports them. Returns
-    the overheads and, per probe, measured vs fitted time (the fit's own residuals)."""
-    dt = DTYPE_BYTES[dtype]
+    The exposed copies of copies issued ahead depend on the fitted per-expert costs they hide
+    under (harness.costmodel.timemodel.physical_terms), so the fit is repeated with the
+    previous round's overheads until they settle (a few rounds; the hidden part is small).
+    Each round's one refit drops outliers -- probes off by more than max(25%, 3x the median
+    error), which on a shared machine are repeats that all met a busy moment -- and reports
+    them. Returns the overheads and, per probe, measured vs fitted time (the fit's residuals)."""
+    fitted_ovh = Overheads()
+    for _ in range(ROUNDS):
+        coef, keep, X_, y_, c_ = _fit_round(probes, profile, dtype, fitted_ovh)
+        previous, fitted_ovh = fitted_ovh, Overheads(compute_scale=float(coef[0]),
+                                                     **{e: float(c) for e, c in zip(EVENTS, coef[1:])})
+        if np.allclose([previous.compute_scale, *previous.as_dict().values()],
+                       [fitted_ovh.compute_scale, *fitted_ovh.as_dict().values()], rtol=1e-3, atol=1e-9):
+            break
+    fitted = c_ + X_ @ coef
+    report = [{"probe": p.label, "measured_s": p.time_s, "compute_s": x[0] * coef[0], "fitted_s": f,
+               "rel_err": (f - p.time_s) / p.time_s, "used": bool(k)}
+              for p, x, f, k in zip(probes, X_, fitted, keep)]
+    errs = np.abs([r["rel_err"] for r in report])
+    if not keep.all():
+        log.info("overhead fit: excluded outlying probes %s", [r["probe"] for r in report if not r["used"]])
+    info = {"probes": len(probes), "excluded": [r["probe"] for r in report if not r["used"]],
+            "fit_median_abs_rel_err": float(np.median(errs[keep])), "fit_max_abs_rel_err": float(errs[keep].max()),
+            "torch_threads": torch.get_num_threads(), "statistic": "fastest of the repeats", "dtype": dtype,
+            "fitted_on": f"{PRESET} variants (2/6 layers, top-1/2/4); see harness/costmodel/fit.py"}
+    return dataclasses.replace(fitted_ovh, info=info), report
+
+
+ROUNDS = 4
+
+
+def _fit_round(probes: list[Probe], profile: HardwareProfile, dtype: str, hide: Overheads
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One round of the fit, with copies issued ahead hidden under `hide`'s per-expert costs."""
     X, y, copies = [], [], []
     for p in probes:
-        terms = physical_terms(p.cfg, p.work, profile, dt, p.placement, "auto")
+        terms = physical_terms(p.cfg, p.work, profile, dtype, p.placement, "auto", hide)
         ev = phase_events(p.cfg, p.work)
-        X.append([terms["compute_s"], *[ev[e] for e in EVENTS]])
+        X.append([terms["compute_s"] / hide.compute_scale, *[ev[e] for e in EVENTS]])
         y.append(p.time_s)
         copies.append(terms["exposed_copy_s"])
     X_, y_, c_ = np.asarray(X), np.asarray(y), np.asarray(copies)
@@ -274,19 +304,7 @@ def fit_overheads(probes: list[Probe], profile: HardwareProfile, dtype: str = "f
         if not outlier.any() or outlier.sum() > len(y_) // 4 or (keep == ~outlier).all():
             break
         keep = ~outlier
-    fitted = c_ + X_ @ coef
-    report = [{"probe": p.label, "measured_s": p.time_s, "compute_s": x[0] * coef[0], "fitted_s": f,
-               "rel_err": (f - p.time_s) / p.time_s, "used": bool(k)}
-              for p, x, f, k in zip(probes, X_, fitted, keep)]
-    errs = np.abs([r["rel_err"] for r in report])
-    if not keep.all():
-        log.info("overhead fit: excluded outlying probes %s", [r["probe"] for r in report if not r["used"]])
-    info = {"probes": len(probes), "excluded": [r["probe"] for r in report if not r["used"]],
-            "fit_median_abs_rel_err": float(np.median(errs[keep])), "fit_max_abs_rel_err": float(errs[keep].max()),
-            "torch_threads": torch.get_num_threads(), "statistic": "fastest of the repeats",
-            "fitted_on": f"{PRESET} variants (2/6 layers, top-1/2/4); see harness/costmodel/fit.py"}
-    return Overheads(compute_scale=float(coef[0]), **{e: float(c) for e, c in zip(EVENTS, coef[1:])},
-                     info=info), report
+    return coef, keep, X_, y_, c_
 
 
 def _solve(X: np.ndarray, y: np.ndarray, copies: np.ndarray) -> np.ndarray:

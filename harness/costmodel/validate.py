@@ -31,7 +31,8 @@ import numpy as np
 import pandas as pd
 
 from engine.config import PRESETS
-from harness.costmodel.timemodel import DTYPE_BYTES, predict
+from engine.dtypes import DTYPE_NAMES, dtype_bytes
+from harness.costmodel.timemodel import predict
 from harness.costmodel.profiles import HardwareProfile
 from harness.costmodel.work import PHASES, PlacementSpec, Routing, WorkloadShape, expert_bytes, kv_bytes
 from harness.results import FACTOR_COLUMNS
@@ -102,7 +103,7 @@ def predict_for(measured: pd.DataFrame, profile: HardwareProfile, *, counts: str
         options = ast.literal_eval(key["placement_options"]) if key.get("placement_options") else {}
         capacity = _capacity(key, job)
         spec = PlacementSpec.from_options(key["placement"], capacity, key["cache_policy"], options)
-        dtype = key["dtype"] if key["dtype"] in DTYPE_BYTES else "float32"
+        dtype = key["dtype"] if key["dtype"] in DTYPE_NAMES else "float32"
         phase_counts = _measured_counts(job, cfg, spec, shape, dtype) if counts == "measured" else None
         p = predict(cfg, spec, shape, profile, dtype=dtype, routing=routing, counts=phase_counts, overlap=overlap)
         p.model = key["model"]
@@ -123,7 +124,7 @@ def _measured_counts(job: pd.DataFrame, cfg, spec: PlacementSpec, shape: Workloa
                      dtype: str) -> dict[str, dict[str, float]]:
     """Per phase: measured hits/misses, and for stream the experts it streamed (from bytes)."""
     out: dict[str, dict[str, float]] = {}
-    dt = DTYPE_BYTES[dtype]
+    dt = dtype_bytes(dtype)
     eb = expert_bytes(cfg, dt)
     for phase in PHASES:
         c: dict[str, float] = {}
