@@ -14,22 +14,24 @@ Does not own: the work itself (harness.costmodel.work), profiles, calibration, v
 
 Per forward pass (all terms in seconds):
 
-    compute  = s * [roof(dense) + roof(attention) + sum_layers roof(experts on device)  [device rates]
-                    + sum_layers roof(experts on CPU)]                                  [CPU rates]
+    compute  = roof(dense) + roof(attention) + sum_layers roof(experts on device)      [device rates]
+               + sum_layers roof(experts on CPU)                                      [CPU rates]
     copies   = misses * expert_bytes / h2d  +  activations (cpu/hybrid) / d2h, h2d  +  streamed experts / h2d
     exposed  = the part of `copies` not hidden under compute (overlap rule below)
     overhead = sum over events (pass, layer, expert, row, slot, score, lookup, miss, cpu layer) of count * fitted cost
     time     = compute + exposed + overhead;     prefill_restored adds kv_bytes / h2d + restore overhead
 
-roof(flops, bytes) = max(flops / FLOP rate, bytes / bandwidth). Rates are the profile's at the
+roof(flops, bytes) = max(s * flops / FLOP rate, bytes / bandwidth). Rates are the profile's at the
 run's dtype (`HardwareProfile.rate`): FLOP/s per dtype, and for weight reads (dense and expert
 matmuls) the GEMV rate at that dtype where the profile has one, else the memory bandwidth; a
 FLOP rate the profile lacks for the dtype is refused, never borrowed from another dtype.
 Attention counts the full T x S score rectangle the engine's SDPA call computes (mask
 applied, nothing skipped) and its K/V read once at K heads (enable_gqa). s is
 `Overheads.compute_scale`: 1 for a datasheet profile (peak rates); for a calibrated one a
-fitted scale that, with the per-row/slot/score costs, accounts for how far the engine's small
-matmuls and elementwise work are from the profile's large-GEMM rate.
+fitted scale that, with the per-row/slot/score costs, accounts for how far the engine's small,
+oddly shaped matmuls and elementwise work are from the profile's large-GEMM FLOP rate. It
+scales the FLOP side only: the bytes side is already an achieved rate (GEMV, copy), and a
+weight-read-bound matmul (one decode token through a large expert) runs at it.
 
 Overlap (`overlap=`): "auto" follows the engine, asking the placement's traits --
   * cache misses with `traits.issue_ahead` (fetch's default): a layer's misses are queued on
@@ -298,19 +300,26 @@ def physical_terms(cfg: ModelConfig, work: PhaseWork, hw: HardwareProfile, dtype
                    placement: PlacementSpec, overlap: Overlap, overheads: Overheads = Overheads()) -> dict[str, float]:
     """Compute, copy and exposed-copy seconds and bytes moved of a phase, overheads excluded --
     except that the fixed per-expert overheads (expert_s, slot_s) count as compute that copies
-    issued ahead hide under, and compute is scaled by `overheads.compute_scale`."""
+    issued ahead hide under, and the FLOP side of each roof is scaled by `overheads.compute_scale`."""
     tr = placement.traits(cfg)
     r = rates(hw, dtype, tr, why=f"placement={placement.name}")
     s = overheads.compute_scale
     dtype_b = dtype_bytes(dtype)
-    compute = copy_busy = exposed = h2d_bytes = d2h_bytes = 0.0
+    compute = flop_bound = copy_busy = exposed = h2d_bytes = d2h_bytes = 0.0
+
+    def roof(flops: Any, nbytes: Any, rate: float, bw: float) -> Any:
+        nonlocal flop_bound
+        t_f, t_b = flops / rate, nbytes / bw
+        by_flops = s * t_f >= t_b
+        flop_bound += float(np.sum(np.where(by_flops, t_f, 0.0)))
+        return np.where(by_flops, s * t_f, t_b)
     for p in work.passes:
         f = pass_flops(cfg, p, dtype_b)
-        dev_experts = s * np.maximum(f.dev_expert_flops / r.dev_flops, f.dev_expert_bytes / r.dev_weights)  # [M]
-        cpu_experts = s * np.maximum(f.cpu_expert_flops / r.cpu_flops, f.cpu_expert_bytes / r.cpu_weights)  # [M]
-        comp = (s * (max(f.dense_flops / r.dev_flops, f.dense_bytes / r.dev_weights)
-                     + max(f.attn_flops / r.dev_flops, f.attn_bytes / r.dev_mem))
-                + dev_experts.sum() + cpu_experts.sum())
+        dev_experts = roof(f.dev_expert_flops, f.dev_expert_bytes, r.dev_flops, r.dev_weights)       # [M]
+        cpu_experts = roof(f.cpu_expert_flops, f.cpu_expert_bytes, r.cpu_flops, r.cpu_weights)       # [M]
+        comp = float(roof(f.dense_flops, f.dense_bytes, r.dev_flops, r.dev_weights)
+                     + roof(f.attn_flops, f.attn_bytes, r.dev_flops, r.dev_mem)
+                     + dev_experts.sum() + cpu_experts.sum())
         misses = f.miss_bytes / r.h2d                                                             # [M]
         act = f.act_d2h_bytes / r.d2h + f.act_h2d_bytes / r.h2d
         stream = f.stream_bytes / r.h2d                                                           # [M]
@@ -340,7 +349,8 @@ def physical_terms(cfg: ModelConfig, work: PhaseWork, hw: HardwareProfile, dtype
         exposed += restore_copy          # the restore finishes before the turn's prefill starts
         h2d_bytes += kv
     out = {"compute_s": compute, "copy_busy_s": copy_busy, "exposed_copy_s": exposed, "physical_s": compute + exposed,
-           "restore_copy_s": restore_copy, "h2d_bytes": h2d_bytes, "d2h_bytes": d2h_bytes}
+           "restore_copy_s": restore_copy, "h2d_bytes": h2d_bytes, "d2h_bytes": d2h_bytes,
+           "flop_bound_s": flop_bound}     # the FLOP-bound pieces' unscaled seconds (compute_s's part that s scales)
     return {k: float(v) for k, v in out.items()}
 
 

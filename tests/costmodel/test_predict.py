@@ -191,6 +191,21 @@ def test_weight_reads_use_the_gemv_rate_of_the_dtype():
     assert resident.compute_s > 8 * 4 * 2 * eb / 2e9          # the device's weight reads too
 
 
+def test_compute_scale_scales_the_flop_side_of_the_roof_only():
+    """A fitted compute_scale is the engine's FLOP efficiency at small matmuls; a weight-read-
+    bound matmul already runs at the achieved (GEMV) rate, so it is not scaled."""
+    from harness.costmodel import Overheads
+    hw = _rates_profile()                                   # 1 TFLOP/s, ample bandwidth: all FLOP-bound
+    shape = WorkloadShape(context_tokens=512, gen_tokens=9)
+    one = predict("tiny-mixtral", "resident", shape, hw).phases
+    three = predict("tiny-mixtral", "resident", shape, hw, overheads=Overheads(compute_scale=3.0)).phases
+    assert three["prefill_fresh"].compute_s == pytest.approx(3 * one["prefill_fresh"].compute_s)
+    slow = hw.replace(dtype_rates={"float32": {"device_gemv_gbps": 1e-3}})     # every weight read bound by 1 MB/s
+    a = predict("tiny-mixtral", "resident", shape, slow).phases["decode"]
+    b = predict("tiny-mixtral", "resident", shape, slow, overheads=Overheads(compute_scale=3.0)).phases["decode"]
+    assert b.compute_s == pytest.approx(a.compute_s, rel=1e-6)     # attention (KV, ample bandwidth) is ~1e-6 of it
+
+
 def test_uniform_routing_gives_lru_hit_rate_capacity_over_experts():
     shape = WorkloadShape(context_tokens=64, gen_tokens=801)
     d = predict("tiny-mixtral", "fetch", shape, "rtx4090-pcie4-x16", capacity=4).phases["decode"]
