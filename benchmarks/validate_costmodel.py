@@ -11,11 +11,13 @@
       with `issue_ahead` on and off, where copies are real memcpys on the copy worker thread
       and most of a decode step; its timeline pass is on, so the measured copy_busy_s and
       exposed_copy_s check the copy term itself.
-3. Predict every measured job and report |error| of time_s per placement two ways: hits and
-   misses simulated from the job's recorded routing through its cache policy (the honest
-   prediction, the headline) and taken from the measured rows (the time model alone) --
-   against the median repeat and the fastest repeat; the regime separately, by phase, with
-   the copy metrics beside it.
+3. Predict every measured job and report |error| of time_s per placement with hits and misses
+   simulated from routing replayed through the job's cache policy -- the job's recorded trace
+   (the headline), and uniform routing (nothing measured about the run goes in) -- and taken
+   from the measured rows (the time model alone), against the median repeat and the fastest
+   repeat; the regime separately, by phase, with the copy metrics beside it. Replaying a job's
+   own trace reproduces the engine's hits and misses exactly (tests/costmodel/test_predict.py),
+   so the trace and measured lines differ only where the model spreads totals differently.
 
 Run: `python benchmarks/validate_costmodel.py [--quick] [--threads N] [--repeats 5] [--out DIR]`
 (not a test; several minutes on 2 cores; re-running with the same --out reuses the measured
@@ -30,6 +32,7 @@ Target: median |error| of time_s <= 25%.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import subprocess
 import sys
@@ -75,17 +78,30 @@ def pct(v: float) -> str:
     return "n/a" if pd.isna(v) else f"{v:.1%}"
 
 
-def markdown(summary: pd.DataFrame, key: str) -> str:
+WAY_LABELS = {"simulated": "trace", "uniform": "uniform", "measured": "measured"}
+
+
+def markdown(summary: pd.DataFrame, key: str, ways: tuple[str, ...]) -> str:
     """A summarize_two_ways table as the README's markdown table."""
-    lines = [f"| {key} | n | simulated: median | p90 | max | measured: median | p90 | max |", "|---" * 8 + "|"]
+    head = " | ".join(f"{WAY_LABELS[w]}: median | p90 | max" for w in ways)
+    lines = [f"| {key} | n | {head} |", "|---" * (2 + 3 * len(ways)) + "|"]
     for _, r in summary.iterrows():
         name = str(r[key])
-        bold = name == "all"
-        cell = (lambda v: f"**{v}**") if bold else (lambda v: v)
-        lines.append(f"| {cell(name)} | {int(r['n'])} | {cell(pct(r['simulated_median']))} | {pct(r['simulated_p90'])} "
-                     f"| {pct(r['simulated_max'])} | {cell(pct(r['measured_median']))} | {pct(r['measured_p90'])} "
-                     f"| {pct(r['measured_max'])} |")
+        cell = (lambda v: f"**{v}**") if name == "all" else (lambda v: v)
+        body = " | ".join(f"{cell(pct(r[f'{w}_median']))} | {pct(r[f'{w}_p90'])} | {pct(r[f'{w}_max'])}" for w in ways)
+        lines.append(f"| {cell(name)} | {int(r['n'])} | {body} |")
     return "\n".join(lines)
+
+
+def three_ways(meas: pd.DataFrame, profile, inputs: dict, stat: str, traced: bool) -> tuple[pd.DataFrame, tuple[str, ...]]:
+    """two_ways, plus (when jobs recorded traces) the simulated counts from uniform routing, counts="uniform"."""
+    from harness.costmodel.validate import compare, predict_for, two_ways
+    table = two_ways(meas, profile, inputs=inputs, stat=stat)
+    if not traced:
+        return table, ("simulated", "measured")
+    untraced = {k: dataclasses.replace(v, trace=None) for k, v in inputs.items()}
+    uniform = compare(predict_for(meas, profile, inputs=untraced), meas, stat=stat).assign(counts="uniform")
+    return pd.concat([table, uniform], ignore_index=True), ("simulated", "uniform", "measured")
 
 
 def main() -> None:
@@ -112,8 +128,7 @@ def main() -> None:
     from harness import results
     from harness.costmodel import save_profile
     from harness.costmodel.calibrate import measure
-    from harness.costmodel.validate import (compare, job_inputs, predict_for, summarize, summarize_two_ways,
-                                            two_ways)
+    from harness.costmodel.validate import compare, job_inputs, predict_for, summarize, summarize_two_ways
 
     root = Path(__file__).resolve().parents[1]
     out = Path(args.out) if args.out else root / "results" / "costmodel" / time.strftime("%Y%m%d-%H%M%S")
@@ -157,29 +172,30 @@ def main() -> None:
     parts = {"main": measured[~regime], "copy-bound": measured[regime]}
     md = [f"torch threads {torch.get_num_threads()}; load average {load_before[0]:.2f} before, {load_after[0]:.2f} "
           f"after the sweeps; calibration {'quick' if args.quick else 'full'}; routing: "
-          f"{'uniform synthetic' if args.no_trace else 'each job s recorded trace'}"]
+          f"{'uniform synthetic' if args.no_trace else 'the recorded trace of each job'}"]
     lines = []
+    traced = any(i.trace is not None for i in inputs.values())
     for stat in ("median", "best"):
         for name, meas in parts.items():
             if meas.empty:
                 continue
-            table = two_ways(meas, profile, inputs=inputs, stat=stat)
+            table, ways = three_ways(meas, profile, inputs, stat, traced)
             table.to_csv(out / f"comparison_{name}_{stat}.csv", index=False)
             by = ("placement",) if name == "main" else ("placement_options",)
-            summary = summarize_two_ways(table, by=by)
-            print(f"\n3. {name}: time_s |error| vs the {stat} measured repeat, hits/misses simulated from routing "
-                  f"(headline) | measured:")
+            summary = summarize_two_ways(table, by=by, ways=ways)
+            print(f"\n3. {name}: time_s |error| vs the {stat} measured repeat; hits/misses "
+                  f"{' | '.join(WAY_LABELS[w] for w in ways)}:")
             print(summary.to_string(**fmt))
             if stat == "median":
-                md += [f"\n{name}, vs the median repeat:\n", markdown(summary, by[0])]
-                by_phase = summarize_two_ways(table, by=("phase",))
+                md += [f"\n{name}, vs the median repeat:\n", markdown(summary, by[0], ways)]
+                by_phase = summarize_two_ways(table, by=("phase",), ways=ways)
                 print("   by phase:")
                 print(by_phase.to_string(**fmt))
-                md += [f"\n{name}, by phase:\n", markdown(by_phase, "phase")]
-            for counts in ("simulated", "measured"):
+                md += [f"\n{name}, by phase:\n", markdown(by_phase, "phase", ways)]
+            for counts in ways:
                 s = summarize(table[table["counts"] == counts])
                 a = s[s["placement"] == "all"].iloc[0]
-                lines.append((name, counts, stat, a["median_abs_err"], a["p90_abs_err"], a["max_abs_err"]))
+                lines.append((name, WAY_LABELS[counts], stat, a["median_abs_err"], a["p90_abs_err"], a["max_abs_err"]))
     if parts["copy-bound"].shape[0]:
         meas = parts["copy-bound"]
         pred = predict_for(meas, profile, counts="measured", inputs=inputs)

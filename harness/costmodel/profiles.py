@@ -23,7 +23,7 @@ group option). Datasheet profiles have none: predictions with them are the bytes
 bound of the hardware, with zero software overhead.
 
 Rates per dtype: what a matmul achieves depends on its dtype (on this machine's CPU a bf16
-GEMM runs ~3x faster than fp32 while a bf16 GEMV reads weights ~2.5x slower), so the
+GEMM ran 3-7x faster than fp32 while a bf16 GEMV read weights ~2x slower), so the
 dtype-dependent figures (`RATE_FIGURES`) are kept per dtype. `device_tflops` and `cpu_gflops`
 are the figures at the profile's `dtype`; `dtype_rates` holds those of other dtypes and the
 GEMV weight-read rates: {float32: {device_tflops: 82.6, cpu_gflops: 1600.0}, ...}.

@@ -254,15 +254,16 @@ def two_ways(measured: pd.DataFrame, profile: HardwareProfile, *, inputs: Mappin
                               measured, metrics=metrics, stat=stat) for c in COUNTS], ignore_index=True)
 
 
-def summarize_two_ways(table: pd.DataFrame, by: Sequence[str] = ("placement",), metric: str = "time_s") -> pd.DataFrame:
-    """One row per `by` group (and "all"): n and median/p90/max |error| with simulated counts
-    (the headline), then the same with measured counts."""
+def summarize_two_ways(table: pd.DataFrame, by: Sequence[str] = ("placement",), metric: str = "time_s",
+                       ways: Sequence[str] = COUNTS) -> pd.DataFrame:
+    """One row per `by` group (and "all"): n and median/p90/max |error| of each `counts` label
+    in `ways` (default: simulated -- the headline -- then measured), columns `<way>_median`, ..."""
     parts = []
-    for c in COUNTS:
+    for c in ways:
         s = summarize(table[table["counts"] == c], by=by, metric=metric).set_index(list(by))
         cols = ["median_abs_err", "p90_abs_err", "max_abs_err"]
-        parts.append(s[(["n"] if c == COUNTS[0] else []) + cols].rename(columns={k: f"{c}_{k.removesuffix('_abs_err')}"
-                                                                               for k in cols}))
+        parts.append(s[(["n"] if c == ways[0] else []) + cols].rename(columns={k: f"{c}_{k.removesuffix('_abs_err')}"
+                                                                             for k in cols}))
     return pd.concat(parts, axis=1).reset_index()
 
 

@@ -128,6 +128,8 @@ def test_two_ways_in_one_table_and_one_summary():
     t = table[(table["metric"] == "time_s")]
     for c in ("simulated", "measured"):
         assert s.loc["all", f"{c}_max"] == pytest.approx(t[t["counts"] == c]["abs_err"].max())
+    one = summarize_two_ways(table, ways=("measured",))           # any labels of `counts`, in the order given
+    assert list(one.columns) == ["placement", "n", "measured_median", "measured_p90", "measured_max"]
 
 
 def test_streamed_experts_are_read_from_the_expert_bytes_moved():
