@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
@@ -90,9 +90,13 @@ class HardwareConf:
     device_tflops: Optional[float] = None    # dense matmul TFLOP/s at the profile's dtype
     device_mem_gbps: Optional[float] = None  # device memory bandwidth GB/s
     device_memory_gib: Optional[float] = None
-    cpu_gflops: Optional[float] = None       # CPU matmul GFLOP/s (all cores)
+    cpu_gflops: Optional[float] = None       # CPU matmul GFLOP/s (all cores) at the profile's dtype
     cpu_mem_gbps: Optional[float] = None     # host RAM bandwidth GB/s
-    dtype: Optional[str] = None              # dtype the FLOP/s figures are for
+    dtype: Optional[str] = None              # dtype device_tflops and cpu_gflops are for
+    # the dtype-dependent figures of other dtypes (and GEMV weight-read GB/s), per dtype name:
+    # {bfloat16: {device_tflops: .., cpu_gflops: .., device_gemv_gbps: .., cpu_gemv_gbps: ..}}
+    # (harness.costmodel.profiles.RATE_FIGURES)
+    dtype_rates: Optional[Dict[str, Dict[str, float]]] = None
     notes: Optional[str] = None
 
 

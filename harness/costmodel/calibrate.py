@@ -241,6 +241,7 @@ def micro_benchmarks(kind: str, dtype: str, quick: bool) -> dict[str, Any]:
     if kind == "cuda":
         raw["gpu_gemm_gflops"] = gemm_rates("cuda", dtypes + ["float16"], (2048, 4096) if quick else (1024, 4096, 8192),
                                             reps)
+        raw["gpu_gemv_gbps"] = gemv_rates("cuda", dtypes + ["float16"], 256 if quick else 1024, reps)
         raw["gpu_mem_gbps"] = device_copy_bandwidth(256 if quick else 1024, reps)
         raw["cuda_links"] = cuda_links(link_bytes if quick else 256 << 20, reps)
         raw["cupy_links"] = cupy_links(link_bytes if quick else 256 << 20, reps)
@@ -264,21 +265,45 @@ def _better(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 
 def _profile(raw: dict[str, Any], kind: str, dtype: str, name: str) -> HardwareProfile:
     cpu_rate = _best(raw["cpu_gemm_gflops"], dtype)
+    common = {"name": name, "source": "measured", "cpu_gflops": round(cpu_rate, 1),
+              "cpu_mem_gbps": round(raw["cpu_ram_gbps"], 2), "dtype": dtype,
+              "dtype_rates": _dtype_rates(raw, kind, dtype), "notes": None}
     if kind == "cuda":
         props = torch.cuda.get_device_properties(0)
         return HardwareProfile(
-            name=name, source="measured", link=_pcie_link() or "PCIe (generation/width unknown: no NVML)",
+            **{**common, "notes": _notes(raw, kind, dtype, torch.cuda.get_device_name(0))},
+            link=_pcie_link() or "PCIe (generation/width unknown: no NVML)",
             h2d_gbps=round(raw["cuda_links"]["h2d_pinned"], 2), d2h_gbps=round(raw["cuda_links"]["d2h_pinned"], 2),
             device_tflops=round(_best(raw["gpu_gemm_gflops"], dtype) / 1e3, 3),
-            device_mem_gbps=round(raw["gpu_mem_gbps"], 1), device_memory_gib=round(props.total_memory / 2**30, 2),
-            cpu_gflops=round(cpu_rate, 1), cpu_mem_gbps=round(raw["cpu_ram_gbps"], 2), dtype=dtype,
-            notes=_notes(raw, kind, dtype, torch.cuda.get_device_name(0)))
+            device_mem_gbps=round(raw["gpu_mem_gbps"], 1), device_memory_gib=round(props.total_memory / 2**30, 2))
     return HardwareProfile(
-        name=name, source="measured", link="emulated (memcpy on the engine's copy worker thread)",
+        **{**common, "notes": _notes(raw, kind, dtype, "cpu (emulated device)")},
+        link="emulated (memcpy on the engine's copy worker thread)",
         h2d_gbps=round(raw["emulated_link_gbps"]["h2d"], 2), d2h_gbps=round(raw["emulated_link_gbps"]["d2h"], 2),
-        device_tflops=round(cpu_rate / 1e3, 4), device_mem_gbps=round(raw["cpu_ram_gbps"], 2),
-        device_memory_gib=None, cpu_gflops=round(cpu_rate, 1), cpu_mem_gbps=round(raw["cpu_ram_gbps"], 2),
-        dtype=dtype, notes=_notes(raw, kind, dtype, "cpu (emulated device)"))
+        device_tflops=round(cpu_rate / 1e3, 4), device_mem_gbps=round(raw["cpu_ram_gbps"], 2), device_memory_gib=None)
+
+
+def _dtype_rates(raw: dict[str, Any], kind: str, dtype: str) -> dict[str, dict[str, float]]:
+    """The measured dtype-dependent figures per dtype (profiles.RATE_FIGURES): GEMM rates of the
+    dtypes other than the profile's own (those are the plain fields) and GEMV weight-read
+    rates of every dtype; on the emulated device, the device's figures are the CPU's."""
+    dev_gemm, dev_gemv = (raw["gpu_gemm_gflops"], raw["gpu_gemv_gbps"]) if kind == "cuda" else \
+        (raw["cpu_gemm_gflops"], raw["cpu_gemv_gbps"])
+    out: dict[str, dict[str, float]] = {}
+    for dt in DTYPES:
+        r: dict[str, float] = {}
+        if dt != dtype:
+            if any(k.startswith(dt + "@") for k in dev_gemm):
+                r["device_tflops"] = round(_best(dev_gemm, dt) / 1e3, 4)
+            if any(k.startswith(dt + "@") for k in raw["cpu_gemm_gflops"]):
+                r["cpu_gflops"] = round(_best(raw["cpu_gemm_gflops"], dt), 1)
+        if dt in dev_gemv:
+            r["device_gemv_gbps"] = round(dev_gemv[dt], 2)
+        if dt in raw["cpu_gemv_gbps"]:
+            r["cpu_gemv_gbps"] = round(raw["cpu_gemv_gbps"][dt], 2)
+        if r:
+            out[dt] = r
+    return out
 
 
 def _best(rates: dict[str, float], dtype: str) -> float:
@@ -309,8 +334,11 @@ def _notes(raw: dict[str, Any], kind: str, dtype: str, device_name: str) -> str:
              f"{raw['torch_threads']} torch threads; figures are for {dtype}.",
              f"CPU GEMM GFLOP/s: {_fmt(raw['cpu_gemm_gflops'])}; CPU GEMV weight-read GB/s: {_fmt(raw['cpu_gemv_gbps'])}; "
              f"engine expert FFN ({dtype}): {_fmt(raw['cpu_expert'])}; RAM copy {raw['cpu_ram_gbps']:.1f} GB/s (read+write)."]
+    parts.append(f"Per dtype: device_tflops and cpu_gflops are for {dtype}; dtype_rates holds the other dtypes' "
+                 "GEMM rates and every dtype's GEMV weight-read GB/s.")
     if kind == "cuda":
-        parts.append(f"GPU GEMM GFLOP/s: {_fmt(raw['gpu_gemm_gflops'])}; device copy {raw['gpu_mem_gbps']:.0f} GB/s "
+        parts.append(f"GPU GEMM GFLOP/s: {_fmt(raw['gpu_gemm_gflops'])}; GPU GEMV GB/s: {_fmt(raw['gpu_gemv_gbps'])}; "
+                     f"device copy {raw['gpu_mem_gbps']:.0f} GB/s "
                      f"(read+write); torch links GB/s: {_fmt(raw['cuda_links'])}; CuPy links GB/s: "
                      f"{_fmt(raw['cupy_links'])}. h2d/d2h = torch pinned (the engine's host store is pinned).")
     else:

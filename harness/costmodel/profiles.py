@@ -22,6 +22,16 @@ beside the yaml as `<name>.overheads.json` (a JSON file, so Hydra never mistakes
 group option). Datasheet profiles have none: predictions with them are the bytes/FLOPs
 bound of the hardware, with zero software overhead.
 
+Rates per dtype: what a matmul achieves depends on its dtype (on this machine's CPU a bf16
+GEMM ran 3-7x faster than fp32 while a bf16 GEMV read weights ~2x slower), so the
+dtype-dependent figures (`RATE_FIGURES`) are kept per dtype. `device_tflops` and `cpu_gflops`
+are the figures at the profile's `dtype`; `dtype_rates` holds those of other dtypes and the
+GEMV weight-read rates: {float32: {device_tflops: 82.6, cpu_gflops: 1600.0}, ...}.
+`HardwareProfile.rate(figure, dtype)` answers for one dtype and the time model asks it for the
+run's dtype; a figure the profile does not give for that dtype is refused (`require_rates`,
+naming the figure and the dtype) -- never borrowed from another dtype. The GEMV figures are
+optional: without one the weight-read roof is the memory bandwidth (dtype-independent).
+
 Units: GB/s and GFLOP/s are decimal (1e9), TFLOP/s 1e12, device_memory_gib binary (2**30).
 """
 from __future__ import annotations
@@ -35,6 +45,7 @@ from typing import Any
 
 import yaml
 
+from engine.dtypes import DTYPE_NAMES
 from harness.config import HardwareConf
 
 PROFILE_DIR = Path(__file__).resolve().parents[2] / "conf" / "hardware"
@@ -43,6 +54,9 @@ SOURCES = ("datasheet", "measured")
 CONF_FIELDS = tuple(f.name for f in dataclasses.fields(HardwareConf))
 NUMERIC_FIELDS = ("h2d_gbps", "d2h_gbps", "device_tflops", "device_mem_gbps", "device_memory_gib", "cpu_gflops",
                   "cpu_mem_gbps")
+# the dtype-dependent figures (dtype_rates entries); the first two are also plain fields, at `dtype`
+RATE_FIGURES = ("device_tflops", "cpu_gflops", "device_gemv_gbps", "cpu_gemv_gbps")
+PLAIN_RATES = ("device_tflops", "cpu_gflops")
 
 
 class ProfileError(ValueError):
@@ -125,6 +139,7 @@ class HardwareProfile:
     cpu_gflops: float | None = None
     cpu_mem_gbps: float | None = None
     dtype: str | None = None
+    dtype_rates: dict[str, dict[str, float]] | None = None
     notes: str | None = None
     device: str = "auto"
     device_memory: str | None = None
@@ -150,6 +165,36 @@ class HardwareProfile:
             raise ProfileError(f"hardware profile {self.name!r}{where} has no {', '.join(missing)}"
                                f"{'; ' + why + ' needs it' if why else ''}; set it in the yaml "
                                f"(fields: {', '.join(NUMERIC_FIELDS)})")
+
+    def rate(self, figure: str, dtype: str) -> float | None:
+        """`figure` (one of RATE_FIGURES) at `dtype`: its dtype_rates entry, else the plain field
+        when `dtype` is the profile's own; None when the profile does not give it for `dtype`."""
+        if figure not in RATE_FIGURES:
+            raise ValueError(f"rate figure: allowed {list(RATE_FIGURES)}, got {figure!r}")
+        v = (self.dtype_rates or {}).get(dtype, {}).get(figure)
+        if v is None and figure in PLAIN_RATES and dtype == self.dtype:
+            v = getattr(self, figure)
+        return v
+
+    def require_rates(self, dtype: str, *figures: str, why: str = "") -> None:
+        """Raise ProfileError naming every listed figure this profile lacks at `dtype`, and what
+        it does have (a figure for another dtype is not used for this one)."""
+        missing = [f for f in figures if self.rate(f, dtype) is None]
+        if not missing:
+            return
+        where = f" ({self.path})" if self.path else ""
+        have = []
+        for f in missing:
+            other = {d: r[f] for d, r in (self.dtype_rates or {}).items() if r.get(f) is not None}
+            if f in PLAIN_RATES and getattr(self, f) is not None:
+                other.setdefault(self.dtype or "an unnamed dtype (field 'dtype' is null)", getattr(self, f))
+            if other:
+                have.append(f"{f} is given for {', '.join(f'{d} ({v:g})' for d, v in other.items())}")
+        raise ProfileError(
+            f"hardware profile {self.name!r}{where} has no {', '.join(missing)} for {dtype}"
+            f"{' (' + '; '.join(have) + ')' if have else ''}{'; ' + why + ' needs it' if why else ''}; "
+            f"figures are not carried over from another dtype: add them under dtype_rates: {{{dtype}: {{...}}}} "
+            f"in the yaml (or set dtype: {dtype} with the plain fields)")
 
     def conf_dict(self) -> dict[str, Any]:
         """Exactly the HardwareConf keys, in schema order (what a profile yaml holds)."""
@@ -222,10 +267,42 @@ def profile_from_dict(raw: dict[str, Any], source: str = "profile") -> HardwareP
         v = raw.get(key)
         if v is not None and not isinstance(v, str):
             raise ProfileError(f"{source}: field {key!r} must be a string or null, got {v!r}")
+    if raw.get("dtype") is not None and raw["dtype"] not in DTYPE_NAMES:
+        raise ProfileError(f"{source}: field 'dtype' must be one of {list(DTYPE_NAMES)} or null, got {raw['dtype']!r}")
     values = {k: raw.get(k) for k in CONF_FIELDS if k in raw}
     values.update({k: float(values[k]) for k in NUMERIC_FIELDS if values.get(k) is not None})
+    values["dtype_rates"] = _dtype_rates(raw, source)
     values.setdefault("device", "auto")
     return HardwareProfile(**values)
+
+
+def _dtype_rates(raw: dict[str, Any], source: str) -> dict[str, dict[str, float]] | None:
+    """The checked `dtype_rates` mapping: dtype name -> {figure: positive number}; an entry for
+    the profile's own dtype must agree with the plain fields it restates."""
+    rates = raw.get("dtype_rates")
+    if rates is None:
+        return None
+    if not isinstance(rates, dict):
+        raise ProfileError(f"{source}: field 'dtype_rates' must be a mapping dtype -> {{figure: number}}, got {rates!r}")
+    out: dict[str, dict[str, float]] = {}
+    for dt, figs in rates.items():
+        if dt not in DTYPE_NAMES:
+            raise ProfileError(f"{source}: dtype_rates key {dt!r} is not a dtype; allowed: {list(DTYPE_NAMES)}")
+        if not isinstance(figs, dict):
+            raise ProfileError(f"{source}: dtype_rates.{dt} must be a mapping of {list(RATE_FIGURES)}, got {figs!r}")
+        unknown = sorted(set(figs) - set(RATE_FIGURES))
+        if unknown:
+            raise ProfileError(f"{source}: dtype_rates.{dt}: unknown figure(s) {unknown}; allowed: {list(RATE_FIGURES)}")
+        for f, v in figs.items():
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise ProfileError(f"{source}: dtype_rates.{dt}.{f} must be a positive number or null, got {v!r}")
+            if dt == raw.get("dtype") and f in PLAIN_RATES and raw.get(f) is not None and float(raw[f]) != float(v):
+                raise ProfileError(f"{source}: dtype_rates.{dt}.{f} = {v} contradicts {f} = {raw[f]} "
+                                   f"(the plain field is the figure at the profile's dtype {dt})")
+        out[dt] = {f: float(v) for f, v in figs.items() if v is not None}
+    return out
 
 
 def overheads_path(yaml_path: str | Path) -> Path:

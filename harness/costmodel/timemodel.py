@@ -14,25 +14,40 @@ Does not own: the work itself (harness.costmodel.work), profiles, calibration, v
 
 Per forward pass (all terms in seconds):
 
-    compute  = s * [roof(dense) + roof(attention) + sum_layers roof(experts on device)  [device rates]
-                    + sum_layers roof(experts on CPU)]                                  [CPU rates]
+    compute  = roof(dense) + roof(attention) + sum_layers roof(experts on device)      [device rates]
+               + sum_layers roof(experts on CPU)                                      [CPU rates]
     copies   = misses * expert_bytes / h2d  +  activations (cpu/hybrid) / d2h, h2d  +  streamed experts / h2d
     exposed  = the part of `copies` not hidden under compute (overlap rule below)
     overhead = sum over events (pass, layer, expert, row, slot, score, lookup, miss, cpu layer) of count * fitted cost
     time     = compute + exposed + overhead;     prefill_restored adds kv_bytes / h2d + restore overhead
 
-roof(flops, bytes) = max(flops / FLOP rate, bytes / memory bandwidth). Attention counts the
-full T x S score rectangle the engine's SDPA call computes (mask applied, nothing skipped).
-s is `Overheads.compute_scale`: 1 for a datasheet profile (peak rates); for a calibrated one
-a fitted scale that, with the per-row/slot/score costs, accounts for how far the engine's
-small matmuls and elementwise work are from the profile's large-GEMM rate.
+roof(flops, bytes) = max(s * flops / FLOP rate, bytes / bandwidth). Rates are the profile's at the
+run's dtype (`HardwareProfile.rate`): FLOP/s per dtype, and for weight reads (dense and expert
+matmuls) the GEMV rate at that dtype where the profile has one, else the memory bandwidth; a
+FLOP rate the profile lacks for the dtype is refused, never borrowed from another dtype.
+Attention counts the full T x S score rectangle the engine's SDPA call computes (mask
+applied, nothing skipped) and its K/V read once at K heads (enable_gqa). s is
+`Overheads.compute_scale`: 1 for a datasheet profile (peak rates); for a calibrated one a
+fitted scale that, with the per-row/slot/score costs, accounts for how far the engine's small,
+oddly shaped matmuls and elementwise work are from the profile's large-GEMM FLOP rate. It
+scales the FLOP side only: the bytes side is already an achieved rate (GEMV, copy), and a
+weight-read-bound matmul (one decode token through a large expert) runs at it.
 
-Overlap (`overlap=`): "auto" follows the engine -- fetch copies on demand and waits at once
-(nothing hidden: measured overlap_frac is 0), cpu/hybrid wait for their activations, stream
-pipelines copy i+1 under compute i per layer (with >= 2 buffers); "none" exposes every copy;
-"full" hides copies under the pass's compute (exposed = max(0, copies - compute): the bound
-a perfect prefetcher reaches); a float f in [0, 1] exposes (1 - f) of every copy (e.g. a
-measured overlap_frac).
+Overlap (`overlap=`): "auto" follows the engine, asking the placement's traits --
+  * cache misses with `traits.issue_ahead` (fetch's default): a layer's misses are queued on
+    the copy stream at once, in compute order, so expert i computes while expert i+1 copies:
+    per layer of U experts (compute e each, the fixed per-expert overheads included) of which
+    m miss (copy c each), with the h = U - m hits spread evenly among the misses,
+        layer = max(m*c + e*(1 + h/(m+1)),  U*e + max(0, c - e*h/(m+1)))
+    and exposed = layer - U*e; with fewer than 2 cache slots each copy waits for the slot's
+    previous expert, so every copy is exposed. Without issue_ahead (copy, wait, compute per
+    expert) every miss is exposed;
+  * streamed experts (stream): the same pipeline with m = U through the stream buffers;
+  * activations of cpu/hybrid layers: waited for at once (exposed).
+"none" exposes every copy; "full" hides copies under the pass's compute (exposed =
+max(0, copies - compute): the bound a perfect prefetcher reaches); a float f in [0, 1]
+exposes (1 - f) of every copy (e.g. a measured overlap_frac). Prefetchers are modelled only
+through these modes.
 """
 from __future__ import annotations
 
@@ -45,7 +60,8 @@ import numpy as np
 import pandas as pd
 
 from engine.config import ModelConfig, preset
-from engine.dtypes import DTYPE_NAMES, dtype_bytes
+from engine.dtypes import dtype_bytes
+from engine.placements import PlacementTraits
 from engine.planner import plan_memory
 from harness.contract import session_tokens
 from harness import results
@@ -53,7 +69,6 @@ from harness.costmodel.profiles import HardwareProfile, Overheads, load_profile
 from harness.costmodel.work import (EVENTS, PhaseWork, PlacementSpec, Routing, WorkloadShape, apply_counts,
                                     apply_hit_rate, expert_bytes, kv_bytes, pass_events, pass_flops, scenario_work)
 
-DTYPE_BYTES = {name: dtype_bytes(name) for name in DTYPE_NAMES}
 OVERLAP_MODES = ("auto", "none", "full")
 Overlap = str | float
 
@@ -172,9 +187,9 @@ def predict(model: str | ModelConfig, placement: str | PlacementSpec, shape: Wor
     spec = placement if isinstance(placement, PlacementSpec) else \
         PlacementSpec.from_options(placement, capacity, policy, placement_options)
     hw = load_profile(profile) if not isinstance(profile, HardwareProfile) else profile
-    dt = _dtype_bytes(dtype)
+    dt = dtype_bytes(dtype)
     _check_overlap(overlap)
-    _require(hw, spec, cfg)
+    rates(hw, dtype, spec.traits(cfg), why=f"placement={spec.name}")      # refuse a missing figure up front
     work = scenario_work(cfg, spec, shape, routing)
     label = (routing or Routing.synthetic()).label
     if counts:
@@ -183,13 +198,13 @@ def predict(model: str | ModelConfig, placement: str | PlacementSpec, shape: Wor
             if phase in work:
                 apply_counts(work[phase], c.get("expert_hits"), c.get("expert_misses"), c.get("streamed"))
     if hit_rate is not None:
-        rates = hit_rate if isinstance(hit_rate, Mapping) else dict.fromkeys(work, hit_rate)
+        split = hit_rate if isinstance(hit_rate, Mapping) else dict.fromkeys(work, hit_rate)
         label = f"{label}, hit_rate={hit_rate}"
-        for phase, h in rates.items():
+        for phase, h in split.items():
             if phase in work:
                 apply_hit_rate(work[phase], float(h))
     ovh = overheads if overheads is not None else hw.overheads
-    phases = {ph: estimate_phase(cfg, w, hw, dt, spec, overlap, ovh) for ph, w in work.items()}
+    phases = {ph: estimate_phase(cfg, w, hw, dtype, spec, overlap, ovh) for ph, w in work.items()}
     planned = planned_bytes(cfg, spec, shape, dt)
     fits = None if hw.device_memory_gib is None else planned <= hw.device_memory_gib * 2**30
     return Prediction(name, cfg, spec, shape, hw, dtype, label, overlap, phases, planned, fits)
@@ -219,17 +234,17 @@ def what_if(model: str | ModelConfig, placement: str | PlacementSpec, shape: Wor
     return pd.DataFrame(out)
 
 
-def estimate_phase(cfg: ModelConfig, work: PhaseWork, hw: HardwareProfile, dtype_bytes: int,
+def estimate_phase(cfg: ModelConfig, work: PhaseWork, hw: HardwareProfile, dtype: str,
                    placement: PlacementSpec, overlap: Overlap, overheads: Overheads) -> PhaseEstimate:
     """Sum the time model over a phase's passes (the module docstring's formula)."""
-    terms = physical_terms(cfg, work, hw, dtype_bytes, placement, overlap, overheads.compute_scale)
+    terms = physical_terms(cfg, work, hw, dtype, placement, overlap, overheads)
     events = phase_events(cfg, work)
     cost = overheads.as_dict()
     overhead = float(sum(cost[e] * n for e, n in events.items()))
     restore = None
     if work.restore_tokens:
         restore = terms["restore_copy_s"] + cost["restore_s"]
-    eb = expert_bytes(cfg, dtype_bytes)
+    eb = expert_bytes(cfg, dtype_bytes(dtype))
     return PhaseEstimate(
         phase=work.phase, tokens=work.tokens, reused_tokens=work.reused_tokens,
         time_s=terms["physical_s"] + overhead, compute_s=terms["compute_s"], copy_busy_s=terms["copy_busy_s"],
@@ -248,25 +263,73 @@ def phase_events(cfg: ModelConfig, work: PhaseWork) -> dict[str, float]:
     return events
 
 
-def physical_terms(cfg: ModelConfig, work: PhaseWork, hw: HardwareProfile, dtype_bytes: int,
-                   placement: PlacementSpec, overlap: Overlap, compute_scale: float = 1.0) -> dict[str, float]:
-    """Compute, copy and exposed-copy seconds and bytes moved of a phase, overheads excluded."""
-    dev_rate, dev_bw = _rate(hw.device_tflops, 1e12), _rate(hw.device_mem_gbps, 1e9)
-    cpu_rate, cpu_bw = _rate(hw.cpu_gflops, 1e9), _rate(hw.cpu_mem_gbps, 1e9)
-    h2d, d2h = _rate(hw.h2d_gbps, 1e9), _rate(hw.d2h_gbps, 1e9)
-    compute = copy_busy = exposed = h2d_bytes = d2h_bytes = 0.0
+@dataclass(frozen=True)
+class Rates:
+    """The profile's figures at one dtype, in base units (FLOP/s, B/s); inf where not needed."""
+
+    dev_flops: float
+    dev_weights: float           # weight-read B/s of device matmuls (GEMV rate, else memory bandwidth)
+    dev_mem: float               # device memory B/s (attention's KV)
+    cpu_flops: float
+    cpu_weights: float
+    h2d: float
+    d2h: float
+
+
+def rates(hw: HardwareProfile, dtype: str, traits: PlacementTraits, why: str = "") -> Rates:
+    """The profile's rates at `dtype` for a placement with these traits; ProfileError names any
+    figure it needs and lacks (at this dtype: a figure for another dtype is not used)."""
+    hw.require("device_mem_gbps", "h2d_gbps", why=why + " (h2d_gbps: KV restore)")
+    hw.require_rates(dtype, "device_tflops", why=why)
+    if traits.uses_cpu:
+        hw.require("cpu_mem_gbps", "d2h_gbps", why=why)
+        hw.require_rates(dtype, "cpu_gflops", why=why)
+
+    def gb(v: float | None) -> float:
+        return float("inf") if v is None else v * 1e9
+
+    def weights(gemv: str, mem: float | None) -> float:
+        return gb(hw.rate(gemv, dtype) or mem)
+    return Rates(dev_flops=(hw.rate("device_tflops", dtype) or float("inf")) * 1e12,
+                 dev_weights=weights("device_gemv_gbps", hw.device_mem_gbps), dev_mem=gb(hw.device_mem_gbps),
+                 cpu_flops=gb(hw.rate("cpu_gflops", dtype)), cpu_weights=weights("cpu_gemv_gbps", hw.cpu_mem_gbps),
+                 h2d=gb(hw.h2d_gbps), d2h=gb(hw.d2h_gbps))
+
+
+def physical_terms(cfg: ModelConfig, work: PhaseWork, hw: HardwareProfile, dtype: str,
+                   placement: PlacementSpec, overlap: Overlap, overheads: Overheads = Overheads()) -> dict[str, float]:
+    """Compute, copy and exposed-copy seconds and bytes moved of a phase, overheads excluded --
+    except that the fixed per-expert overheads (expert_s, slot_s) count as compute that copies
+    issued ahead hide under, and the FLOP side of each roof is scaled by `overheads.compute_scale`."""
+    tr = placement.traits(cfg)
+    r = rates(hw, dtype, tr, why=f"placement={placement.name}")
+    s = overheads.compute_scale
+    dtype_b = dtype_bytes(dtype)
+    compute = flop_bound = copy_busy = exposed = h2d_bytes = d2h_bytes = 0.0
+
+    def roof(flops: Any, nbytes: Any, rate: float, bw: float) -> Any:
+        nonlocal flop_bound
+        t_f, t_b = flops / rate, nbytes / bw
+        by_flops = s * t_f >= t_b
+        flop_bound += float(np.sum(np.where(by_flops, t_f, 0.0)))
+        return np.where(by_flops, s * t_f, t_b)
     for p in work.passes:
-        f = pass_flops(cfg, p, dtype_bytes)
-        dev_experts = compute_scale * np.maximum(f.dev_expert_flops / dev_rate, f.dev_expert_bytes / dev_bw)  # [M]
-        cpu_experts = compute_scale * np.maximum(f.cpu_expert_flops / cpu_rate, f.cpu_expert_bytes / cpu_bw)  # [M]
-        comp = (compute_scale * (max(f.dense_flops / dev_rate, f.dense_bytes / dev_bw)
-                                 + max(f.attn_flops / dev_rate, f.attn_bytes / dev_bw))
-                + dev_experts.sum() + cpu_experts.sum())
-        demand = f.miss_bytes / h2d + f.act_d2h_bytes / d2h + f.act_h2d_bytes / h2d
-        stream = f.stream_bytes / h2d                                                            # [M]
-        copies = demand + stream.sum()
+        f = pass_flops(cfg, p, dtype_b)
+        dev_experts = roof(f.dev_expert_flops, f.dev_expert_bytes, r.dev_flops, r.dev_weights)       # [M]
+        cpu_experts = roof(f.cpu_expert_flops, f.cpu_expert_bytes, r.cpu_flops, r.cpu_weights)       # [M]
+        comp = float(roof(f.dense_flops, f.dense_bytes, r.dev_flops, r.dev_weights)
+                     + roof(f.attn_flops, f.attn_bytes, r.dev_flops, r.dev_mem)
+                     + dev_experts.sum() + cpu_experts.sum())
+        misses = f.miss_bytes / r.h2d                                                             # [M]
+        act = f.act_d2h_bytes / r.d2h + f.act_h2d_bytes / r.h2d
+        stream = f.stream_bytes / r.h2d                                                           # [M]
+        copies = misses.sum() + act + stream.sum()
         if overlap == "auto":
-            exp = demand + _stream_exposed(stream, dev_experts, p.streamed, placement.traits(cfg).stream_buffers)
+            # what hides a layer's copies: its device experts' compute and their fixed host-side costs
+            hide = dev_experts + p.unique * overheads.expert_s + (p.unique > 0) * p.rows * cfg.top_k * overheads.slot_s
+            cached = pipelined_exposed(misses, hide, p.misses, p.unique, placement.capacity or 0) \
+                if tr.issue_ahead else float(misses.sum())
+            exp = act + cached + pipelined_exposed(stream, hide, p.streamed, p.streamed, tr.stream_buffers)
         elif overlap == "none":
             exp = copies
         elif overlap == "full":
@@ -276,42 +339,41 @@ def physical_terms(cfg: ModelConfig, work: PhaseWork, hw: HardwareProfile, dtype
         compute += comp
         copy_busy += copies
         exposed += exp
-        h2d_bytes += f.miss_bytes + f.stream_bytes.sum() + f.act_h2d_bytes
+        h2d_bytes += f.miss_bytes.sum() + f.stream_bytes.sum() + f.act_h2d_bytes
         d2h_bytes += f.act_d2h_bytes
     restore_copy = 0.0
     if work.restore_tokens:
-        kv = kv_bytes(cfg, work.restore_tokens, work.passes[0].batch if work.passes else 1, dtype_bytes)
-        restore_copy = kv / h2d
+        kv = kv_bytes(cfg, work.restore_tokens, work.passes[0].batch if work.passes else 1, dtype_b)
+        restore_copy = kv / r.h2d
         copy_busy += restore_copy
         exposed += restore_copy          # the restore finishes before the turn's prefill starts
         h2d_bytes += kv
     out = {"compute_s": compute, "copy_busy_s": copy_busy, "exposed_copy_s": exposed, "physical_s": compute + exposed,
-           "restore_copy_s": restore_copy, "h2d_bytes": h2d_bytes, "d2h_bytes": d2h_bytes}
+           "restore_copy_s": restore_copy, "h2d_bytes": h2d_bytes, "d2h_bytes": d2h_bytes,
+           "flop_bound_s": flop_bound}     # the FLOP-bound pieces' unscaled seconds (compute_s's part that s scales)
     return {k: float(v) for k, v in out.items()}
 
 
-def _stream_exposed(copy: np.ndarray, compute: np.ndarray, n: np.ndarray, buffers: int) -> float:
-    """Exposed copy time of streamed layers: with >= 2 buffers copy i+1 runs under compute i,
-    so a layer of n experts (copy c, compute e each) takes max(n*c + e, c + n*e)."""
-    if not copy.any():
+def pipelined_exposed(copy: np.ndarray, compute: np.ndarray, copies: np.ndarray, runs: np.ndarray,
+                      slots: int) -> float:
+    """Exposed seconds of copies queued ahead of a layer's expert compute (the module docstring's
+    formula), summed over layers. Per layer [M]: `copy` seconds of all its `copies` experts,
+    `compute` seconds of all its `runs` experts (copies <= runs); `slots` the device buffers the
+    copies land in (fewer than 2: each copy waits for the previous expert, nothing hides)."""
+    m = copies > 0
+    if not m.any():
         return 0.0
-    if buffers < 2:
-        return float(copy.sum())
-    m = n > 0
-    c, e = copy[m] / n[m], compute[m] / n[m]
-    layer = np.maximum(copy[m] + e, c + compute[m])
-    return float((layer - compute[m]).sum())
-
-
-def _rate(value: float | None, unit: float) -> float:
-    return float("inf") if value is None else value * unit   # a figure not needed is never None (see _require)
-
-
-def _require(hw: HardwareProfile, spec: PlacementSpec, cfg: ModelConfig) -> None:
-    why = f"placement={spec.name}"
-    hw.require("device_tflops", "device_mem_gbps", "h2d_gbps", why=why + " (h2d_gbps: KV restore)")
-    if spec.traits(cfg).uses_cpu:
-        hw.require("cpu_gflops", "cpu_mem_gbps", "d2h_gbps", why=why)
+    if slots < 2:
+        return float(copy[m].sum())
+    c = copy[m] / copies[m]                                   # one copy
+    # expected counts can be fractional (a simulated or measured total spread over passes):
+    # below one copy per layer, the formula is that of one copy, weighted by how often it happens
+    n_c, weight = np.maximum(copies[m], 1.0), np.minimum(copies[m], 1.0)
+    n_e = np.maximum(runs[m], n_c)
+    e = compute[m] / n_e
+    ahead = (n_e - n_c) / (n_c + 1)               # hits computed before the first miss, on average
+    layer = np.maximum(n_c * c + e * (1 + ahead), n_e * e + np.maximum(0.0, c - e * ahead))
+    return float((weight * (layer - n_e * e)).sum())
 
 
 def _model_config(model: str | ModelConfig) -> ModelConfig:
@@ -321,12 +383,6 @@ def _model_config(model: str | ModelConfig) -> ModelConfig:
     if Path(model, "config.json").is_file():
         return ModelConfig.from_hf_dir(model)
     return preset(model)
-
-
-def _dtype_bytes(dtype: str) -> int:
-    if dtype not in DTYPE_BYTES:
-        raise ValueError(f"dtype: allowed {list(DTYPE_BYTES)}, got {dtype!r}")
-    return DTYPE_BYTES[dtype]
 
 
 def _check_overlap(overlap: Overlap) -> None:

@@ -312,14 +312,14 @@ class PassFlops:
     dense_flops: float          # device: attention projections, router, dense/shared MLPs, lm_head
     dense_bytes: float          # device: their weights and activations
     attn_flops: float           # device: scores and weighted sum over the KV (full T x S rectangle)
-    attn_bytes: float           # device: KV read
+    attn_bytes: float           # device: K/V read once at K heads, q read and output written at H heads
     dev_expert_flops: np.ndarray    # [M] routed experts run on the device
     dev_expert_bytes: np.ndarray    # [M] their weights (U experts each)
     cpu_expert_flops: np.ndarray    # [M] routed experts run on the CPU
     cpu_expert_bytes: np.ndarray    # [M]
     act_d2h_bytes: float        # activations device->CPU (cpu/hybrid layers)
     act_h2d_bytes: float        # results CPU->device
-    miss_bytes: float           # expert copies on cache misses
+    miss_bytes: np.ndarray      # [M] expert copies on cache misses
     stream_bytes: np.ndarray    # [M] expert copies through stream buffers
 
 
@@ -342,10 +342,10 @@ def pass_flops(cfg: ModelConfig, p: PassWork, dtype_bytes: int) -> PassFlops:
         + 2.0 * B * D * V                                                     # lm_head: last position only
     dense_bytes = float(dense_w * dt + L * 6 * N * D * dt)                    # weights + activations in/out
     attn_flops = 4.0 * L * B * H * hd * T * S                                 # QK^T and PV
-    # KV read at H heads; with grouped-query attention the engine first materialises the
-    # repeated K/V (expand + reshape: read K heads, write H heads), every layer, every pass
-    kv_heads = H + (K + H if H > K else 0)
-    attn_bytes = float(L * (2 * B * kv_heads * hd * S + 2 * N * H * hd) * dt)
+    # engine.layers.attention: one SDPA call per layer on q [B, H, T, h] and the cache's k/v
+    # [B, K, S, h] with enable_gqa, so K/V are read once at K heads (no repeated copy at H
+    # heads), q is read and the output [B, H, T, h] written at H heads
+    attn_bytes = float(L * (2 * B * K * hd * S + 2 * N * H * hd) * dt)
     ex_flops = 2.0 * N * k * 3 * D * I                                         # per MoE layer
     ex_bytes = p.unique * expert_bytes(cfg, dt)                               # [M]
     ex_f = np.full(n_moe, ex_flops)
@@ -357,7 +357,7 @@ def pass_flops(cfg: ModelConfig, p: PassWork, dtype_bytes: int) -> PassFlops:
         dev_expert_flops=np.where(on_cpu, 0.0, ex_f), dev_expert_bytes=np.where(on_cpu, 0.0, ex_bytes),
         cpu_expert_flops=np.where(on_cpu, ex_f, 0.0), cpu_expert_bytes=np.where(on_cpu, ex_bytes, 0.0),
         act_d2h_bytes=float(n_cpu * N * (D * dt + k * id_bytes)), act_h2d_bytes=float(n_cpu * N * D * dt),
-        miss_bytes=float(p.misses.sum() * expert_bytes(cfg, dt)),
+        miss_bytes=p.misses * expert_bytes(cfg, dt),
         stream_bytes=p.streamed * expert_bytes(cfg, dt))
 
 

@@ -1,17 +1,21 @@
 """The time model: what-if orderings across profiles, the link term only where bytes move,
 bytes that equal the engine's own counters, cache traffic that equals the engine's cache on
-the same routing, and predicted rows in the tidy schema with source="model"."""
+the same routing, attention bytes as engine.layers.attention moves them, rates at the run's
+dtype, the issue-ahead pipeline, and predicted rows in the tidy schema with source="model"."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from engine import Engine
+from engine.placements.fetch import Fetch
+from engine.registry import PLACEMENTS
 from engine.trace import TraceRecorder
 from harness import results
 from harness.costmodel import PlacementSpec, ProfileError, Routing, WorkloadShape, predict
 from harness.costmodel.profiles import profile_from_dict
-from harness.costmodel.work import PHASES, phase_passes, scenario_work
+from harness.costmodel.timemodel import pipelined_exposed
+from harness.costmodel.work import PHASES, PassWork, pass_flops, phase_passes, scenario_work
 from engine.config import preset
 
 MIXTRAL = WorkloadShape(context_tokens=1024, gen_tokens=16, turn_tokens=32)
@@ -54,25 +58,152 @@ def test_resident_has_no_link_term():
 
 def test_overlap_modes_are_ordered():
     t = {o: _fetch_decode_overlap(o) for o in ("none", "auto", "full", 0.0, 0.5, 1.0)}
-    assert t["full"] <= t["auto"] == pytest.approx(t["none"]) == pytest.approx(t[0.0])
+    assert t["full"] <= t["auto"] < t["none"] == pytest.approx(t[0.0])   # auto: fetch issues its misses ahead
+    assert _fetch_decode_overlap("auto", issue_ahead=False) == pytest.approx(t["none"])
     assert t[1.0] <= t["full"] and t[1.0] <= t[0.5] < t[0.0]   # full hides copies only under compute
     with pytest.raises(ValueError, match="overlap"):
         _fetch_decode_overlap("sometimes")
 
 
-def _fetch_decode_overlap(overlap):
-    return predict("olmoe-1b-7b", "fetch", MIXTRAL, "h100-sxm-80gb", capacity=16, dtype="bfloat16",
-                   overlap=overlap).phases["decode"].time_s
+def _fetch_decode_overlap(overlap, issue_ahead=True):
+    return predict("olmoe-1b-7b", "fetch", MIXTRAL, "h100-sxm-80gb", capacity=16, dtype="bfloat16", overlap=overlap,
+                   placement_options={"issue_ahead": issue_ahead}).phases["decode"].time_s
 
 
-def test_stream_pipelines_its_copies():
-    shape = WorkloadShape(context_tokens=2048, gen_tokens=4)
-    auto = predict("qwen3-30b-a3b", "stream", shape, "h100-pcie-80gb", capacity=16, dtype="bfloat16")
-    none = predict("qwen3-30b-a3b", "stream", shape, "h100-pcie-80gb", capacity=16, dtype="bfloat16", overlap="none")
-    fa, fn = auto.phases["prefill_fresh"], none.phases["prefill_fresh"]
-    assert fa.copy_busy_s == pytest.approx(fn.copy_busy_s) and fa.copy_busy_s > 0
-    assert fa.exposed_copy_s < fn.exposed_copy_s
-    assert fa.expert_misses == 0     # streamed experts bypass the cache, as in the engine
+def test_pipelined_copies_by_hand():
+    # one layer, 3 misses of 1 s each under 3 experts of 0.5 s: copies end at 3, the last expert
+    # computes after -> 3.5 s, of which 1.5 s compute: 2 s exposed (max(n*c + e, c + n*e) - n*e)
+    assert pipelined_exposed(np.array([3.0]), np.array([1.5]), np.array([3.0]), np.array([3.0]), 2) == 2.0
+    # 1 miss among 3 experts: on average 1 hit computes under the copy, 1 after it ->
+    # max(1 + 0.5 * 2, 1.5 + max(0, 1 - 0.5)) - 1.5 = 0.5
+    assert pipelined_exposed(np.array([1.0]), np.array([1.5]), np.array([1.0]), np.array([3.0]), 2) == 0.5
+    # half a miss per pass on average (1 s each) among 2 experts of 0.5 s: half the one-copy case
+    # max(1 + 0.5 * 1.5, 1 + max(0, 1 - 0.25)) - 1 = 0.75, times 0.5
+    assert pipelined_exposed(np.array([0.5]), np.array([1.0]), np.array([0.5]), np.array([2.0]), 2) == 0.375
+    # one slot: every copy waits for the previous expert's compute; layers sum, empty ones add 0
+    assert pipelined_exposed(np.array([3.0, 0.0]), np.array([1.5, 1.0]), np.array([3.0, 0.0]),
+                             np.array([3.0, 2.0]), 1) == 3.0
+
+
+def test_issue_ahead_is_asked_of_the_placement_traits():
+    """The copy schedule comes from `traits.issue_ahead`: fetch's option, or a third-party
+    placement's own answer -- never the placement's name."""
+    shape = WorkloadShape(context_tokens=256, gen_tokens=9)
+    kw = dict(capacity=8, dtype="bfloat16", hit_rate=0.5)
+    ahead = predict("qwen3-30b-a3b", "fetch", shape, "h100-pcie-80gb", **kw).phases["decode"]
+    waits = predict("qwen3-30b-a3b", "fetch", shape, "h100-pcie-80gb", placement_options={"issue_ahead": False},
+                    **kw).phases["decode"]
+    assert ahead.copy_busy_s == pytest.approx(waits.copy_busy_s) and waits.copy_busy_s > 0
+    assert waits.exposed_copy_s == pytest.approx(waits.copy_busy_s)          # copy, wait, compute: nothing hides
+    assert 0 < ahead.exposed_copy_s < waits.exposed_copy_s
+
+    class SerialFetch(Fetch):                  # a plugin that never queues ahead, whatever its options
+        name = "serial_fetch"
+
+        @classmethod
+        def traits(cls, cfg, options):
+            from dataclasses import replace
+            return replace(super().traits(cfg, options), issue_ahead=False)
+    PLACEMENTS.register("serial_fetch", SerialFetch)
+    try:
+        serial = predict("qwen3-30b-a3b", "serial_fetch", shape, "h100-pcie-80gb", **kw).phases["decode"]
+    finally:
+        PLACEMENTS._targets.pop("serial_fetch", None)
+        PLACEMENTS._loaded.pop("serial_fetch", None)
+    assert serial.exposed_copy_s == pytest.approx(waits.exposed_copy_s)
+
+
+# --- attention bytes and the run's dtype -------------------------------------------------------
+def test_attention_bytes_read_kv_once_at_kv_heads():
+    """engine.layers.attention hands SDPA the cache's K/V at K heads (enable_gqa): no repeated
+    copy at H heads. Mixtral-8x7B decode at 32K context, one token: per layer K/V
+    2 x 8 heads x 128 x 32768 positions, plus q and the output 2 x 32 x 128, in bf16."""
+    cfg = preset("mixtral-8x7b")
+    S = 32768
+    p = PassWork("decode", 1, 1, S - 1, np.full(32, 2.0), np.zeros(32), np.zeros(32), np.zeros(32),
+                 np.zeros(32, dtype=bool))
+    f = pass_flops(cfg, p, 2)
+    assert f.attn_bytes == 32 * (2 * 8 * 128 * S + 2 * 32 * 128) * 2 == 4_295_491_584
+
+
+def test_mixtral_32k_decode_on_h100_is_bound_by_weights_and_kv_read_once():
+    """Resident Mixtral-8x7B, bf16, 32K context, on the H100 SXM profile (3350 GB/s, 989.4
+    TFLOP/s): decode is bandwidth-bound, so time per token = bytes / 3350e9, by hand:
+      experts   32 layers x 2 experts x 3 x 4096 x 14336 x 2 B        = 22,548,578,304 B
+      dense     32 x (2 x 4096^2 + 2 x 4096 x 1024) x 2 B (q,k,v,o)   =  2,684,354,560
+                + 32 x 8 x 4096 x 2 (router) + 32000 x 4096 x 2 (lm_head) =    264,241,152
+                + activations 32 x 6 x 4096 x 2                       =      1,572,864
+      attention 32 x (2 x 8 x 128 x S + 2 x 32 x 128) x 2, S ~ 32.8K  ~  4,297,000,000
+    ~ 29.8e9 B / 3350e9 B/s ~ 8.9 ms -> ~112 tok/s (the repeated-K/V arithmetic gave 52)."""
+    shape = WorkloadShape(context_tokens=32768, gen_tokens=64)
+    d = predict("mixtral-8x7b", "resident", shape, "h100-sxm-80gb", dtype="bfloat16").phases["decode"]
+    experts = 32 * 2 * 3 * 4096 * 14336 * 2
+    dense = 32 * (2 * 4096 ** 2 + 2 * 4096 * 1024) * 2 + 32 * 8 * 4096 * 2 + 32000 * 4096 * 2 + 32 * 6 * 4096 * 2
+    kv = sum(32 * (2 * 8 * 128 * (32768 + i + 1) + 2 * 32 * 128) * 2 for i in range(63))
+    by_hand = (63 * (experts + dense) + kv) / 3350e9
+    assert d.time_s == pytest.approx(by_hand, rel=1e-9)
+    assert d.tok_per_s == pytest.approx(112.4, abs=0.1)
+
+
+def _rates_profile(**rates):
+    return profile_from_dict({"name": "r", "source": "datasheet", "h2d_gbps": 10.0, "d2h_gbps": 10.0,
+                              "device_mem_gbps": 1e9, "cpu_mem_gbps": 1e9, "dtype": "float32",
+                              "device_tflops": 1.0, "cpu_gflops": 10.0, "dtype_rates": rates})
+
+
+def test_compute_uses_the_rate_of_the_runs_dtype():
+    hw = _rates_profile(bfloat16={"device_tflops": 4.0, "cpu_gflops": 40.0})
+    shape = WorkloadShape(context_tokens=512, gen_tokens=2)
+    for placement in ("resident", "cpu"):
+        fp32 = predict("tiny-mixtral", placement, shape, hw, dtype="float32").phases["prefill_fresh"]
+        bf16 = predict("tiny-mixtral", placement, shape, hw, dtype="bfloat16").phases["prefill_fresh"]
+        assert fp32.compute_s == pytest.approx(4 * bf16.compute_s)        # bandwidth is ample: FLOP-bound
+    # no figure for the dtype: refused, naming the figure, the dtype and what the profile has
+    with pytest.raises(ProfileError, match=r"no device_tflops for float16 \(device_tflops is given for "
+                                           r"bfloat16 \(4\), float32 \(1\)\)"):
+        predict("tiny-mixtral", "resident", shape, hw, dtype="float16")
+    gpu_only = _rates_profile(bfloat16={"device_tflops": 4.0})
+    predict("tiny-mixtral", "fetch", shape, gpu_only, capacity=2, dtype="bfloat16")   # no CPU work: no CPU rate needed
+    with pytest.raises(ProfileError, match="no cpu_gflops for bfloat16.*placement=hybrid needs it"):
+        predict("tiny-mixtral", "hybrid", shape, gpu_only, dtype="bfloat16")
+    # a profile whose dtype is not named: its plain figures are for no dtype in particular
+    hw = profile_from_dict({"name": "x", "source": "datasheet", "h2d_gbps": 1.0, "device_mem_gbps": 1.0,
+                            "device_tflops": 1.0})
+    with pytest.raises(ProfileError, match=r"no device_tflops for float32 \(device_tflops is given for an unnamed dtype"):
+        predict("tiny-mixtral", "resident", shape, hw)
+
+
+def test_weight_reads_use_the_gemv_rate_of_the_dtype():
+    """Expert weights on the CPU read at the CPU GEMV rate of the run's dtype where the profile
+    has one (this machine: bf16 GEMV ~2.5x slower than fp32), else at the memory bandwidth."""
+    shape = WorkloadShape(context_tokens=64, gen_tokens=9)
+    raw = {"name": "g", "source": "measured", "h2d_gbps": 10.0, "d2h_gbps": 10.0, "device_mem_gbps": 100.0,
+           "cpu_mem_gbps": 100.0, "dtype": "bfloat16", "device_tflops": 1e6, "cpu_gflops": 1e6}
+    cfg = preset("tiny-mixtral")
+    eb = cfg.expert_params * 2
+    plain = predict(cfg, "cpu", shape, profile_from_dict(raw), dtype="bfloat16").phases["decode"]
+    gemv = profile_from_dict({**raw, "dtype_rates": {"bfloat16": {"cpu_gemv_gbps": 2.0}, "float32": {"cpu_gemv_gbps": 50.0}}})
+    slow = predict(cfg, "cpu", shape, gemv, dtype="bfloat16").phases["decode"]
+    # 8 decode steps x 4 layers x 2 experts, each read once, at 2 GB/s instead of 100
+    assert slow.compute_s - plain.compute_s == pytest.approx(8 * 4 * 2 * eb * (1 / 2e9 - 1 / 100e9), rel=1e-9)
+    dev = profile_from_dict({**raw, "dtype_rates": {"bfloat16": {"device_gemv_gbps": 2.0}}})
+    resident = predict(cfg, "resident", shape, dev, dtype="bfloat16").phases["decode"]
+    assert resident.compute_s > 8 * 4 * 2 * eb / 2e9          # the device's weight reads too
+
+
+def test_compute_scale_scales_the_flop_side_of_the_roof_only():
+    """A fitted compute_scale is the engine's FLOP efficiency at small matmuls; a weight-read-
+    bound matmul already runs at the achieved (GEMV) rate, so it is not scaled."""
+    from harness.costmodel import Overheads
+    hw = _rates_profile()                                   # 1 TFLOP/s, ample bandwidth: all FLOP-bound
+    shape = WorkloadShape(context_tokens=512, gen_tokens=9)
+    one = predict("tiny-mixtral", "resident", shape, hw).phases
+    three = predict("tiny-mixtral", "resident", shape, hw, overheads=Overheads(compute_scale=3.0)).phases
+    assert three["prefill_fresh"].compute_s == pytest.approx(3 * one["prefill_fresh"].compute_s)
+    slow = hw.replace(dtype_rates={"float32": {"device_gemv_gbps": 1e-3}})     # every weight read bound by 1 MB/s
+    a = predict("tiny-mixtral", "resident", shape, slow).phases["decode"]
+    b = predict("tiny-mixtral", "resident", shape, slow, overheads=Overheads(compute_scale=3.0)).phases["decode"]
+    assert b.compute_s == pytest.approx(a.compute_s, rel=1e-6)     # attention (KV, ample bandwidth) is ~1e-6 of it
 
 
 def test_uniform_routing_gives_lru_hit_rate_capacity_over_experts():

@@ -1,5 +1,6 @@
 """Hardware profiles: every conf/hardware yaml loads, composes as a Hydra option and validates;
-datasheet profiles say so; `moebench calibrate --quick` writes a loadable measured profile."""
+datasheet profiles say so and say which dtype each rate is for; `moebench calibrate --quick`
+writes a loadable measured profile with rates per dtype."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,7 +15,8 @@ from harness.cli import CONF_DIR
 from harness.config import HardwareConf, validate
 from harness.costmodel import ProfileError, list_profiles, load_profile
 from harness.costmodel.calibrate import main as calibrate_main
-from harness.costmodel.profiles import CONF_FIELDS, NUMERIC_FIELDS, PROFILE_DIR, profile_from_dict
+from engine.dtypes import DTYPE_NAMES
+from harness.costmodel.profiles import CONF_FIELDS, NUMERIC_FIELDS, PROFILE_DIR, RATE_FIGURES, profile_from_dict
 
 PROFILES = list_profiles()
 # the coverage the cost model's what-ifs rely on
@@ -56,6 +58,21 @@ def test_shipped_profiles_are_datasheet_figures_with_sources(name):
     assert hw.h2d_gbps < {"3.0": 15.76, "4.0": 31.51, "5.0": 63.01}[hw.link.split()[1]] * int(hw.link.split("x")[-1]) / 16
 
 
+@pytest.mark.parametrize("name", PROFILES)
+def test_shipped_profiles_say_which_dtype_each_rate_is_for(name):
+    hw = load_profile(name)
+    if hw.source == "measured":
+        pytest.skip("measured profile")
+    assert hw.dtype in DTYPE_NAMES and "Dtypes:" in hw.notes
+    assert hw.rate("device_tflops", hw.dtype) == hw.device_tflops
+    fp32 = hw.rate("device_tflops", "float32")
+    assert fp32 is not None and fp32 < hw.device_tflops           # FP32 without tensor cores: below the tensor peak
+    assert hw.rate("cpu_gflops", "float32") is not None            # the CPU estimates are FP32 ones
+    for dt in DTYPE_NAMES:                                        # a CPU figure for a 16-bit dtype only where stated
+        if dt != "float32" and hw.rate("cpu_gflops", dt) is not None:
+            assert "native bf16 matmul" in hw.notes and dt == "bfloat16"
+
+
 def test_unknown_profile_lists_the_available_ones():
     with pytest.raises(ProfileError, match="available profiles.*rtx4090-pcie4-x16"):
         load_profile("no-such-gpu")
@@ -69,6 +86,13 @@ def test_unknown_profile_lists_the_available_ones():
     ({"name": "x", "source": "guess"}, "'source' must be one of"),
     ({"name": "x", "source": "datasheet", "h2d_gbps": -3}, "'h2d_gbps' must be a positive number"),
     ({"name": "x", "source": "datasheet", "h2d_gbps": "fast"}, "'h2d_gbps' must be a positive number"),
+    ({"name": "x", "source": "datasheet", "dtype": "fp8"}, "'dtype' must be one of"),
+    ({"name": "x", "source": "datasheet", "dtype_rates": {"fp8": {"device_tflops": 1.0}}}, "key 'fp8' is not a dtype"),
+    ({"name": "x", "source": "datasheet", "dtype_rates": {"float32": {"tflops": 1.0}}}, r"unknown figure\(s\) \['tflops'\]"),
+    ({"name": "x", "source": "datasheet", "dtype_rates": {"float32": {"cpu_gflops": 0}}}, "must be a positive number"),
+    ({"name": "x", "source": "datasheet", "dtype_rates": [1.0]}, "'dtype_rates' must be a mapping"),
+    ({"name": "x", "source": "datasheet", "dtype": "bfloat16", "device_tflops": 2.0,
+      "dtype_rates": {"bfloat16": {"device_tflops": 3.0}}}, "contradicts device_tflops = 2.0"),
 ])
 def test_bad_profile_fields_are_named(raw, match):
     with pytest.raises(ProfileError, match=match):
@@ -99,4 +123,10 @@ def test_calibrate_quick_writes_a_loadable_measured_profile(tmp_path):
     assert (out.parent / "here.overheads.json").is_file()
     assert all(v >= 0 for v in o.as_dict().values())
     assert o.layer_s > 0 and o.expert_s > 0               # a Python engine always pays these
-    assert o.info["probes"] > 10 and o.info["torch_threads"] == 1
+    assert o.info["probes"] > 10 and o.info["torch_threads"] == 1 and o.info["dtype"] == "float32"
+    # rates per dtype: the profile's own GEMM in the plain fields, bf16's in dtype_rates, GEMV for both
+    assert hw.dtype == "float32" and set(raw["dtype_rates"]) == {"float32", "bfloat16"}
+    assert set(raw["dtype_rates"]["bfloat16"]) == set(RATE_FIGURES)
+    assert set(raw["dtype_rates"]["float32"]) == {"device_gemv_gbps", "cpu_gemv_gbps"}
+    assert hw.rate("device_tflops", "bfloat16") > 0 and hw.rate("cpu_gemv_gbps", "float32") > 0
+    assert hw.rate("cpu_gflops", "float16") is None       # not measured: predictions in float16 are refused

@@ -1,13 +1,20 @@
-"""Predicted vs measured: the join, the error arithmetic and the summary, on hand-made tables."""
+"""Predicted vs measured: the join, the error arithmetic and the summary, on hand-made tables;
+the two ways (simulated counts -- from the job's recorded trace when it has one -- and measured
+counts); what a job dir says beyond its rows."""
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from engine.config import preset
+from engine.trace import save_trace
 from harness import results
-from harness.costmodel import load_profile
-from harness.costmodel.validate import compare, predict_for, summarize
+from harness.costmodel import PlacementSpec, Routing, WorkloadShape, load_profile
+from harness.costmodel.validate import (TRACE_FILE, compare, job_inputs, predict_for, summarize, summarize_two_ways,
+                                        two_ways)
+from harness.costmodel.work import scenario_work
+from harness.sim.synthetic import generate
 
 DEVICE = {"device_kind": "cpu", "device_name": "cpu (emulated device)", "emulated": True}
 
@@ -77,22 +84,96 @@ def test_summary_is_the_error_distribution_per_placement():
     assert s.loc["cpu", "median_pred_over_measured"] == pytest.approx(1.05)
 
 
-def test_predict_for_a_measured_table():
-    f = factors("fetch", "4", context=96)
+def _fetch_job(context: int = 96, **extra_metrics) -> pd.DataFrame:
+    f = factors("fetch", "4", context=context)
     rows = []
     extra = {"profiler": "none", "ubatch": 512, "resolved_capacity": 4, "placement_options": "{}"}
-    for phase, tokens in (("prefill_fresh", 96), ("decode", 3), ("prefill_continuation", 65), ("prefill_restored", 65)):
+    for phase, tokens in (("prefill_fresh", context), ("decode", 3), ("prefill_continuation", 65),
+                          ("prefill_restored", 65)):
         rows += measured_rows(f, phase, [0.01, 0.02], resolved_capacity=4, placement_options="{}")
         rows += results.make_rows(f, DEVICE, "sweep", "job-fetch", 0, phase, {"tokens": tokens}, "client", extra=extra)
         rows += results.make_rows(f, DEVICE, "sweep", "job-fetch", 0, phase,
-                                  {"expert_hits": 5.0, "expert_misses": 7.0}, "engine", extra=extra)
-    meas = pd.DataFrame(rows)
-    pred = predict_for(meas, load_profile("rtx4090-pcie4-x16"))
+                                  {"expert_hits": 5.0, "expert_misses": 7.0, **extra_metrics}, "engine", extra=extra)
+    return pd.DataFrame(rows)
+
+
+def test_predict_for_a_measured_table():
+    meas = _fetch_job()
+    hw = load_profile("rtx4090-pcie4-x16")
+    pred = predict_for(meas, hw, counts="measured")
     assert set(pred["source"]) == {"model"} and set(pred["phase"]) == {"prefill_fresh", "decode",
                                                                          "prefill_continuation", "prefill_restored"}
     decode = pred[pred["phase"] == "decode"].set_index("metric")["value"]
     assert decode["expert_hits"] == 5.0 and decode["expert_misses"] == 7.0     # the measured counts
     assert decode["tokens"] == 3.0
-    assert set(pred["routing"]) == {"measured"}
+    assert set(pred["routing"]) == {"measured"} and set(pred["counts"]) == {"measured"}
     t = compare(pred, meas)
-    assert len(t) == 8 and t["abs_err"].notna().all()
+    assert len(t) == 8 and t["abs_err"].notna().all() and set(t["counts"]) == {"measured"}
+    # the default, the headline: counts simulated from uniform routing, not the measured ones
+    sim = predict_for(meas, hw)
+    d = sim[sim["phase"] == "decode"].set_index("metric")["value"]
+    assert set(sim["routing"]) == {"synthetic-uniform"} and set(sim["counts"]) == {"simulated"}
+    assert d["expert_hits"] + d["expert_misses"] == 3 * 4 * 2       # gen 4: 3 decode steps x 4 layers x top-2
+    assert (d["expert_hits"], d["expert_misses"]) != (5.0, 7.0)
+
+
+def test_two_ways_in_one_table_and_one_summary():
+    table = two_ways(_fetch_job(), load_profile("rtx4090-pcie4-x16"))
+    assert list(table["counts"].unique()) == ["simulated", "measured"]
+    assert (table.groupby("counts").size() == 8).all()
+    s = summarize_two_ways(table).set_index("placement")
+    assert list(s.columns) == ["n", "simulated_median", "simulated_p90", "simulated_max", "measured_median",
+                               "measured_p90", "measured_max"]
+    assert s.loc["fetch", "n"] == 4                          # time_s of the four phases
+    t = table[(table["metric"] == "time_s")]
+    for c in ("simulated", "measured"):
+        assert s.loc["all", f"{c}_max"] == pytest.approx(t[t["counts"] == c]["abs_err"].max())
+    one = summarize_two_ways(table, ways=("measured",))           # any labels of `counts`, in the order given
+    assert list(one.columns) == ["placement", "n", "measured_median", "measured_p90", "measured_max"]
+
+
+def test_streamed_experts_are_read_from_the_expert_bytes_moved():
+    f = factors("stream", "2", context=256)
+    eb = preset("tiny-mixtral").expert_params * 4
+    extra = {"profiler": "none", "ubatch": 512, "resolved_capacity": 2, "placement_options": "{}"}
+    rows = measured_rows(f, "prefill_fresh", [0.05], resolved_capacity=2, placement_options="{}")
+    rows += results.make_rows(f, DEVICE, "sweep", "job-stream", 0, "prefill_fresh", {"tokens": 256}, "client", extra=extra)
+    # 30 experts streamed and 2 misses copied; the KV bytes of h2d_bytes are not experts
+    rows += results.make_rows(f, DEVICE, "sweep", "job-stream", 0, "prefill_fresh",
+                              {"expert_hits": 0.0, "expert_misses": 2.0, "h2d_expert_bytes": 32.0 * eb,
+                               "h2d_bytes": 32.0 * eb + 12345.0}, "engine", extra=extra)
+    pred = predict_for(pd.DataFrame(rows), load_profile("rtx4090-pcie4-x16"), counts="measured")
+    fresh = pred[pred["phase"] == "prefill_fresh"].set_index("metric")["value"]
+    assert fresh["h2d_bytes"] == pytest.approx(32.0 * eb)
+
+
+def _write_job(job_dir, model: dict, rows: list[dict], trace=None) -> None:
+    manifest = {"sweep_id": rows[0]["sweep_id"], "job_id": rows[0]["job_id"], "config": {"model": model}}
+    results.write_job(job_dir, rows, manifest)
+    if trace is not None:
+        save_trace(job_dir / TRACE_FILE, trace)
+
+
+def test_job_inputs_give_the_jobs_model_and_its_recorded_trace(tmp_path):
+    """A truncated model comes from the manifest (its rows name only the preset), and the
+    simulated counts replay the routing the job recorded."""
+    meas = _fetch_job(context=40)
+    model = {"name": "tiny-mixtral", "path": None, "dtype": "float32", "num_layers": 2, "seed": 0}
+    cfg = preset("tiny-mixtral").replace(num_layers=2, moe_layers=(0, 1))
+    trace = generate(2, 8, 2, 200, zipf=1.2, reuse=0.3, seed=4, expert_bytes=cfg.expert_params * 4,
+                     meta={"model": "tiny-mixtral"})
+    _write_job(tmp_path / "sweep" / "a", model, meas.to_dict("records"), trace)
+    inputs = job_inputs(tmp_path)
+    assert list(inputs) == [("sweep", "job-fetch")]
+    got = inputs[("sweep", "job-fetch")]
+    assert got.cfg.num_layers == 2 and got.cfg.moe_layers == (0, 1) and got.trace == tmp_path / "sweep" / "a" / TRACE_FILE
+    pred = predict_for(meas, load_profile("rtx4090-pcie4-x16"), inputs=inputs)
+    assert set(pred["routing"]) == {"trace:tiny-mixtral"}
+    shape = WorkloadShape(40, 4, turn_tokens=64)
+    work = scenario_work(cfg, PlacementSpec("fetch", capacity=4), shape, Routing.from_trace(trace))
+    for phase, w in work.items():
+        p = pred[(pred["phase"] == phase)].set_index("metric")["value"]
+        assert (p["expert_hits"], p["expert_misses"]) == (w.total("hits"), w.total("misses")), phase
+    # without the job's inputs a truncated run would be predicted for the whole preset
+    whole = predict_for(meas, load_profile("rtx4090-pcie4-x16"))
+    assert whole[whole["metric"] == "expert_hits"]["value"].sum() > pred[pred["metric"] == "expert_hits"]["value"].sum()
