@@ -69,7 +69,8 @@ def _varying(df: pd.DataFrame) -> list[str]:
 
 def sweep_table(df: pd.DataFrame, columns: Sequence[Column] = COLUMNS) -> pd.DataFrame:
     """One row per job: the varying factors, then per column `<label>` (median), `<label> ±`
-    (half the min-max range over repeats) and `<label> n`; failed jobs get `status`/`error`."""
+    (half the min-max range over repeats), `<label> n` and `<label> source`; failed jobs get
+    `status`/`error`."""
     factors = _varying(df)
     values = _per_job(df, factors)
     speed = speed_rows(df)
@@ -81,11 +82,15 @@ def sweep_table(df: pd.DataFrame, columns: Sequence[Column] = COLUMNS) -> pd.Dat
         row["error"] = str(failed.iloc[0].get("error", "")).splitlines()[0] if len(failed) else None
         mine = speed[(speed["job_id"] == job_id) & speed["repeat"].notna()]     # the measured repeats
         for col in columns:
-            vals = mine[(mine["phase"] == col.phase) & (mine["metric"] == col.metric)
-                        & (mine["source"] == col.source)]["value"].dropna()
+            here = mine[(mine["phase"] == col.phase) & (mine["metric"] == col.metric)]
+            # the column's source; a job that has only another (llama-bench imports: the engine's
+            # own timings) shows that one, labelled -- one source per cell, never mixed
+            source = col.source if (here["source"] == col.source).any() else next(iter(sorted(set(here["source"]))), None)
+            vals = here[here["source"] == source]["value"].dropna()
             row[col.label] = float(vals.median()) / col.scale if len(vals) else None
             row[f"{col.label} ±"] = float(vals.max() - vals.min()) / 2 / col.scale if len(vals) > 1 else None
             row[f"{col.label} n"] = int(len(vals))
+            row[f"{col.label} source"] = source if len(vals) else None
         out.append(row)
     return pd.DataFrame(out)
 
@@ -111,7 +116,9 @@ def display_rows(t: pd.DataFrame, columns: Sequence[Column] = COLUMNS) -> tuple[
     rows = []
     for _, r in t.iterrows():
         cells = ["—" if pd.isna(r[c]) else str(r[c]) for c in factors]
-        cells += [_cell(r[col.label], r[f"{col.label} ±"], col.fmt) for col in shown]
+        cells += [_cell(r[col.label], r[f"{col.label} ±"], col.fmt)
+                  + ("" if r[f"{col.label} source"] in (None, col.source) or pd.isna(r[f"{col.label} source"])
+                     else f" ({r[f'{col.label} source']})") for col in shown]
         if "error" in header:
             cells.append("" if pd.isna(r["error"]) else str(r["error"]))
         rows.append(cells)

@@ -136,6 +136,8 @@ class LlamaCppAdapter(EngineAdapter):
     def phase_metrics(self) -> dict[str, float | None]:
         out, self._metrics = self._metrics, {}
         out["peak_host_rss_bytes"] = self.server.peak_rss_bytes()     # the server process, not the harness
+        if self.device_kind == "cuda":                                 # NVML: what the server holds now, not a peak
+            out["device_used_bytes"] = _nvml_process_bytes(self.server.pid)
         return out
 
     def reset_device_peak(self) -> None:
@@ -244,3 +246,26 @@ def _diffs(cumulative_ms: list[float] | None) -> list[float]:
     if not cumulative_ms or len(cumulative_ms) < 2:
         return []
     return [(b - a) / 1e3 for a, b in zip(cumulative_ms, cumulative_ms[1:])]
+
+
+def _nvml_process_bytes(pid: int) -> float | None:
+    """GPU memory process `pid` holds, from NVML (None without NVML or when it is not listed).
+    Unverified: written to NVML's API, never run on a GPU in this project yet."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        try:
+            total = 0
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+                for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                    if p.pid == pid and p.usedGpuMemory is not None:
+                        total += int(p.usedGpuMemory)
+            return float(total) if total else None
+        finally:
+            pynvml.nvmlShutdown()
+    except pynvml.NVMLError:
+        return None

@@ -1,0 +1,133 @@
+"""`engine=llamacpp` through the real CLI and the real pinned llama.cpp: every phase, agreement
+with our exact reference in the exact configuration and not in a lossy one, its knobs as sweep
+axes in one table, validation before launch, a server killed mid-job, llama-bench import."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from harness import results
+
+REPO = Path(__file__).resolve().parents[2]
+SMALL = ["engine=llamacpp", "workload=chat", "workload.context_tokens=256", "workload.gen_tokens=8",
+         "run.repeats=1", "run.quiet=true"]
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _built(bins):          # the real build (tests/llamacpp/conftest.py): skip or fail when missing
+    return bins
+
+
+def cli(args: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=900)
+    if check:
+        assert proc.returncode == 0, f"{args}\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def run_dir(cwd: Path) -> Path:
+    return next((cwd / "results" / "runs").iterdir())
+
+
+def test_every_phase_in_the_exact_configuration(tmp_path):
+    cli(SMALL, tmp_path)
+    d = run_dir(tmp_path)
+    df = results.load(d)
+    assert (df.status == "ok").all()
+    assert {"load", "prefill_fresh", "decode", "prefill_continuation", "kv_offload", "prefill_restored"} <= set(df.phase)
+    speed = df[df.profiler == "none"]
+    eng = speed[speed.source == "engine"].set_index(["phase", "metric"])["value"]
+    assert (speed[speed.metric == "token_agreement"].value == 1.0).all()        # tokens of our exact reference
+    assert speed[speed.metric == "max_abs_logprob_diff"].value.max() < 1e-3     # and its top-k logprobs
+    client = speed[speed.source == "client"].set_index(["phase", "metric"])["value"]
+    assert eng[("prefill_fresh", "reused_tokens")] == 0                         # a fresh prefill is fresh
+    for phase in ("prefill_continuation", "prefill_restored"):                  # the server reused the whole history
+        assert eng[(phase, "reused_tokens")] == client[(phase, "reused_tokens")] > 256
+    assert eng[("kv_offload", "saved_state_bytes")] > 0 and eng[("prefill_restored", "restore_s")] >= 0
+    assert eng[("decode", "time_s")] > 0 and eng[("prefill_fresh", "peak_host_rss_bytes")] > 0
+    assert speed[speed.metric == "h2d_bytes"].value.isna().all()                # not measurable: null, never 0
+    assert set(speed.placement.dropna()) == set() and set(speed.flash_attn.dropna()) == {"off"}
+    assert (d / "llama-server.log").stat().st_size > 0
+
+
+def test_a_lossy_setting_is_reported_not_hidden(tmp_path):
+    cli([*SMALL, "engine.weights=q8_0", "workload.gen_tokens=32"], tmp_path)
+    df = results.load(run_dir(tmp_path))
+    decode = df[(df.profiler == "none") & (df.phase == "decode") & (df.metric == "token_agreement")]
+    assert len(decode) == 1 and decode.value.iloc[0] < 1.0
+    assert set(df.gguf_type.dropna()) == {"q8_0"}
+
+
+def test_knobs_are_sweep_axes_in_one_table_beside_our_hybrid(tmp_path):
+    cli(["-m", "engine.n_cpu_moe=0,2", "workload.ubatch=64,128", "run.sweep_id=both", *SMALL], tmp_path)
+    cli(["-m", "placement=hybrid", "placement.n_cpu_layers=0,2", "run.sweep_id=both", "run.resume=add",
+         *[a for a in SMALL if a != "engine=llamacpp"]], tmp_path)
+    sweep = tmp_path / "results" / "sweeps" / "both"
+    df = results.load(sweep / results.SWEEP_TABLE)
+    assert df.job_id.nunique() == 6 and (df.status == "ok").all()
+    ll = df[df.engine == "llamacpp"].groupby("job_id")[["n_cpu_moe", "ubatch"]].first()
+    assert sorted(map(tuple, ll.astype(int).to_numpy())) == [(0, 64), (0, 128), (2, 64), (2, 128)]
+    table = cli(["table", str(sweep), "--format", "csv"], tmp_path).stdout
+    header = table.splitlines()[0].split(",")
+    assert {"engine", "n_cpu_moe", "ubatch", "placement_options", "tg tok/s"} <= set(header)
+    assert len(table.strip().splitlines()) == 1 + 6
+
+
+def test_unsupported_knobs_fail_before_any_server_starts(tmp_path):
+    proc = cli([*SMALL, "engine.cache_type_k=q9_9"], tmp_path, check=False)
+    assert proc.returncode == 1
+    err = results.load(run_dir(tmp_path)).error.dropna().iloc[0]
+    assert "q9_9" in err and "accepts" in err
+    proc = cli([*SMALL, "engine.config=fastest"], tmp_path, check=False)
+    assert proc.returncode == 1
+    errs = results.load(tmp_path / "results" / "runs").error.dropna()
+    assert errs.str.contains("config: allowed \\['exact', 'defaults'\\], got 'fastest'").any()
+
+
+def test_a_server_killed_mid_job_becomes_a_failed_row_with_its_log(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    args = ["-m", "engine.n_cpu_moe=0,1", "run.sweep_id=k", *[a for a in SMALL if not a.startswith("run.repeats")],
+            "run.repeats=40", "workload.gen_tokens=16"]
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", *args], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    victim = None
+    deadline = time.time() + 300
+    while victim is None and time.time() < deadline and proc.poll() is None:
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            if "llama-server" in child.name():
+                victim = child
+        time.sleep(0.2)
+    assert victim is not None, "no llama-server started"
+    time.sleep(2.0)                           # mid-job: past the server's start, inside the repeats
+    os.kill(victim.pid, signal.SIGKILL)
+    out, err = proc.communicate(timeout=900)
+    assert proc.returncode == 1, err
+    df = results.load(tmp_path / "results" / "sweeps" / "k" / results.SWEEP_TABLE)
+    failed = df[df.status == "failed"]
+    assert failed.job_id.nunique() == 1 and "last lines of the llama-server log" in failed.error.iloc[0]
+    assert (df[df.status == "ok"].groupby("job_id").size() > 0).sum() == 1      # the next job ran on a new server
+    job_dir = next(p for p in (tmp_path / "results" / "sweeps" / "k").iterdir()
+                   if p.is_dir() and (p / "DONE").is_file() and json.loads((p / "DONE").read_text())["status"] == "failed")
+    assert (job_dir / "llama-server.log").stat().st_size > 0
+
+
+def test_llama_bench_results_join_the_tables(tmp_path, bins, gguf_f32):
+    out = tmp_path / "bench.jsonl"
+    subprocess.run([str(bins.bench), "-m", str(gguf_f32.path), "-p", "16", "-n", "4", "-r", "2", "-t", "1",
+                    "-o", "jsonl"], stdout=out.open("w"), check=True, timeout=300)
+    cli(["import", "llama-bench", str(out), "--out", str(tmp_path / "imported")], tmp_path)
+    df = results.load(tmp_path / "imported")
+    assert set(df.engine) == {"llamacpp"} and {"prefill_fresh", "decode"} <= set(df.phase)
+    assert df[df.metric == "tok_per_s"].groupby("phase").size().min() == 2       # the raw samples as repeats
+    assert "pp tok/s" in cli(["table", str(tmp_path / "imported")], tmp_path).stdout
