@@ -13,6 +13,7 @@ import pytest
 
 from harness import results
 
+pytestmark = pytest.mark.slow     # subprocess/CLI or multi-second runs: `make test` runs them, `-m "not slow"` skips
 REPO = Path(__file__).resolve().parents[1]
 
 PLUGIN = '''

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow     # subprocess/CLI or multi-second runs: `make test` runs them, `-m "not slow"` skips
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
 

@@ -58,6 +58,7 @@ def samples(mean: float, n: int, seed: int, sd: float = 0.02) -> list[float]:
 CHECKS = ["decode.tok_per_s:-5%", "prefill_fresh.ttft_s:+10%"]
 
 
+@pytest.mark.slow
 def test_a_20_percent_slowdown_is_a_regression(tmp_path: Path) -> None:
     base = write(tmp_path / "base", "s", samples(1000, 5, 0))
     new = write(tmp_path / "new", "s", samples(800, 5, 1))
@@ -79,6 +80,7 @@ def test_a_20_percent_slowdown_is_a_regression(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.slow
 def test_same_distribution_is_not_flagged(tmp_path: Path, seed: int) -> None:
     base = write(tmp_path / "base", "s", samples(1000, 5, 10 + seed))
     new = write(tmp_path / "new", "s", samples(1000, 5, 20 + seed))
@@ -89,6 +91,7 @@ def test_same_distribution_is_not_flagged(tmp_path: Path, seed: int) -> None:
     assert "**PASS**" in (tmp_path / "r.md").read_text()
 
 
+@pytest.mark.slow
 def test_improvement_is_not_a_regression(tmp_path: Path) -> None:
     cmp = C.compare_paths(write(tmp_path / "b", "s", samples(800, 5, 0)), write(tmp_path / "n", "s", samples(1000, 5, 1)),
                           CHECKS)
@@ -96,6 +99,7 @@ def test_improvement_is_not_a_regression(tmp_path: Path) -> None:
     assert "improvement" in set(cmp.table["verdict"])
 
 
+@pytest.mark.slow
 def test_different_configs_are_not_comparable(tmp_path: Path) -> None:
     base = write(tmp_path / "base", "s", samples(1000, 5, 0))
     new = write(tmp_path / "new", "s", samples(500, 5, 1), factors={**FACTORS, "cache_capacity": "2"})
@@ -123,6 +127,7 @@ def test_device_or_engine_version_change_is_not_comparable(tmp_path: Path, chang
     assert len(cmp.regressions) == 0
 
 
+@pytest.mark.slow
 def test_git_commit_is_not_a_reason(tmp_path: Path) -> None:
     base = write(tmp_path / "base", "s", samples(1000, 5, 0))
     new = tmp_path / "new" / "sweeps" / "s"
@@ -172,6 +177,7 @@ def test_machine_name(tmp_path: Path) -> None:
     assert C.machine_name().startswith(("linux-", "darwin-", "windows-"))
 
 
+@pytest.mark.slow
 def test_committed_baseline_matches_its_machine_dir() -> None:
     """results/baselines/<machine>/ holds a real regression sweep recorded on <machine>."""
     root = Path(__file__).resolve().parents[2] / "results" / "baselines"
@@ -189,6 +195,7 @@ def test_committed_baseline_matches_its_machine_dir() -> None:
         assert "not comparable" not in set(cmp.table["verdict"]) and not cmp.table["significant"].any()
 
 
+@pytest.mark.slow
 def test_cli_with_nothing_comparable_exits_1_unless_allowed(tmp_path: Path, capsys) -> None:
     base = write(tmp_path / "base", "s", samples(1000, 5, 0))
     new = write(tmp_path / "new", "s", samples(1000, 5, 1), factors={**FACTORS, "cache_capacity": "2"})

@@ -23,6 +23,7 @@ def samples() -> pd.DataFrame:
     return R.load(SAMPLES)
 
 
+@pytest.mark.slow
 def test_samples_hold_every_kind_of_row(samples: pd.DataFrame) -> None:
     """The committed samples are what the notebooks need: speed rows, the timeline pass, the
     trace pass with its routing.npz, several capacities, placements and context lengths."""
@@ -35,6 +36,7 @@ def test_samples_hold_every_kind_of_row(samples: pd.DataFrame) -> None:
     assert size < 600_000, f"results/samples is {size} bytes; keep it small"
 
 
+@pytest.mark.slow
 def test_moebench_plot_writes_every_standard_figure(tmp_path: Path, capsys) -> None:
     assert plot_main([str(SAMPLES), "--out", str(tmp_path), "--dpi", "60"]) == 0
     for name in plots.STANDARD:
@@ -45,6 +47,7 @@ def test_moebench_plot_writes_every_standard_figure(tmp_path: Path, capsys) -> N
     assert len(prov["jobs"]) == 21 and prov["git_commits"]
 
 
+@pytest.mark.slow
 def test_figures_skip_with_a_message_when_their_data_is_absent(tmp_path: Path, samples: pd.DataFrame,
                                                                 capsys) -> None:
     """A results dir without the timeline pass and without any cache placement: those two
@@ -63,6 +66,7 @@ def test_figures_skip_with_a_message_when_their_data_is_absent(tmp_path: Path, s
     assert plot_main([str(job), "--only", "nosuchfigure"]) == 2
 
 
+@pytest.mark.slow
 def test_emulated_runs_are_marked_and_axes_carry_units(samples: pd.DataFrame) -> None:
     fig = plots.capacity_sweep(samples)
     assert isinstance(fig, Figure) and "emulated device" in fig._suptitle.get_text()
@@ -76,6 +80,7 @@ def test_emulated_runs_are_marked_and_axes_carry_units(samples: pd.DataFrame) ->
     assert "emulated" not in plots.capacity_sweep(real)._suptitle.get_text()
 
 
+@pytest.mark.slow
 def test_speed_figures_ignore_instrumented_rows(samples: pd.DataFrame) -> None:
     """Inflating every instrumented row does not move a speed figure's data."""
     noisy = samples.copy()
@@ -85,6 +90,7 @@ def test_speed_figures_ignore_instrumented_rows(samples: pd.DataFrame) -> None:
     assert [p.get_width() for p in a] == [p.get_width() for p in b]
 
 
+@pytest.mark.slow
 def test_measured_hit_rates_match_the_trace_replay(samples: pd.DataFrame) -> None:
     from engine.trace import load_trace
     from harness.sim.replay import replay

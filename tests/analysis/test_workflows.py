@@ -92,6 +92,7 @@ def test_every_command_the_workflows_run_exists() -> None:
     assert SCRIPTS.get("moebench-compare") == "harness.analysis_cli:compare_main"
 
 
+@pytest.mark.slow
 def test_gpu_workflow_overrides_compose_and_validate() -> None:
     env = workflow("gpu-regression.yml")["env"]
     jobs = sweep_jobs(env["REGRESSION_SWEEP"])
@@ -123,6 +124,7 @@ def test_the_cpu_baseline_is_the_gpu_regression_sweep_on_the_cpu() -> None:
 
 
 @pytest.mark.parametrize("preset, target", [("slurm_gpu", "SlurmLauncher"), ("local_cpu", "LocalLauncher")])
+@pytest.mark.slow
 def test_launcher_presets_compose(preset: str, target: str) -> None:
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         cfg = compose(config_name="config", overrides=[f"hydra/launcher={preset}"], return_hydra_config=True)

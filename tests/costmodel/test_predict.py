@@ -26,6 +26,7 @@ def _fetch_decode(profile: str, **kw):
     return predict("mixtral-8x7b", "fetch", MIXTRAL, profile, capacity=4, dtype="bfloat16", **kw).phases["decode"]
 
 
+@pytest.mark.slow
 def test_faster_link_predicts_faster_fetch_decode_at_the_same_hit_rate():
     slow, fast = _fetch_decode("rtx3090-pcie3-x8", hit_rate=0.6), _fetch_decode("rtx5090-pcie5-x16", hit_rate=0.6)
     lookups = 15 * 32 * 2                                   # decode steps x MoE layers x top-k
@@ -56,6 +57,7 @@ def test_resident_has_no_link_term():
     assert ra.h2d_bytes == kv and rb.time_s > ra.time_s
 
 
+@pytest.mark.slow
 def test_overlap_modes_are_ordered():
     t = {o: _fetch_decode_overlap(o) for o in ("none", "auto", "full", 0.0, 0.5, 1.0)}
     assert t["full"] <= t["auto"] < t["none"] == pytest.approx(t[0.0])   # auto: fetch issues its misses ahead
@@ -288,6 +290,7 @@ def test_activation_and_kv_bytes_equal_the_engines_counters():
 
 
 @pytest.mark.parametrize("policy, capacity", [("lru", 2), ("lru", 5), ("fifo", 3), ("belady", 3)])
+@pytest.mark.slow
 def test_cache_replay_equals_the_engine_on_the_same_routing(policy, capacity):
     ref = Engine.from_pretrained("tiny-mixtral", device="cpu", ubatch=SHAPE.ubatch, max_context=256)
     with TraceRecorder(ref) as rec:

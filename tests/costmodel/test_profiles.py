@@ -31,6 +31,7 @@ def test_profile_dir_is_the_hydra_group():
 
 
 @pytest.mark.parametrize("name", PROFILES)
+@pytest.mark.slow
 def test_profile_loads_and_composes(name):
     hw = load_profile(name)
     assert hw.name == name
@@ -105,6 +106,7 @@ def test_missing_figure_is_named_when_needed():
         hw.require("h2d_gbps", why="placement=fetch")
 
 
+@pytest.mark.slow
 def test_calibrate_quick_writes_a_loadable_measured_profile(tmp_path):
     out = tmp_path / "here.yaml"
     before = torch.get_num_threads()

@@ -52,6 +52,7 @@ def _trace_file(path: Path, **kw) -> Path:
 
 
 @pytest.mark.parametrize("damage", ["empty", "truncated", "bad_crc", "not_a_zip"])
+@pytest.mark.slow
 def test_damaged_trace_files_are_refused_at_validation(tmp_path, damage):
     path = _trace_file(tmp_path / "t.npz", compress=False)
     data = path.read_bytes()
@@ -70,6 +71,7 @@ def test_damaged_trace_files_are_refused_at_validation(tmp_path, damage):
     assert str(path) in msg and ("npz" in msg or "empty" in msg)
 
 
+@pytest.mark.slow
 def test_a_good_trace_feeds_belady_and_static(tmp_path):
     path = _trace_file(tmp_path / "t.npz")
     spec = validate(cfg_with("cache.policy=belady", f"cache.policy_options.trace={path}"))

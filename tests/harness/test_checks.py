@@ -19,6 +19,7 @@ from harness.report import Reporter
 from harness.runner import JobContext, run_job
 from harness.scenario import run_repeat
 
+pytestmark = pytest.mark.slow     # subprocess/CLI or multi-second runs: `make test` runs them, `-m "not slow"` skips
 SMALL = ("workload=chat", "workload.context_tokens=256", "workload.gen_tokens=6", "run.timeline=false")
 
 

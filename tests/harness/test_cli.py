@@ -15,6 +15,7 @@ import pytest
 from harness import results
 from harness.contract import ALL_PHASES, MEASURED_PHASES
 
+pytestmark = pytest.mark.slow     # subprocess/CLI or multi-second runs: `make test` runs them, `-m "not slow"` skips
 REPO = Path(__file__).resolve().parents[2]
 SMALL = ["workload=chat", "workload.context_tokens=256", "workload.gen_tokens=8", "run.quiet=true"]
 PHASES = set(ALL_PHASES)

@@ -35,6 +35,7 @@ def cfg_with(*overrides: str):
 
 
 @pytest.mark.parametrize("group", GROUPS)
+@pytest.mark.slow
 def test_every_option_composes_and_validates(group):
     opts = options(group)
     assert opts, group
@@ -49,6 +50,7 @@ def test_every_option_composes_and_validates(group):
         assert spec is not None
 
 
+@pytest.mark.slow
 def test_every_experiment_composes():
     exps = options("experiment")
     assert {"context_pressure", "placement_sweep", "engines"} <= set(exps)
@@ -62,6 +64,7 @@ def test_model_path(tiny_mixtral_dir):
     assert spec.model_config.family == "mixtral" and spec.model_config.vocab_size == 128
 
 
+@pytest.mark.slow
 def test_canonical_overrides():
     spec = validate(cfg_with("model=tiny-mixtral", "placement=fetch", "cache.capacity=4", "cache.policy=lfu",
                              "prefetch=none", "workload=coding_agent", "workload.context_tokens=4096",
@@ -71,11 +74,13 @@ def test_canonical_overrides():
     assert validate(cfg_with("cache.capacity=auto")).capacity == "auto"
 
 
+@pytest.mark.slow
 def test_mistyped_key_hydra():
     with pytest.raises(ConfigCompositionException, match="capacty"):
         cfg_with("cache.capacty=3")
 
 
+@pytest.mark.slow
 def test_mistyped_key_sneaked_in_with_plus():
     try:
         cfg = cfg_with("+cache.capacty=3")
@@ -114,12 +119,14 @@ def test_capacity_out_of_range(capacity):
         validate(cfg_with(f"cache.capacity={capacity}"))
 
 
+@pytest.mark.slow
 def test_context_longer_than_model_allows():
     with pytest.raises(ConfigError, match=r"workload.context_tokens: 9000 .* longer than the model allows "
                                           r"\(max_position_embeddings 8192"):
         validate(cfg_with("workload.context_tokens=9000"))
 
 
+@pytest.mark.slow
 def test_bad_input_fails_before_any_model_loads(tmp_path):
     loads = len(engines.LOADS)
     out = run_job(cfg_with("cache.capacity=1"), JobContext(tmp_path, "s", "j"), Reporter(quiet=True))

@@ -239,6 +239,7 @@ def test_extra_columns_are_kept(tmp_path: Path) -> None:
 
 # ----------------------------------------------------------------------------- sweeps
 
+@pytest.mark.slow
 def test_write_sweep_twice_gives_no_duplicates(tmp_path: Path) -> None:
     sweep = build_tree(tmp_path)
     first = R.write_sweep(sweep)
@@ -253,6 +254,7 @@ def test_write_sweep_twice_gives_no_duplicates(tmp_path: Path) -> None:
     assert not summary.duplicated(["job_id", "phase", "source", "metric"]).any()
 
 
+@pytest.mark.slow
 def test_sweep_table_alone_still_loads(tmp_path: Path) -> None:
     sweep = build_tree(tmp_path)
     R.write_sweep(sweep)
@@ -266,6 +268,7 @@ def test_sweep_table_alone_still_loads(tmp_path: Path) -> None:
     assert len(df) == 25 and (df["job_id"] == "1").sum() == 12
 
 
+@pytest.mark.slow
 def test_summary_medians_spread_and_failed_rows(tmp_path: Path) -> None:
     sweep = build_tree(tmp_path)
     R.write_sweep(sweep)

@@ -34,6 +34,7 @@ def job(tmp_path: Path, *overrides: str):
     return results.load(tmp_path)
 
 
+@pytest.mark.slow
 def test_next_layer_gate_overlaps_copies_with_compute(tmp_path):
     """Reuse-heavy chat workload, emulated fetch with next_layer_gate: copies overlap compute,
     prefetched experts get used, and the tokens are exactly resident's."""
@@ -52,6 +53,7 @@ def test_next_layer_gate_overlaps_copies_with_compute(tmp_path):
     assert ablation.repeat.isna().all()
 
 
+@pytest.mark.slow
 def test_perfetto_trace_has_expected_spans(tmp_path):
     job(tmp_path, "placement=fetch", "cache.capacity=2", "workload=chat", "workload.context_tokens=256",
         "workload.gen_tokens=4", "run.repeats=1", "run.trace=true", "run.ablation=false")
@@ -66,6 +68,7 @@ def test_perfetto_trace_has_expected_spans(tmp_path):
     assert any(e["cat"] == "copy" and e["args"].get("bytes", 0) > 0 for e in events)
 
 
+@pytest.mark.slow
 def test_profiled_rows_never_reach_the_speed_summary(tmp_path):
     df = job(tmp_path, "placement=fetch", "cache.capacity=2", "workload=chat", "workload.context_tokens=256",
              "workload.gen_tokens=4", "run.repeats=2", "run.ablation=false", "run.profiler=torch")
@@ -93,6 +96,7 @@ def test_nsys_missing_gives_a_clear_message(tmp_path, monkeypatch):
 @pytest.mark.parametrize("policy", ["lru", "lfu", "fifo", "belady"])
 @pytest.mark.parametrize("placement,opts", [("fetch", {"cache_capacity": 2}), ("fetch", {"cache_capacity": 5}),
                                             ("stream", {"cache_capacity": 3, "stream_threshold": 8})])
+@pytest.mark.slow
 def test_prefetch_never_changes_outputs(policy, placement, opts):
     prompts = np.random.default_rng(3).integers(0, 512, (2, 30)).tolist()
     ref = Engine.from_pretrained("tiny-mixtral", device="cpu").generate(prompts, 10)

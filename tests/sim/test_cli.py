@@ -28,6 +28,7 @@ def test_replay_prints_and_writes_parquet(textbook: Path, tmp_path: Path, capsys
     assert (df[df.kind == "curve"].capacity.max()) == 8
 
 
+@pytest.mark.slow
 def test_synthetic_with_stats_csv_and_saved_trace(tmp_path: Path, capsys) -> None:
     out, saved = tmp_path / "s.csv", tmp_path / "syn.npz"
     rc = main(["--synthetic", "mixtral-like", "--tokens", "300", "--capacity", "2,4", "--prefetch", "oracle",

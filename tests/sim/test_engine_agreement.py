@@ -52,6 +52,7 @@ def test_recorded_trace_shape_and_steps(trace: RoutingTrace) -> None:
 
 
 @pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.slow
 def test_replay_equals_engine_counters(trace: RoutingTrace, policy: str) -> None:
     options = {"belady": {"future": lookup_sequences(trace, model_layers=True)},
                "static": {"popularity": dict(zip(trace.moe_layers, expert_counts(trace)))}}.get(policy)

@@ -69,6 +69,7 @@ def test_rows_are_tidy_with_bytes() -> None:
 # --- fast paths == the engine's classes --------------------------------------------------------
 @FAST
 @given(traces)
+@pytest.mark.slow
 def test_fast_belady_equals_engine_class(tr: RoutingTrace) -> None:
     caps = list(range(1, tr.n_experts + 1))
     fast = replay(tr, ["belady"], caps, fast=True)
@@ -78,6 +79,7 @@ def test_fast_belady_equals_engine_class(tr: RoutingTrace) -> None:
 
 @FAST
 @given(traces)
+@pytest.mark.slow
 def test_stack_distance_curve_equals_per_capacity_lru(tr: RoutingTrace) -> None:
     curve = lru_curve(tr)
     sim = replay(tr, ["lru"], list(range(1, tr.n_experts + 1)))
@@ -92,6 +94,7 @@ def test_stack_distances_by_hand() -> None:
 # --- properties --------------------------------------------------------------------------------
 @FAST
 @given(traces)
+@pytest.mark.slow
 def test_belady_never_misses_more_than_any_policy(tr: RoutingTrace) -> None:
     caps = list(range(1, tr.n_experts + 1))
     df = replay(tr, POLICIES, caps)
@@ -101,6 +104,7 @@ def test_belady_never_misses_more_than_any_policy(tr: RoutingTrace) -> None:
 
 @FAST
 @given(traces)
+@pytest.mark.slow
 def test_misses_non_increasing_with_capacity_for_stack_policies(tr: RoutingTrace) -> None:
     df = replay(tr, ["lru", "belady"], list(range(1, tr.n_experts + 1)))
     for (_, _), g in df.groupby(["policy", "layer"]):
@@ -109,6 +113,7 @@ def test_misses_non_increasing_with_capacity_for_stack_policies(tr: RoutingTrace
 
 @FAST
 @given(traces)
+@pytest.mark.slow
 def test_replay_matches_reference_loop(tr: RoutingTrace) -> None:
     """Per layer, replay's counts equal the engine's reference loop on the lookup sequence."""
     df = replay(tr, ["lru", "lfu", "fifo"], [2])
@@ -134,6 +139,7 @@ def slow_oracle_hidden(ids: list[int], steps: list[int], hit: list[bool], capaci
 
 @FAST
 @given(traces, st.integers(1, 8), st.integers(0, 2**32 - 1))
+@pytest.mark.slow
 def test_oracle_hidden_matches_slow_definition(tr: RoutingTrace, capacity: int, seed: int) -> None:
     rng = np.random.default_rng(seed)
     for ids, steps in lookup_arrays(tr):

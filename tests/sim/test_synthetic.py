@@ -25,6 +25,7 @@ def mixtral_stats():
     return trace_stats(generate_preset("mixtral-like", tokens=30_000, seed=0))
 
 
+@pytest.mark.slow
 def test_mixtral_like_meets_published_first_choice_repetition(mixtral_stats) -> None:
     got = mixtral_stats["first_same"].to_numpy()
     for layer, target in MIXTRAL_FIRST_SAME.items():
@@ -41,6 +42,7 @@ def test_mixtral_like_shape_and_bytes() -> None:
     assert p.expert_bytes == 3 * 4096 * 14336 * 2                        # bf16 gate/up/down
 
 
+@pytest.mark.slow
 def test_olmoe_like_has_noticeable_skew() -> None:
     df = trace_stats(generate_preset("olmoe-like", tokens=10_000, seed=0))
     ratio = (df["top_rate"] / df["uniform_rate"]).to_numpy()              # top expert vs k/E
@@ -49,6 +51,7 @@ def test_olmoe_like_has_noticeable_skew() -> None:
     assert (df["n_experts"] == 64).all() and (df["top_k"] == 8).all()
 
 
+@pytest.mark.slow
 def test_uniform_baseline_matches_random_expectations() -> None:
     df = trace_stats(generate_preset("uniform-64x8", tokens=4_000, seed=0))
     assert np.allclose(df["reuse_rate"], df["reuse_random"], atol=0.01)

@@ -45,6 +45,7 @@ def test_continuation_exact_for_any_turn_size(tok: ByteTokenizer, turn_tokens: i
 
 
 @pytest.mark.parametrize("name", sorted(WORKLOADS))
+@pytest.mark.slow
 def test_deterministic(tok: ByteTokenizer, name: str) -> None:
     a = build(name, tok, 4096, turn_tokens=32, batch=2, seed=3)
     b = build(name, tok, 4096, turn_tokens=32, batch=2, seed=3)
@@ -92,6 +93,7 @@ def test_coding_agent_quotes_real_stdlib_source(tok: ByteTokenizer) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(WORKLOADS))
+@pytest.mark.slow
 def test_final_turn_survives_trimming(tok: ByteTokenizer, name: str) -> None:
     big = build(name, tok, 8192, batch=2, seed=5)
     for row, meta in zip(big.contexts, big.meta["rows"]):
