@@ -138,6 +138,7 @@ def test_git_commit_is_not_a_reason(tmp_path: Path) -> None:
     assert "aaaaaaaaaa" in cmp.markdown() and "bbbbbbbbbb" in cmp.markdown()
 
 
+@pytest.mark.slow
 def test_small_samples_fall_back_to_confidence_intervals() -> None:
     # 3 + 3: Mann-Whitney cannot go below p = 0.1, so the t-interval rule decides
     assert C.min_mwu_p(3, 3) == pytest.approx(0.1) and C.min_mwu_p(4, 4) < 0.05

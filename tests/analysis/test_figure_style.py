@@ -23,6 +23,7 @@ from matplotlib.figure import Figure
 from harness import plots, plotstyle
 from harness import results as R
 
+pytestmark = pytest.mark.slow     # renders every standard figure: `make test` runs it
 REPO = Path(__file__).resolve().parents[2]
 SAMPLES = REPO / "results" / "samples"
 THIRD_PARTY = "my_offload"

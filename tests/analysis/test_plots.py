@@ -112,6 +112,7 @@ def _files(root: Path) -> set[Path]:
     return {p for p in root.rglob("*") if p.is_file()}
 
 
+@pytest.mark.slow
 def test_moebench_plot_writes_to_figures_name_in_the_current_directory(tmp_path: Path, monkeypatch) -> None:
     """By default the figures go to ./figures/<results dir name>, never next to the results."""
     before = _files(SAMPLES)
@@ -122,6 +123,7 @@ def test_moebench_plot_writes_to_figures_name_in_the_current_directory(tmp_path:
     assert _files(SAMPLES) == before
 
 
+@pytest.mark.slow
 def test_moebench_plot_refuses_committed_results_unless_asked(tmp_path: Path, samples: pd.DataFrame,
                                                               capsys, monkeypatch) -> None:
     before = _files(SAMPLES)

@@ -87,6 +87,7 @@ def test_pipelined_copies_by_hand():
                              np.array([3.0, 2.0]), 1) == 3.0
 
 
+@pytest.mark.slow
 def test_issue_ahead_is_asked_of_the_placement_traits():
     """The copy schedule comes from `traits.issue_ahead`: fetch's option, or a third-party
     placement's own answer -- never the placement's name."""
@@ -128,6 +129,7 @@ def test_attention_bytes_read_kv_once_at_kv_heads():
     assert f.attn_bytes == 32 * (2 * 8 * 128 * S + 2 * 32 * 128) * 2 == 4_295_491_584
 
 
+@pytest.mark.slow
 def test_mixtral_32k_decode_on_h100_is_bound_by_weights_and_kv_read_once():
     """Resident Mixtral-8x7B, bf16, 32K context, on the H100 SXM profile (3350 GB/s, 989.4
     TFLOP/s): decode is bandwidth-bound, so time per token = bytes / 3350e9, by hand:

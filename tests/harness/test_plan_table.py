@@ -102,6 +102,7 @@ def test_table_formats_match_golden_files(tmp_path, fmt):
     assert text == path.read_text(), f"{path} differs (MOEBENCH_UPDATE_GOLDEN=1 to regenerate, then review)"
 
 
+@pytest.mark.slow
 def test_table_rows_columns_and_failed_jobs(tmp_path):
     t = sweep_table(R.load(_tree(tmp_path)))
     assert list(t["placement"]) == ["fetch", "fetch", "resident", "cpu"] and "cache_capacity" in t
@@ -114,6 +115,7 @@ def test_table_rows_columns_and_failed_jobs(tmp_path):
 
 
 @pytest.mark.parametrize("quiet", [False, True])
+@pytest.mark.slow
 def test_sweep_progress_is_shown_unless_quiet(tmp_path, quiet):
     args = ["-m", "placement=resident,cpu", "workload=chat", "workload.context_tokens=256", "workload.gen_tokens=2",
             "run.repeats=1", "run.timeline=false", "run.ablation=false", f"run.quiet={str(quiet).lower()}"]
