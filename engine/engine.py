@@ -31,7 +31,7 @@ from engine.config import ModelConfig, preset, PRESETS
 from engine.counters import Counters
 from engine.devices import Device, fmt_bytes, parse_bytes
 from engine.hostmem import host_alloc_bytes
-from engine.hooks import NULL, Instrument
+from engine.hooks import NULL, Instrument, Progress
 from engine.kv import Session
 from engine.model import MoEModel, TensorSource
 from engine.placements.base import PlacementContext
@@ -66,6 +66,7 @@ class Engine:
                         dtype: str = "float32", ubatch: int = 512, max_context: int | None = None,
                         batch: int = 1, device_memory: int | str | None = None, reserve_bytes: int | None = None,
                         seed: int = 0, instrument: Instrument | None = None, record_lookups: bool = False,
+                        progress: Progress | None = None,
                         model_overrides: dict[str, Any] | None = None, **placement_options: Any) -> "Engine":
         """Validate, plan, then load. Raises before allocating anything when the input is wrong.
 
@@ -125,7 +126,8 @@ class Engine:
             strategy = placement_cls(ctx, **placement_options)
             _check_host_ram(cfg, dt, ckpt_dir, host_ram_needed(cfg, dt, strategy, dev, plan))
             ckpt = Checkpoint(ckpt_dir) if ckpt_dir is not None else None
-            model.load(TensorSource(cfg, ckpt, seed), strategy.expert_on_device, pin_host=strategy.copies_experts)
+            model.load(TensorSource(cfg, ckpt, seed), strategy.expert_on_device, pin_host=strategy.copies_experts,
+                       progress=progress)
             strategy.setup()
             if prefetch != "none":
                 model.prefetcher = prefetch_cls(PrefetchContext(cfg, strategy.cache, model.routers),
@@ -172,6 +174,8 @@ class Engine:
         if self.model.prefetcher is not None:
             self.model.prefetcher.reset()
         self._counters.reset()
+
+    progress: Progress | None = None      # hears ("prefill", chunk, chunks) per micro-batch when set
 
     def set_instrument(self, instrument: Instrument | None) -> None:
         """Switch instrumentation (timeline, NVTX) on or off; None restores the no-op default."""
@@ -222,9 +226,12 @@ class Engine:
             raise ValueError(f"context {sess.length + T} exceeds max_position_embeddings "
                              f"{self.cfg.max_position_embeddings}")
         outs = []
-        for s in range(0, T, self.ubatch):
+        chunks = -(-T // self.ubatch)
+        for n, s in enumerate(range(0, T, self.ubatch)):
             with self.model.instrument.span("step", phase="prefill", tokens=min(self.ubatch, T - s) * sess.batch):
                 outs.append(self.model.forward(ids[:, s:s + self.ubatch], sess, all_logits))
+            if self.progress is not None and chunks > 1:
+                self.progress("prefill", n + 1, chunks)
         return torch.cat(outs, dim=1) if all_logits else outs[-1]
 
     @torch.inference_mode()

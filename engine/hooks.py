@@ -14,6 +14,7 @@ With the default `NULL`, a span costs one method call and a shared context manag
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable
 from typing import Any
 
 _NULL_CTX = nullcontext()
@@ -40,6 +41,11 @@ class Instrument:
 
 
 NULL = Instrument()
+
+
+# progress of long engine work, (what, done, total): ("load", MoE layers loaded, MoE layers),
+# ("prefill", micro-batches done, micro-batches); the harness shows it, the engine never prints
+Progress = Callable[[str, int, int], None]
 
 
 class RoutingHook:

@@ -28,7 +28,7 @@ from engine.checkpoint import Checkpoint
 from engine.config import ModelConfig
 from engine.counters import Counters
 from engine.devices import Device
-from engine.hooks import Instrument, RoutingHook
+from engine.hooks import Instrument, Progress, RoutingHook
 from engine.kv import Session
 from engine.prefetch.base import Prefetcher
 
@@ -106,9 +106,11 @@ class MoEModel:
         return {layer.index: layer.moe.router for layer in self.layers if layer.moe is not None}
 
     # --- loading -------------------------------------------------------------------------
-    def load(self, src: TensorSource, expert_on_device: Callable[[int], bool], pin_host: bool = False) -> None:
+    def load(self, src: TensorSource, expert_on_device: Callable[[int], bool], pin_host: bool = False,
+             progress: Progress | None = None) -> None:
         """Every tensor into its home; host expert rows page-locked on CUDA with `pin_host`
-        (for placements that copy experts to the device)."""
+        (for placements that copy experts to the device). `progress` hears ("load", layer, layers)
+        after each MoE layer's experts (the bulk of a big model's load)."""
         dev, dt = self.device, self.dtype
         for block, key, spec in self.arch.walk():
             block.w[key] = dev.adopt(src.get(spec, dt), "weights")
@@ -121,6 +123,8 @@ class MoEModel:
             for e in range(self.cfg.n_experts):
                 src.expert_into(layout, i, e, staging)   # one expert at a time: never two copies of the weights
                 rows[e].copy_(staging)
+            if progress is not None:
+                progress("load", self.cfg.moe_layers.index(i) + 1, len(self.cfg.moe_layers))
 
     # --- sessions and the forward pass ------------------------------------------------------
     def new_session(self, counters: Counters, batch: int, max_tokens: int | None) -> Session:

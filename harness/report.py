@@ -42,10 +42,16 @@ ABLATION_METRICS = (("exposed_copy_ablation_s", "ablation s", "{:.4f}", 1),
 IQR_MIN_N = 4
 
 
+PROGRESS_LOG_EVERY_S = 5.0     # in a log (not a terminal), long-work progress at most this often
+
+
 class Reporter:
     def __init__(self, quiet: bool = False) -> None:
         self.quiet = quiet
         self.console = Console(stderr=True, width=160)
+        self._step = ""                  # the current step's label
+        self._status = None              # its live status line, on a terminal
+        self._last_log = 0.0
 
     def info(self, msg: str) -> None:
         if not self.quiet:
@@ -59,19 +65,40 @@ class Reporter:
     def step(self, label: str) -> Iterator[None]:
         """A step of the current job (warm-up, repeat k/n, a pass): a status line on a terminal,
         one plain line in a log."""
+        self._step = label
+        try:
+            if self.quiet:
+                yield
+            elif ACTIVE:                     # inside a sweep: the sweep's progress shows the step
+                ACTIVE[-1].step(label)
+                yield
+            elif not self.console.is_terminal:
+                self.console.print(Text(f"  {label}"), soft_wrap=True)
+                yield
+            else:
+                with self.console.status(Text(label)) as status:
+                    self._status = status
+                    yield
+        finally:
+            self._step, self._status = "", None
+
+    def progress(self, what: str, done: int, total: int) -> None:
+        """Progress of long engine work inside the current step (a big model's load, a long
+        prefill): kept up to date on a terminal; in a log, at most every few seconds and at the end."""
         if self.quiet:
-            yield
             return
-        if ACTIVE:                       # inside a sweep: the sweep's progress shows the step
-            ACTIVE[-1].step(label)
-            yield
+        text = f"{self._step}: {what} {done}/{total}" if self._step else f"{what} {done}/{total}"
+        live = ACTIVE[-1].progress is not None if ACTIVE else self._status is not None
+        if live:
+            if ACTIVE:
+                ACTIVE[-1].step(text)
+            else:
+                self._status.update(Text(text))
             return
-        if not self.console.is_terminal:
-            self.console.print(Text(f"  {label}"))
-            yield
-            return
-        with self.console.status(Text(label)):
-            yield
+        now = time.perf_counter()
+        if done == total or now - self._last_log >= PROGRESS_LOG_EVERY_S:
+            self._last_log = now
+            self.console.print(Text(f"    {text}"), soft_wrap=True)
 
     def sweep_table(self, df: pd.DataFrame, title: str) -> None:
         """The end of a sweep: one row per configuration (harness.table), failed jobs with their error."""

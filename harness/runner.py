@@ -204,6 +204,7 @@ class Job:
         for r, res in enumerate(measured):
             self.emit_repeat(r, res, "nsys" if nvtx_child else "none", check=run_cfg.check_reference)
         self._passes(spec, eng, sample, warm)
+        eng.set_progress(None)                     # the adapter may serve the next job, with its own reporter
         eng.save_artifacts(self.ctx.job_dir)
         self._ablation(spec, eng, sample, measured, warm)
         self.load_end = MachineLoad.sample(threads)
@@ -220,8 +221,11 @@ class Job:
             prefetch_options["steps"] = self.reference.steps
         key_extra = (self.reference.key,) if spec.prefetch == "trace_oracle" else ()
         with PhaseProbe(kind, None) as probe:
-            eng, loaded = get_adapter(spec, prefetch_options=prefetch_options, key_extra=key_extra)
+            with self.reporter.step("loading the model"):
+                eng, loaded = get_adapter(spec, prefetch_options=prefetch_options, key_extra=key_extra,
+                                          progress=self.reporter.progress)
         self.adapter = eng
+        eng.set_progress(self.reporter.progress)
         self.device = {"device_kind": eng.device_kind, "device_name": eng.device_name, "emulated": eng.emulated}
         load = {"time_s": probe.time_s if loaded else None,
                 "peak_host_rss_bytes": probe.peak_host_rss_bytes if loaded else None,

@@ -84,6 +84,9 @@ class EngineAdapter(ABC):
         """Engine settings that become row columns (e.g. llama.cpp's -ngl, --n-cpu-moe)."""
         return {}
 
+    def set_progress(self, progress: Any) -> None:
+        """Report long work (a long prefill) to `progress(what, done, total)`; None: stop."""
+
     def save_artifacts(self, job_dir: Any) -> None:
         """Write what belongs to the job that just ran into its dir (e.g. a server's log)."""
 

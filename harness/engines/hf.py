@@ -42,7 +42,7 @@ class HFAdapter(EngineAdapter):
         self.emulated = False     # transformers runs on the CPU for real here: no device is emulated
 
     @classmethod
-    def build(cls, spec: Any, options: Any, **kw: Any) -> "HFAdapter":
+    def build(cls, spec: Any, options: Any, **kw: Any) -> "HFAdapter":   # progress etc. do not apply
         return cls(spec)
 
     def new_session(self, batch: int):

@@ -19,7 +19,7 @@ class MoebenchAdapter(EngineAdapter):
     name = "moebench"
 
     def __init__(self, spec: Any, placement: str | None = None, device: str | None = None,
-                 prefetch_options: dict[str, Any] | None = None) -> None:
+                 prefetch_options: dict[str, Any] | None = None, progress: Any = None) -> None:
         from harness.engines import session_tokens_of
 
         w = spec.workload
@@ -35,7 +35,8 @@ class MoebenchAdapter(EngineAdapter):
             max_context=session_tokens_of(spec), batch=w.batch, seed=spec.model.seed,
             device_memory=None if device == "cpu" else spec.hardware.device_memory,
             model_overrides=overrides, prefetch="none" if resident else spec.prefetch,
-            prefetch_options=None if resident else prefetch_options, **({} if resident else spec.placement_options))
+            prefetch_options=None if resident else prefetch_options, progress=progress,
+            **({} if resident else spec.placement_options))
         dev = self.engine.device
         self.device_kind, self.device_name, self.emulated = dev.kind, dev.name, dev.emulated
         self.resolved_capacity = self.engine.plan.capacity
@@ -77,6 +78,9 @@ class MoebenchAdapter(EngineAdapter):
         self.engine.set_instrument(instrument)
         self.instrument = instrument or NULL
         return True
+
+    def set_progress(self, progress: Any) -> None:
+        self.engine.progress = progress
 
     def reset_device_peak(self) -> None:
         ledger = self.engine.device.ledger

@@ -129,6 +129,7 @@ def test_sweep_progress_is_shown_unless_quiet(tmp_path, quiet):
         assert [l.split(" (")[0] for l in lines] == ["job 1/2", "job 2/2"]
         assert "elapsed, ~? left): " in lines[0] and "left): placement=cpu" in lines[0] + lines[1]
         assert "  repeat 1/1" in proc.stderr and "sweep " in proc.stderr and "tg tok/s" in proc.stderr
+        assert "loading the model: load 4/4" in proc.stderr          # long work inside a step shows progress too
 
 
 def test_default_threads_are_the_physical_cores_unless_the_environment_says(monkeypatch):
