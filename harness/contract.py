@@ -78,6 +78,8 @@ METRIC_UNITS: dict[str, str] = {
     "peak_host_rss_bytes": "B",
     "max_abs_logit_diff": "-",
     "token_agreement": "ratio",
+    "roofline_tok_per_s": "tok/s",     # the physical bound (source=model, harness.roofline)
+    "frac_of_roofline": "ratio",
     # beyond §5: prefetch accounting, the emulated device's accounted peak, the paired ablation
     "prefetch_issued": "count",
     "prefetch_used": "count",

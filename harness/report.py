@@ -28,7 +28,8 @@ KEY_METRICS = (("time_s", "time s", "{:.4f}", 1), ("ttft_s", "TTFT s", "{:.4f}",
                ("peak_device_bytes", "device MiB", "{:.1f}", 2**20),
                ("max_abs_logit_diff", "max|Δlogit|", "{:.1e}", 1), ("max_abs_logprob_diff", "max|Δlogprob|", "{:.1e}", 1),
                ("token_agreement", "token agr.", "{:.3f}", 1), ("saved_state_bytes", "saved state MiB", "{:.2f}", 2**20),
-               ("restore_s", "restore s", "{:.4f}", 1))
+               ("restore_s", "restore s", "{:.4f}", 1), ("roofline_tok_per_s", "roofline tok/s", "{:.0f}", 1),
+               ("frac_of_roofline", "of roofline", "{:.3f}", 1))
 TRANSFER_METRICS = (("copy_busy_s", "copy busy s", "{:.4f}", 1), ("overlap_s", "overlap s", "{:.4f}", 1),
                     ("exposed_copy_s", "exposed s", "{:.4f}", 1), ("overlap_frac", "overlap frac", "{:.2f}", 1),
                     ("link_gbps", "link GB/s", "{:.1f}", 1), ("prefetch_issued", "pf issued", "{:.0f}", 1),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import statistics
 import sys
 import time
 import traceback
@@ -34,7 +35,7 @@ from engine.planner import PlanError, plan_memory
 from harness import results
 from harness.ablation import Ablation, ablation_metrics
 from harness.config import RunSpec, validate
-from harness.contract import PREFIX_CACHE
+from harness.contract import MEASURED_PHASES, PREFIX_CACHE
 from harness.engines import EngineAdapter as Adapter, get_adapter, release_cached, session_tokens_of
 from harness.engines.moebench import MoebenchAdapter
 from harness.machine import MachineLoad, default_threads
@@ -44,6 +45,7 @@ from harness.passes import (CudaProfilerRange, relaunch_under_nsys, timeline_pas
                             under_nsys)
 from harness.profiling.torchprof import PROFILER_UNITS
 from harness.reference import Reference, reference_for
+from harness.roofline import BASIS, Roofline, frac, roofline
 from harness.report import Reporter
 from harness.scenario import RepeatResult, check_phase, run_repeat
 from harness.sweep import job_fingerprint, resume_decision
@@ -203,6 +205,7 @@ class Job:
             eng.set_instrument(None)
         for r, res in enumerate(measured):
             self.emit_repeat(r, res, "nsys" if nvtx_child else "none", check=run_cfg.check_reference)
+        self._roofline(spec, eng, measured)
         self._passes(spec, eng, sample, warm)
         eng.set_progress(None)                     # the adapter may serve the next job, with its own reporter
         eng.save_artifacts(self.ctx.job_dir)
@@ -234,6 +237,34 @@ class Job:
                 "emulated_device_peak_bytes": eng.device_peak() if loaded else None}
         self.emit(0, "load", load, "client", model_load="cold" if loaded else "reused", expert_cache="cold")
         return eng, loaded
+
+    # --- the physical limit beside every speed ---------------------------------------------------
+    def _roofline(self, spec: RunSpec, eng: Adapter, measured: list[RepeatResult]) -> None:
+        """Per phase: the bound from bytes and FLOPs at this machine's measured rates, and how close
+        the measured median came (source=model; null with the reason when there are no rates)."""
+        if spec.engine != "moebench":
+            return
+        by_phase: dict[str, dict[str, list[float]]] = {}
+        for res in measured:
+            for ph in res.phases:
+                d = by_phase.setdefault(ph.phase, {})
+                for m in ("expert_hits", "expert_misses"):
+                    if ph.engine.get(m) is not None:
+                        d.setdefault(m, []).append(ph.engine[m])
+                if ph.client.get("tok_per_s") is not None:
+                    d.setdefault("tok_per_s", []).append(ph.client["tok_per_s"])
+        med = {ph: {m: statistics.median(v) for m, v in d.items() if v} for ph, d in by_phase.items()}
+        counts = {ph: {m: d[m] for m in ("expert_hits", "expert_misses") if m in d} for ph, d in med.items()}
+        try:
+            bound = roofline(spec, {ph: c for ph, c in counts.items() if c}, eng.resolved_capacity)
+        except Exception as exc:  # noqa: BLE001 -- a bound is a diagnostic; it never fails the job
+            bound = Roofline(None, reason=f"{type(exc).__name__}: {exc}")
+        for phase in MEASURED_PHASES:
+            if phase not in med:
+                continue
+            b = bound.phases.get(phase)
+            self.emit(None, phase, {"roofline_tok_per_s": b, "frac_of_roofline": frac(med[phase].get("tok_per_s"), b)},
+                      "model", roofline_profile=bound.profile, roofline_basis=BASIS, roofline_reason=bound.reason)
 
     # --- instrumented passes: each may fail on its own ---------------------------------------
     def _passes(self, spec: RunSpec, eng: Adapter, sample: WorkloadSample, warm: WorkloadSample | None) -> None:
