@@ -36,6 +36,7 @@ from harness import results
 from harness.ablation import Ablation, ablation_metrics
 from harness.config import RunSpec, validate
 from harness.contract import MEASURED_PHASES, PREFIX_CACHE
+from harness.dtype_speed import dtype_speed
 from harness.engines import EngineAdapter as Adapter, get_adapter, release_cached, session_tokens_of
 from harness.engines.moebench import MoebenchAdapter
 from harness.machine import MachineLoad, default_threads
@@ -190,6 +191,13 @@ class Job:
                           resolved_capacity=eng.resolved_capacity, placement_options=repr(spec.placement_options),
                           expert_cache_mode=spec.run.expert_cache)
         self.extra.update(eng.knobs())              # an engine's own knobs (llama.cpp's -ngl, -ub, -t ...)
+        if eng.compute_dtype is not None:           # a dtype this machine runs slower than float32 (16.4)
+            speed = dtype_speed(eng.compute_dtype, eng.device_kind)
+            self.extra.update(speed.as_extra())
+            for row in self.rows:                   # the load rows came before the dtype was known
+                row.update(speed.as_extra())
+            if speed.warning():
+                self.reporter.warn(speed.warning())
         gen, run_cfg = spec.workload.gen_tokens, spec.run
         for i in range(run_cfg.warmup):                                 # excluded from every table
             with self.reporter.step(f"warm-up {i + 1}/{run_cfg.warmup}"):

@@ -46,6 +46,7 @@ class EngineAdapter(ABC):
     has_expert_cache: bool = False     # whether phases start from a cold or warm expert cache
     instrument: Instrument = NULL
     uses_placement: ClassVar[bool] = True   # moebench's placement/cache/prefetch factors apply to it
+    compute_dtype: str | None = None   # the torch dtype its matmuls run in; None: the engine picks per tensor
 
     @classmethod
     @abstractmethod

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from engine.dtypes import DTYPES
+from engine.dtypes import DTYPES, dtype_name
 from engine.export import export_preset
 from harness.engines.base import EngineAdapter, Produced, argmax
 
@@ -40,6 +40,7 @@ class HFAdapter(EngineAdapter):
         self.device_kind = "cuda" if cuda else "cpu"
         self.device_name = torch.cuda.get_device_name() if cuda else "cpu"
         self.emulated = False     # transformers runs on the CPU for real here: no device is emulated
+        self.compute_dtype = dtype_name(self.model.dtype)
 
     @classmethod
     def build(cls, spec: Any, options: Any, **kw: Any) -> "HFAdapter":   # progress etc. do not apply

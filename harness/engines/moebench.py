@@ -41,6 +41,7 @@ class MoebenchAdapter(EngineAdapter):
         self.device_kind, self.device_name, self.emulated = dev.kind, dev.name, dev.emulated
         self.resolved_capacity = self.engine.plan.capacity
         self.has_expert_cache = self.engine.placement.cache is not None
+        self.compute_dtype = self.engine.options["dtype"]
 
     @classmethod
     def build(cls, spec: Any, options: Any, **kw: Any) -> "MoebenchAdapter":
