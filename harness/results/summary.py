@@ -59,11 +59,12 @@ def spread_table(df: pd.DataFrame) -> pd.DataFrame:
 
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
     """Wide table: one row per (job, phase, source), one column of medians per metric, and
-    `n_repeats`. A failed job is a row with status "failed" and its `error` text."""
+    `n_repeats` (null for rows that are no measurement, such as source=model). A failed job is a row with status "failed" and its `error` text."""
     ok = speed_rows(df)
     wide = (ok.groupby([*SUMMARY_KEYS, "metric"], dropna=False, sort=False)["value"].median()
             .unstack("metric"))
     n_repeats = ok.groupby(SUMMARY_KEYS, dropna=False, sort=False)["repeat"].nunique()
+    n_repeats = n_repeats.where(n_repeats > 0)     # model rows (a roofline) are not repeats: null, not 0
     wide = wide.assign(n_repeats=n_repeats).reset_index()
     metrics = [m for m in METRIC_UNITS if m in wide.columns]
     metrics += sorted(c for c in wide.columns if c not in metrics and c not in SUMMARY_KEYS and c != "n_repeats")

@@ -9,7 +9,7 @@ import harness.cli  # noqa: F401 -- registers the ConfigStore
 from harness import results
 from harness.cli import CONF_DIR
 from harness.config import validate
-from harness.costmodel.profiles import profile_path
+from harness.costmodel.profiles import PROFILE_DIR
 from harness.report import Reporter
 from harness.roofline import roofline
 from harness.runner import JobContext, run_job
@@ -49,7 +49,7 @@ def test_roofline_rows_bound_the_measurement_and_scale_with_the_rates(tmp_path):
 def test_without_measured_rates_the_rows_say_why():
     spec = validate(cfg_with(*SMALL))
     bound = roofline(spec, {}, None)
-    if profile_path("measured").is_file():        # this machine was calibrated: its figures are used
+    if (PROFILE_DIR / "measured.yaml").is_file():        # this machine was calibrated: its figures are used
         assert bound.profile == "measured" and bound.phases["decode"] > 0
     else:
         assert bound.profile is None and not bound.phases and "moebench calibrate" in bound.reason
