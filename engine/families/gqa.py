@@ -78,7 +78,7 @@ class GQAFamily(Family):
                 own[f] = bool(own[f])
         common = cls.hf_common(d, moe_intermediate_size=d.get("moe_intermediate_size") or inter,
                                moe_layers=cls.moe_layers(d, d["num_hidden_layers"]))
-        return ModelConfig(family=cls.name, arch=GQAConfig(**own), name=name, **common)
+        return ModelConfig(family=cls.name, arch=cls.Config(**own), name=name, **common)
 
     @classmethod
     def moe_layers(cls, d: dict[str, Any], n_layers: int) -> tuple[int, ...]:
