@@ -200,11 +200,13 @@ class DeepseekV3(SigmoidMoEFamily):
                 moe_intermediate_size=64, intermediate_size=128, n_shared_experts=1, n_group=4, topk_group=2,
                 routed_scaling_factor=2.5, max_position_embeddings=8192, rope_theta=10000.0, yarn_factor=4.0,
                 yarn_original_max_position_embeddings=2048, yarn_mscale=1.0, yarn_mscale_all_dim=1.0),
-            # Moonlight's shape at tiny-mixtral's expert scale (8 experts of 3 x 64 x 128, top-2, 4 MoE layers):
-            # the MLA side of the context-pressure benchmark (conf/experiment/context_pressure_mla.yaml)
+            # Moonlight's proportions (heads x head dim = hidden, kv_lora_rank = hidden / 4, rope = nope / 2,
+            # 2 shared experts, a dense first layer 8x an expert wide) at tiny-mixtral's expert scale (4 MoE
+            # layers of 8 experts of 3 x 64 x 128, top-2): the MLA side of the context-pressure benchmark
+            # (conf/experiment/context_pressure_mla.yaml)
             "tiny-moonlight": of(
                 "tiny-moonlight", 1, vocab_size=512, hidden_size=64, num_layers=5, num_heads=4, q_lora_rank=None,
                 kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_experts=8, top_k=2,
-                moe_intermediate_size=128, intermediate_size=128, n_shared_experts=1, n_group=1, topk_group=1,
+                moe_intermediate_size=128, intermediate_size=1024, n_shared_experts=2, n_group=1, topk_group=1,
                 routed_scaling_factor=2.446, max_position_embeddings=8192, rope_theta=50000.0),
         }

@@ -132,7 +132,7 @@ def test_deepseek_v3_plans_the_latent_per_token():
 def test_auto_capacity_shrinks_as_the_latent_grows():
     """cache_capacity='auto' gives what the budget leaves after everything else, the latent growing
     by 5 layers x (16 + 8) x 4 bytes per token; by hand at each context."""
-    cfg, budget = preset("tiny-moonlight"), 6 << 20
+    cfg, budget = preset("tiny-moonlight"), 8 << 20
     slot = cfg.n_moe_layers * cfg.expert_params * 4
     caps, prev = [], None
     for ctx in (256, 1024, 2048, 4096):

@@ -56,3 +56,19 @@ def test_moebench_plan_sizes_the_real_presets_without_weights(tmp_path):
     line = next(x for x in proc.stdout.splitlines() if "MLA latent" in x)
     tokens = int(re.search(r"\(61 layers, 1 x (\d+) tokens\)", line).group(1))   # the context the session needs
     assert tokens >= 4096 and fmt_bytes(70_272 * tokens) in line                  # 61 x (512 + 64) x 2 B per token
+
+
+def test_the_mla_context_pressure_budget_leaves_the_mixtral_experiment_s_room():
+    """conf/experiment/context_pressure_mla.yaml's budget: after each model's own context-independent
+    costs (non-expert weights, one micro-batch's activations, the 5% reserve), both experiments have
+    the same room (to 1 KiB) for state, attention workspace and expert slots -- so the slots differ
+    by the state alone; and at 3072 tokens MLA keeps more slots than GQA."""
+    from harness.plan import plan_of, spec_of
+
+    def room(experiment: str, context: int):
+        plan = plan_of(spec_of([f"experiment={experiment}", f"workload.context_tokens={context}"]))
+        return plan.budget - plan.reserve - plan.non_expert - plan.activations, plan
+
+    (gqa, gqa_plan), (mla, mla_plan) = room("context_pressure", 3072), room("context_pressure_mla", 3072)
+    assert abs(gqa - mla) < 1024
+    assert mla_plan.kv * 2 < gqa_plan.kv and mla_plan.capacity > gqa_plan.capacity
