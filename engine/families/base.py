@@ -17,9 +17,12 @@ from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 from engine.architecture import Architecture
+from engine.blocks.base import Block
 from engine.blocks.decoder import DecoderLayer, Embedding, LMHead
 from engine.blocks.experts import ExpertLayout
+from engine.blocks.mlp import DenseMLP, MoEBlock
 from engine.blocks.norms import RMSNorm
+from engine.blocks.routers import Router
 from engine.config import ModelConfig, UnsupportedModelError
 
 
@@ -57,6 +60,28 @@ class Family(ABC):
     @abstractmethod
     def norm(cls, cfg: ModelConfig, name: str) -> RMSNorm:
         """The family's hidden-size norm for tensor `name`."""
+
+    @classmethod
+    def mlp(cls, cfg: ModelConfig, i: int) -> Block:
+        """Layer i's MLP: `dense_mlp` where cfg has no routed experts, else a MoEBlock of the
+        family's `router`, `experts` and the MLPs `beside` them."""
+        if not cfg.is_moe_layer(i):
+            return cls.dense_mlp(cfg, i)
+        return MoEBlock(i, cls.router(cfg, i), cls.experts(cfg), cls.beside(cfg, i))
+
+    @classmethod
+    def dense_mlp(cls, cfg: ModelConfig, i: int) -> Block:
+        return DenseMLP(f"model.layers.{i}.mlp.", cfg.hidden_size, cfg.arch.intermediate_size, cfg.arch.hidden_act)
+
+    @classmethod
+    def router(cls, cfg: ModelConfig, i: int) -> Router:
+        """MoE layer i's router (a family that builds its MLPs with `mlp` provides it)."""
+        raise NotImplementedError(f"family {cls.name!r} builds MoE blocks with Family.mlp but has no router")
+
+    @classmethod
+    def beside(cls, cfg: ModelConfig, i: int) -> tuple[Block, ...]:
+        """MLPs beside the routed experts of MoE layer i (shared experts), summed after them."""
+        return ()
 
     @classmethod
     def embedding(cls, cfg: ModelConfig) -> Embedding:

@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 from engine.blocks.base import Block
 from engine.blocks.experts import SwiGLUExperts
-from engine.blocks.mlp import DenseMLP, MoEBlock
+from engine.blocks.mlp import DenseMLP
 from engine.blocks.routers import SigmoidGroupTopK
 from engine.config import ModelConfig
 from engine.families.base import Family
@@ -82,13 +82,7 @@ class SigmoidMoEFamily(Family):
                 "first_k_dense_replace": k, "norm_topk_prob": cfg.norm_topk_prob,
                 **{key: getattr(cfg, f) for f, (key, _) in ROUTING_KEYS.items()}}
 
-    # --- blocks -------------------------------------------------------------------------------
-    @classmethod
-    def mlp(cls, cfg: ModelConfig, i: int) -> Block:
-        if not cfg.is_moe_layer(i):
-            return DenseMLP(f"model.layers.{i}.mlp.", cfg.hidden_size, cfg.arch.intermediate_size, cfg.arch.hidden_act)
-        return MoEBlock(i, cls.router(cfg, i), cls.experts(cfg), cls.beside(cfg, i))
-
+    # --- blocks (Family.mlp composes them: dense_mlp for the first layers, else a MoEBlock) ----------
     @classmethod
     def router(cls, cfg: ModelConfig, i: int) -> SigmoidGroupTopK:
         a = cfg.arch

@@ -15,7 +15,7 @@ import torch
 
 from engine import Engine
 from engine.config import preset
-from tests.engine.test_invariant import POLICIES, assert_continuation_equals_fresh, scenario
+from tests.engine.test_invariant import OTHER_PLACEMENTS, POLICIES, assert_continuation_equals_fresh, scenario
 
 MODELS = ("tiny-deepseek", "tiny-glm")          # 4 layers (the first dense), 8 experts in 4 groups, top-2
 _REF: dict = {}
@@ -71,13 +71,7 @@ def test_fetch_every_capacity_and_policy(model, policy, batch):
 
 
 @pytest.mark.parametrize("batch", [1, 3])
-@pytest.mark.parametrize("placement,options", [
-    ("cpu", {}),
-    ("hybrid", {"n_cpu_layers": 0}), ("hybrid", {"n_cpu_layers": 2}), ("hybrid", {"n_cpu_layers": 4}),
-    ("stream", {"cache_capacity": 3, "stream_threshold": 8}),
-    ("stream", {"cache_capacity": 2, "stream_threshold": 0, "stream_buffers": 1}),
-    ("stream", {"stream_fallback": "cpu", "stream_threshold": 8, "stream_buffers": 3}),
-])
+@pytest.mark.parametrize("placement,options", OTHER_PLACEMENTS)
 @pytest.mark.parametrize("model", MODELS)
 def test_other_placements(model, placement, options, batch):
     ref, _ = reference(model, batch)
