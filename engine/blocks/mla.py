@@ -9,8 +9,8 @@ dims (`rope_interleave`), the softmax scale given by the family (DeepSeek-V3's Y
 correction). Does not own: the rope (engine.blocks.rope: Yarn), the state mechanics every kind
 shares (engine.kv: Session, grown_capacity) or the family's config (engine.families.deepseek_v3).
 
-Two kernels compute the same attention from the latent (tests/engine/test_mla.py holds them
-within fp32 rounding of each other and of transformers):
+Two kernels compute the same attention from the latent (tests/engine/test_sigmoid_families.py
+holds both within 1e-4 of transformers and 1e-5 of each other):
 - `absorbed` (default): the key up-projection is absorbed into the query and the value
   up-projection applied after the softmax, so attention runs in latent space as multi-query
   attention whose one key/value head *is* the state buffer: q' = [q_nope W_uk | q_rope]
@@ -200,10 +200,12 @@ class MLAAttention(AttentionBlock):
         q_path = N * H * (n + d) * db + (2 * N * q * db + norm_temp_bytes(N, q, db) if q else 0)
         kv_path = N * (r + d) * db * 3 + norm_temp_bytes(N, r, db)                       # kv_a, normed latent, row
         rope = 4 * N * (H + 1) * d * db                                                  # rotated halves, products
-        if self.kernel == "absorbed":   # absorbed query, its cat with q_rope, attention output [.., r+d], its
-            heads = N * H * (r + (r + d) + (r + d) + r + 2 * v) * db          # latent copy, per-head values, reshape
+        if self.kernel == "absorbed":
+            # q_nope W_uk [r], its cat with q_rope [r+d], the attention output [r+d], its latent part made
+            # contiguous for the einsum [r], the per-head values and their reshape [v each]
+            heads = N * H * (r + (r + d) + (r + d) + r + 2 * v) * db
         else:
-            heads = N * H * (2 * (n + d) + 3 * v) * db                        # query cat; output, transpose, reshape
+            heads = N * H * (2 * (n + d) + 3 * v) * db      # query cat (and a copy); output, transpose, reshape
         return Transient(q_path + kv_path + rope + heads + N * D * db)                  # + o_proj
 
     def workspace_bytes(self, batch: int, tokens: int, context: int, dtype_bytes: int, device_kind: str) -> int:

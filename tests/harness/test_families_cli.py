@@ -72,3 +72,15 @@ def test_the_mla_context_pressure_budget_leaves_the_mixtral_experiment_s_room():
     (gqa, gqa_plan), (mla, mla_plan) = room("context_pressure", 3072), room("context_pressure_mla", 3072)
     assert abs(gqa - mla) < 1024
     assert mla_plan.kv * 2 < gqa_plan.kv and mla_plan.capacity > gqa_plan.capacity
+
+
+def test_truncating_below_the_first_moe_layer_is_refused():
+    """model.num_layers keeps a prefix of the layers: DeepSeek-V3's first 3 are dense, so 3 would
+    leave no MoE layer (refused, naming the smallest allowed), 4 keeps one."""
+    from harness.config import ConfigError
+    from harness.plan import spec_of
+
+    with pytest.raises(ConfigError, match=r"model.num_layers: allowed 4\.\.61 \(the first MoE layer of deepseek-v3 "
+                                          r"is layer 3\), got 3"):
+        spec_of(["model=deepseek-v3", "model.num_layers=3", "cache.capacity=auto"])
+    assert spec_of(["model=deepseek-v3", "model.num_layers=4", "cache.capacity=auto"]).model_config.moe_layers == (3,)
