@@ -45,6 +45,10 @@ class Architecture:
         """Everything except routed experts: embeddings, attention, norms, routers, dense and shared MLPs."""
         return sum(spec.numel for _, _, spec in self.walk())
 
+    def non_expert_bytes(self, dtype_bytes: int) -> int:
+        """Their device bytes at `dtype_bytes` per element (a tensor kept in fp32 at 4)."""
+        return sum(spec.nbytes(dtype_bytes) for _, _, spec in self.walk())
+
     def state_terms(self, dtype_bytes: int) -> list[StateTerm]:
         """Each layer's state term, in layer order."""
         return [layer.attention.state_term(dtype_bytes) for layer in self.layers]

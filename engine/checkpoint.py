@@ -1,8 +1,9 @@
 """Lazy tensor access to a Hugging Face safetensors checkpoint, single file or sharded.
 
 Owns: finding tensors by name across shards (`model.safetensors.index.json` or every
-`*.safetensors` file), reading one row of a stacked tensor, dtype conversion, and clear
-errors for missing tensors. Does not own: which names a model has (each block declares its
+`*.safetensors` file), reading one row of a stacked tensor, dtype conversion (a block-wise FP8
+tensor is dequantised with its `_scale_inv` as it is read, when config.json declares that
+format: engine.quant), and clear errors for missing tensors. Does not own: which names a model has (each block declares its
 tensors, each family's expert layout its expert names: engine.blocks) or where tensors end
 up (engine.model).
 
@@ -13,12 +14,17 @@ destination and dropped.
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
 from engine.dtypes import DTYPES, torch_dtype  # noqa: F401 -- re-exported: callers import them from here
+from engine.quant import FLOAT8, SCALE_SUFFIX, BlockFP8, block_fp8
+
+log = logging.getLogger(__name__)
 
 
 class MissingTensorError(KeyError):
@@ -47,6 +53,12 @@ class Checkpoint:
                     for name in h.keys():
                         self._where[name] = f
         self._handles: dict[Path, object] = {}
+        config = self.path / "config.json"
+        self.fp8: BlockFP8 | None = block_fp8(json.loads(config.read_text())) if config.is_file() else None
+        if self.fp8 is not None:
+            log.warning("%s: block-wise FP8 checkpoint (quant_method fp8, weight_block_size %s): each FP8 weight is "
+                     "dequantised at load (w * weight_scale_inv per block) to the engine's dtype, which it then "
+                     "runs and counts in (not FP8)", self.path, list(self.fp8.block))
 
     def names(self) -> set[str]:
         return set(self._where)
@@ -65,6 +77,8 @@ class Checkpoint:
         if name not in self._where:
             raise MissingTensorError(f"tensor {name!r} is missing from checkpoint {self.path}")
         t = self._handle(self._where[name]).get_tensor(name)
+        if t.dtype in FLOAT8:
+            t = self._dequantize(name, t, lambda scale: self.get(scale))
         return t if dtype is None else t.to(dtype)
 
     def get_row(self, name: str, row: int, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -72,7 +86,19 @@ class Checkpoint:
         if name not in self._where:
             raise MissingTensorError(f"tensor {name!r} is missing from checkpoint {self.path}")
         t = self._handle(self._where[name]).get_slice(name)[row]
+        if t.dtype in FLOAT8:
+            t = self._dequantize(name, t, lambda scale: self.get_row(scale, row))
         return t if dtype is None else t.to(dtype)
+
+    def _dequantize(self, name: str, t: torch.Tensor, scale_of: Callable[[str], torch.Tensor]) -> torch.Tensor:
+        """An FP8 tensor as fp32, through its block scales (never a bare cast of FP8 codes)."""
+        scale = name + SCALE_SUFFIX
+        if self.fp8 is None:
+            raise ValueError(f"tensor {name!r} in {self.path} is stored as {t.dtype}, but config.json declares no "
+                             "block-wise FP8 quantization_config (quant_method 'fp8', weight_block_size) to read it by")
+        if scale not in self._where:
+            raise MissingTensorError(f"FP8 tensor {name!r} has no {scale!r} in checkpoint {self.path}")
+        return self.fp8.dequantize(t, scale_of(scale))
 
     def close(self) -> None:
         self._handles.clear()

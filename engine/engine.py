@@ -293,7 +293,7 @@ def host_ram_needed(cfg: ModelConfig, dt: torch.dtype, strategy: Any, dev: Devic
     layer_bytes = cfg.n_experts * plan.expert_bytes
     host_layers = [l for l in cfg.moe_layers if not strategy.expert_on_device(l)]
     method = dev.pin_method(strategy.copies_experts)
-    rows = [("non-expert weights", cfg.non_expert_params() * dt.itemsize),
+    rows = [("non-expert weights", cfg.architecture().non_expert_bytes(dt.itemsize)),
             (f"host expert store ({len(host_layers)} layers x {fmt_bytes(layer_bytes)}, {method})",
              len(host_layers) * host_alloc_bytes(layer_bytes, method))]
     if dev.emulated:

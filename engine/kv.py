@@ -17,10 +17,10 @@ Owns:
 Does not own: attention math (engine.blocks.attention, engine.layers) or when a session is
 displaced (the caller decides).
 
-Kinds to come plug in as subclasses beside the block that uses them: an MLA latent
-(`per_token` = latent + rope key, like FullKV with one [B, S, r] buffer), a recurrent/conv
-state (`fixed` bytes, `reserve` allocates once whatever the tokens, `snapshot` returns the
-whole tensors: tests/engine/test_kv.py has one).
+Other kinds are subclasses beside the block that uses them: an MLA latent
+(engine.blocks.mla.LatentKV: one [B, S, rank + rope] buffer, grown like FullKV by
+`grown_capacity`), a recurrent/conv state (`fixed` bytes, `reserve` allocates once whatever
+the tokens, `snapshot` returns the whole tensors: tests/engine/test_kv.py has one).
 
 Displaced state lives in one exact-size host buffer per displacement, page-locked on CUDA
 (engine.hostmem: registered in place, not torch's power-of-two pinned pool). Pinned because
@@ -65,6 +65,23 @@ class StateTerm:
     def bytes(self, context: int, batch: int) -> int:
         held = context if self.max_tokens is None else min(context, self.max_tokens)
         return batch * (self.per_token * held + self.fixed)
+
+
+def grown_capacity(tokens: int, capacity: int, max_tokens: int | None) -> int | None:
+    """The capacity a per-token state (full KV, an MLA latent) grows to so that it holds
+    `tokens`: None when it already does; planned (`max_tokens`), the whole context at once, as
+    llama.cpp allocates n_ctx; unplanned, doubling from MIN_CAPACITY."""
+    if tokens <= capacity:
+        return None
+    if max_tokens is not None and tokens > max_tokens:
+        raise ValueError(f"session needs KV for {tokens} tokens but the engine was planned for "
+                         f"max_context={max_tokens}; pass a larger max_context to Engine.from_pretrained")
+    if max_tokens is not None:
+        return max_tokens
+    cap = max(MIN_CAPACITY, capacity)
+    while cap < tokens:
+        cap *= 2
+    return cap
 
 
 def nbytes_of(tensors: list[torch.Tensor]) -> int:
@@ -159,17 +176,9 @@ class FullKV(KVState):
         return StateTerm(cls.KIND, per_token=2 * kv_heads * head_dim * dtype_bytes)
 
     def reserve(self, tokens: int, filled: int) -> None:
-        if tokens <= self.capacity:
+        cap = grown_capacity(tokens, self.capacity, self.max_tokens)
+        if cap is None:
             return
-        if self.max_tokens is not None and tokens > self.max_tokens:
-            raise ValueError(f"session needs KV for {tokens} tokens but the engine was planned for "
-                             f"max_context={self.max_tokens}; pass a larger max_context to Engine.from_pretrained")
-        if self.max_tokens is not None:
-            cap = self.max_tokens   # planned: allocate the whole context once, as llama.cpp does for n_ctx
-        else:
-            cap = max(MIN_CAPACITY, self.capacity)
-            while cap < tokens:
-                cap *= 2
         new = self._allocate(cap)
         for old, fresh in zip(self.tensors(), new):
             fresh[:, :, :filled].copy_(old[:, :, :filled])

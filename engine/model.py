@@ -32,7 +32,7 @@ from engine.hooks import Instrument, Progress, RoutingHook
 from engine.kv import Session
 from engine.prefetch.base import Prefetcher
 
-INIT_STD = {"normal": 0.02, "router": 1.0}
+INIT_STD = {"normal": 0.02, "router": 1.0}      # "fan_in": 1/sqrt(shape[-1])
 
 
 class TensorSource:
@@ -48,7 +48,7 @@ class TensorSource:
         if init == "zeros":
             return torch.zeros(shape)
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + int(hashlib.sha1(name.encode()).hexdigest()[:12], 16))
-        return torch.randn(shape, generator=g) * INIT_STD[init]
+        return torch.randn(shape, generator=g) * (shape[-1] ** -0.5 if init == "fan_in" else INIT_STD[init])
 
     def get(self, spec: TensorSpec, dtype: torch.dtype) -> torch.Tensor:
         if self.ckpt is None:
@@ -113,7 +113,7 @@ class MoEModel:
         after each MoE layer's experts (the bulk of a big model's load)."""
         dev, dt = self.device, self.dtype
         for block, key, spec in self.arch.walk():
-            block.w[key] = dev.adopt(src.get(spec, dt), "weights")
+            block.w[key] = dev.adopt(src.get(spec, dt if spec.dtype is None else torch.float32), "weights")
         if self.arch.head.tied:
             self.arch.head.w["weight"] = self.embed
         store, layout = self.store, self.arch.experts

@@ -143,7 +143,7 @@ def plan_memory(cfg: ModelConfig, placement: str, capacity: int | str | None, bu
     cls = PLACEMENTS.get(placement)
     arch = cfg.architecture()
     expert_bytes = arch.experts.nbytes(dtype_bytes)
-    non_expert = arch.non_expert_params() * dtype_bytes
+    non_expert = arch.non_expert_bytes(dtype_bytes)
     states = state_lines(arch.state_terms(dtype_bytes), context, batch)
     kv = sum(b for _, b in states)
     chunk = min(ubatch, context)

@@ -117,5 +117,7 @@ FAMILIES = Registry(
         "qwen2_moe": "engine.families.qwen2_moe:Qwen2Moe",
         "qwen3_moe": "engine.families.qwen3_moe:Qwen3Moe",
         "olmoe": "engine.families.olmoe:Olmoe",
+        "deepseek_v3": "engine.families.deepseek_v3:DeepseekV3",
+        "glm4_moe": "engine.families.glm4_moe:Glm4Moe",
     },
 )

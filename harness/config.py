@@ -224,6 +224,9 @@ def _model_config(model: ModelConf) -> ModelConfig:
     if model.num_layers is not None:
         if not 1 <= model.num_layers <= mcfg.num_layers:
             raise _allowed("model.num_layers", f"1..{mcfg.num_layers}", model.num_layers)
+        if model.num_layers <= min(mcfg.moe_layers):      # e.g. DeepSeek-V3's 3 dense first layers
+            raise _allowed("model.num_layers", f"{min(mcfg.moe_layers) + 1}..{mcfg.num_layers} (the first MoE "
+                           f"layer of {mcfg.name or 'this model'} is layer {min(mcfg.moe_layers)})", model.num_layers)
         mcfg = mcfg.replace(num_layers=model.num_layers,
                             moe_layers=tuple(l for l in mcfg.moe_layers if l < model.num_layers))
     return mcfg

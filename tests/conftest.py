@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "glm4_moe")
+SIGMOID_ROUTED = ("deepseek_v3", "glm4_moe")
 COMMON = dict(vocab_size=128, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
               num_experts_per_tok=2, max_position_embeddings=512, tie_word_embeddings=False)
 
@@ -35,6 +36,21 @@ def hf_model(family: str, seed: int = 0, **options):
         cfg = tf.OlmoeConfig(**COMMON, num_experts=8, intermediate_size=48, clip_qkv=0.15, norm_topk_prob=False,
                              **options)
         model = tf.OlmoeForCausalLM(cfg)
+    elif family == "deepseek_v3":   # MLA with a q bottleneck, YaRN, 2 of 4 groups, a dense layer, a shared expert
+        kw = dict(n_routed_experts=16, n_group=4, topk_group=2, moe_intermediate_size=32, intermediate_size=96,
+                  n_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=2.5, q_lora_rank=24,
+                  kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12,
+                  rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                   "original_max_position_embeddings": 128, "beta_fast": 32, "beta_slow": 1,
+                                   "mscale": 1.0, "mscale_all_dim": 1.0})
+        cfg = tf.DeepseekV3Config(**{**COMMON, "num_key_value_heads": 4, **kw, **options})
+        model = tf.DeepseekV3ForCausalLM(cfg)
+    elif family == "glm4_moe":      # partial rotary, q/k norm, biases, 2 of 4 groups, a dense layer, a shared expert
+        kw = dict(head_dim=24, n_routed_experts=16, n_group=4, topk_group=2, moe_intermediate_size=32,
+                  intermediate_size=96, n_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=2.5,
+                  use_qk_norm=True, attention_bias=True, partial_rotary_factor=0.5)
+        cfg = tf.Glm4MoeConfig(**{**COMMON, **kw, **options})
+        model = tf.Glm4MoeForCausalLM(cfg)
     else:
         raise ValueError(family)
     with torch.no_grad():
@@ -43,6 +59,12 @@ def hf_model(family: str, seed: int = 0, **options):
                 p.normal_(0.0, 2.0)
             elif "norm" in name:  # non-trivial norm weights so a misplaced norm shows up
                 p.uniform_(0.5, 1.5)
+        if family in SIGMOID_ROUTED:   # sigmoid scores spread over (0, 1), never saturated into ties at 1.0,
+            for layer in model.model.layers:      # and a correction bias that really changes the choice
+                gate = getattr(layer.mlp, "gate", None)
+                if gate is not None and hasattr(gate, "e_score_correction_bias"):
+                    gate.weight.normal_(0.0, 0.4)
+                    gate.e_score_correction_bias.normal_(0.0, 0.3)
     return model.eval()
 
 

@@ -4,7 +4,8 @@
     norms       RMSNorm (Llama, fp32-scaled, 1 + w)
     rope        Rope (partial rotary; memoised per pass)
     attention   AttentionBlock, GQAAttention
-    routers     Router, SoftmaxTopK
+    mla         MLAAttention, LatentKV (multi-head latent attention and its compressed state)
+    routers     Router, SoftmaxTopK, SigmoidGroupTopK
     experts     ExpertLayout, SwiGLUExperts
     mlp         DenseMLP, GatedMLP, MoEBlock
     decoder     DecoderLayer, Embedding, LMHead
@@ -16,11 +17,12 @@ from engine.blocks.attention import AttentionBlock, GQAAttention
 from engine.blocks.base import Block, Pass, TensorSpec
 from engine.blocks.decoder import DecoderLayer, Embedding, LMHead
 from engine.blocks.experts import ExpertLayout, SwiGLUExperts
+from engine.blocks.mla import LatentKV, MLAAttention
 from engine.blocks.mlp import DenseMLP, GatedMLP, MoEBlock
 from engine.blocks.norms import RMSNorm
 from engine.blocks.rope import Rope
-from engine.blocks.routers import Router, SoftmaxTopK
+from engine.blocks.routers import Router, SigmoidGroupTopK, SoftmaxTopK
 
 __all__ = ["AttentionBlock", "Block", "DecoderLayer", "DenseMLP", "Embedding", "ExpertLayout", "GQAAttention",
-           "GatedMLP", "LMHead", "MoEBlock", "Pass", "RMSNorm", "Rope", "Router", "SoftmaxTopK", "SwiGLUExperts",
-           "TensorSpec"]
+           "GatedMLP", "LMHead", "LatentKV", "MLAAttention", "MoEBlock", "Pass", "RMSNorm", "Rope", "Router",
+           "SigmoidGroupTopK", "SoftmaxTopK", "SwiGLUExperts", "TensorSpec"]

@@ -23,7 +23,9 @@ from typing import Any
 
 import torch
 
-INITS = ("normal", "ones", "zeros", "router")   # std 0.02 | ones | zeros | std 1.0 (routing decided by clear margins)
+INITS = ("normal", "ones", "zeros", "router", "fan_in")
+# std 0.02 | ones | zeros | std 1.0 (softmax routing decided by clear margins) | std 1/sqrt(fan-in): logits of
+# std ~1 (a sigmoid router's scores spread over (0, 1) instead of saturating into exact ties at 1.0)
 
 
 @dataclass(frozen=True)
@@ -31,10 +33,18 @@ class TensorSpec:
     name: str                   # the tensor's name in the checkpoint
     shape: tuple[int, ...]
     init: str = "normal"        # how a preset's seeded random weights draw it (INITS)
+    dtype: str | None = None    # None: the model's dtype; "float32": kept in fp32 whatever it runs in
+                                # (transformers' _keep_in_fp32_modules: DeepSeek-V3's router bias)
 
     def __post_init__(self) -> None:
         if self.init not in INITS:
             raise ValueError(f"tensor {self.name!r}: init must be one of {INITS}, got {self.init!r}")
+        if self.dtype not in (None, "float32"):
+            raise ValueError(f"tensor {self.name!r}: dtype must be None (the model's) or 'float32', got {self.dtype!r}")
+
+    def nbytes(self, dtype_bytes: int) -> int:
+        """Bytes on the device when the model runs at `dtype_bytes` per element."""
+        return self.numel * (4 if self.dtype == "float32" else dtype_bytes)
 
     @property
     def numel(self) -> int:

@@ -1,10 +1,13 @@
 """Model families: one module per architecture, registered in engine.registry.FAMILIES (or the
 entry-point group `moebench.families`).
 
-    base       Family: the interface (config.json in and out, layers from blocks, expert layout, presets)
-    gqa        GQAConfig, GQAFamily, SparseStepFamily: the first wave's shape, shared by
-    mixtral    the worked example
+    base         Family: the interface (config.json in and out, layers from blocks, expert layout, presets)
+    gqa          GQAConfig, GQAFamily, SparseStepFamily: the first wave's shape, shared by
+    mixtral      the worked example
     qwen2_moe, qwen3_moe, olmoe
+    sigmoid_moe  SigmoidRouting, SigmoidMoEFamily: DeepSeek-V3's MoE layers, shared by
+    deepseek_v3  DeepSeek-V3, Kimi-K2, Moonlight (multi-head latent attention)
+    glm4_moe     GLM-4.5 / 4.6 (on gqa's attention)
 
 How to add one -- which interfaces to implement, where state kinds plug in, how the planner
 terms are reported, how to test against transformers: engine/families/README.md.

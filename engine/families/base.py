@@ -17,9 +17,12 @@ from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 from engine.architecture import Architecture
+from engine.blocks.base import Block
 from engine.blocks.decoder import DecoderLayer, Embedding, LMHead
 from engine.blocks.experts import ExpertLayout
+from engine.blocks.mlp import DenseMLP, MoEBlock
 from engine.blocks.norms import RMSNorm
+from engine.blocks.routers import Router
 from engine.config import ModelConfig, UnsupportedModelError
 
 
@@ -59,6 +62,28 @@ class Family(ABC):
         """The family's hidden-size norm for tensor `name`."""
 
     @classmethod
+    def mlp(cls, cfg: ModelConfig, i: int) -> Block:
+        """Layer i's MLP: `dense_mlp` where cfg has no routed experts, else a MoEBlock of the
+        family's `router`, `experts` and the MLPs `beside` them."""
+        if not cfg.is_moe_layer(i):
+            return cls.dense_mlp(cfg, i)
+        return MoEBlock(i, cls.router(cfg, i), cls.experts(cfg), cls.beside(cfg, i))
+
+    @classmethod
+    def dense_mlp(cls, cfg: ModelConfig, i: int) -> Block:
+        return DenseMLP(f"model.layers.{i}.mlp.", cfg.hidden_size, cfg.arch.intermediate_size, cfg.arch.hidden_act)
+
+    @classmethod
+    def router(cls, cfg: ModelConfig, i: int) -> Router:
+        """MoE layer i's router (a family that builds its MLPs with `mlp` provides it)."""
+        raise NotImplementedError(f"family {cls.name!r} builds MoE blocks with Family.mlp but has no router")
+
+    @classmethod
+    def beside(cls, cfg: ModelConfig, i: int) -> tuple[Block, ...]:
+        """MLPs beside the routed experts of MoE layer i (shared experts), summed after them."""
+        return ()
+
+    @classmethod
     def embedding(cls, cfg: ModelConfig) -> Embedding:
         return Embedding(cfg.vocab_size, cfg.hidden_size)
 
@@ -80,10 +105,11 @@ class Family(ABC):
     @classmethod
     def hf_common(cls, d: dict[str, Any], *, moe_intermediate_size: int,
                   moe_layers: tuple[int, ...]) -> dict[str, Any]:
-        """The ModelConfig common fields from config.json (expert count under either Hub key)."""
-        n_experts = d.get("num_local_experts") or d.get("num_experts")
+        """The ModelConfig common fields from config.json (expert count under any of the Hub keys)."""
+        n_experts = d.get("num_local_experts") or d.get("num_experts") or d.get("n_routed_experts")
         if not n_experts:
-            raise UnsupportedModelError(f"{cls.name}: config has neither num_local_experts nor num_experts > 0")
+            raise UnsupportedModelError(f"{cls.name}: config has none of num_local_experts, num_experts, "
+                                        "n_routed_experts > 0")
         return dict(vocab_size=d["vocab_size"], hidden_size=d["hidden_size"], num_layers=d["num_hidden_layers"],
                     n_experts=n_experts, top_k=d["num_experts_per_tok"], moe_intermediate_size=moe_intermediate_size,
                     moe_layers=moe_layers, max_position_embeddings=d.get("max_position_embeddings", 4096),

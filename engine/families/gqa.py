@@ -18,7 +18,7 @@ from engine.blocks.attention import QK_NORMS, GQAAttention
 from engine.blocks.base import Block
 from engine.blocks.decoder import DecoderLayer
 from engine.blocks.experts import SwiGLUExperts
-from engine.blocks.mlp import DenseMLP, GatedMLP, MoEBlock
+from engine.blocks.mlp import DenseMLP, GatedMLP
 from engine.blocks.norms import RMSNorm
 from engine.blocks.rope import Rope
 from engine.blocks.routers import Router, SoftmaxTopK
@@ -78,7 +78,7 @@ class GQAFamily(Family):
                 own[f] = bool(own[f])
         common = cls.hf_common(d, moe_intermediate_size=d.get("moe_intermediate_size") or inter,
                                moe_layers=cls.moe_layers(d, d["num_hidden_layers"]))
-        return ModelConfig(family=cls.name, arch=GQAConfig(**own), name=name, **common)
+        return ModelConfig(family=cls.name, arch=cls.Config(**own), name=name, **common)
 
     @classmethod
     def moe_layers(cls, d: dict[str, Any], n_layers: int) -> tuple[int, ...]:
@@ -117,12 +117,6 @@ class GQAFamily(Family):
     def rope(cls, cfg: ModelConfig) -> Rope:
         """The rotary embedding (a family with partial rotary or another scaling overrides this)."""
         return Rope(cfg.arch.head_dim, cfg.arch.rope_theta, cfg.arch.rope_scaling_factor)
-
-    @classmethod
-    def mlp(cls, cfg: ModelConfig, i: int) -> Block:
-        if not cfg.is_moe_layer(i):
-            return DenseMLP(f"model.layers.{i}.mlp.", cfg.hidden_size, cfg.arch.intermediate_size, cfg.arch.hidden_act)
-        return MoEBlock(i, cls.router(cfg, i), cls.experts(cfg), cls.beside(cfg, i))
 
     @classmethod
     def router(cls, cfg: ModelConfig, i: int) -> Router:

@@ -45,9 +45,9 @@ def hf_reference(model, prompt: list[list[int]], steps: int):
     return prefill, logits, toks, routes
 
 
-def check_against_hf(model, path, dtype="float32", ubatch=512):
+def check_against_hf(model, path, dtype="float32", ubatch=512, **options):
     ref_prefill, ref_logits, ref_toks, ref_routes = hf_reference(model, PROMPT, STEPS)
-    eng = Engine.from_pretrained(path, device="cpu", dtype=dtype, ubatch=ubatch)
+    eng = Engine.from_pretrained(path, device="cpu", dtype=dtype, ubatch=ubatch, **options)
     ours_routes: dict[int, list[torch.Tensor]] = {}      # per layer, each prefill chunk's routing
     hook = RouteCallback(lambda layer, ids, w: ours_routes.setdefault(layer, []).append(ids.clone()))
     eng.model.add_routing_hook(hook)
@@ -88,21 +88,23 @@ def test_per_expert_names_on_disk(hf_checkpoints):
     assert "model.layers.0.mlp.experts.3.gate_proj.weight" in names
 
 
-def test_sharded_checkpoint(tmp_path):
-    model = hf_model("qwen3_moe", seed=1)
+@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3"])
+def test_sharded_checkpoint(family, tmp_path):
+    model = hf_model(family, seed=1)
     path = save(model, tmp_path / "sharded", max_shard_size="100KB")
     assert (path / "model.safetensors.index.json").is_file()
     assert len(list(path.glob("*.safetensors"))) > 1
     check_against_hf(model, path)
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "deepseek_v3", "glm4_moe"])
 def test_bf16_checkpoint(family, tmp_path):
-    """A bf16 save is loaded (upcast to fp32) and matches transformers running the same bf16 weights in fp32."""
+    """A bf16 save is loaded (upcast to fp32) and matches transformers running the same bf16 weights in fp32
+    (loaded afresh: `.float()` of the bf16 model would keep its rope frequencies rounded to bf16)."""
     model = hf_model(family, seed=2).to(torch.bfloat16)
     path = save(model, tmp_path / "bf16")
     assert json.loads((path / "config.json").read_text()).get("dtype") == "bfloat16"
-    check_against_hf(model.float(), path)
+    check_against_hf(type(model).from_pretrained(path, dtype=torch.float32).eval(), path)
     eng = Engine.from_pretrained(path, device="cpu", dtype="auto")
     assert eng.model.dtype == torch.bfloat16
     assert len(eng.generate(PROMPT, 4).tokens[0]) == 4

@@ -84,14 +84,17 @@ def test_fetch_every_capacity_and_policy(policy, batch):
         assert c["h2d_bytes"] >= c["expert_miss_bytes"] > 0
 
 
-@pytest.mark.parametrize("batch", [1, 3])
-@pytest.mark.parametrize("placement,options", [
+OTHER_PLACEMENTS = [     # every placement but fetch, with the options that change what it does
     ("cpu", {}),
     ("hybrid", {"n_cpu_layers": 0}), ("hybrid", {"n_cpu_layers": 2}), ("hybrid", {"n_cpu_layers": 4}),
     ("stream", {"cache_capacity": 3, "stream_threshold": 8}),
     ("stream", {"cache_capacity": 2, "stream_threshold": 0, "stream_buffers": 1}),
     ("stream", {"stream_fallback": "cpu", "stream_threshold": 8, "stream_buffers": 3}),
-])
+]
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("placement,options", OTHER_PLACEMENTS)
 def test_other_placements(placement, options, batch):
     ref, _ = reference(batch)
     eng = Engine.from_pretrained(MODEL, device="cpu", placement=placement, **options)

@@ -25,9 +25,9 @@ CASES = [  # tokens, batch, dtype, placement options, model overrides
 
 
 def measured_and_planned(device: str, tokens: int, batch: int, dtype: str, options: dict | None = None,
-                         overrides: dict | None = None) -> tuple[int, int]:
+                         overrides: dict | None = None, model: str = "tiny-mixtral") -> tuple[int, int]:
     """(measured transient peak, planned transient) of one prefill of `tokens` per sequence."""
-    eng = Engine.from_pretrained("tiny-mixtral", device=device, dtype=dtype, ubatch=tokens, max_context=tokens + 1,
+    eng = Engine.from_pretrained(model, device=device, dtype=dtype, ubatch=tokens, max_context=tokens + 1,
                                  batch=batch, model_overrides=overrides, **(options or {}))
     sess = eng.new_session(batch)
     eng.prefill(sess, [[1]] * batch)          # allocates the whole planned KV: not part of the transient
