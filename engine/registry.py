@@ -117,5 +117,9 @@ FAMILIES = Registry(
         "qwen2_moe": "engine.families.qwen2_moe:Qwen2Moe",
         "qwen3_moe": "engine.families.qwen3_moe:Qwen3Moe",
         "olmoe": "engine.families.olmoe:Olmoe",
+        "qwen3_next": "engine.families.qwen3_next:Qwen3Next",
+        "qwen3_5_moe": "engine.families.qwen3_next:Qwen35Moe",
+        "gpt_oss": "engine.families.gpt_oss:GptOss",
+        "gemma4": "engine.families.gemma4:Gemma4",
     },
 )
