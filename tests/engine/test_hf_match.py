@@ -19,13 +19,23 @@ STEPS = 16
 TOL = 1e-4
 
 
+def hf_router(layer):
+    """The transformers module whose output[2] is a decoder layer's top-k ids (None: a dense layer):
+    `mlp.gate` (Mixtral, Qwen), `mlp.router` (GPT-OSS), the layer's own `router` (Gemma 4)."""
+    for owner, attr in ((layer.mlp, "gate"), (layer.mlp, "router"), (layer, "router")):
+        mod = getattr(owner, attr, None)
+        if isinstance(mod, torch.nn.Module) and not isinstance(mod, torch.nn.Linear):
+            return mod
+    return None
+
+
 def hf_reference(model, prompt: list[list[int]], steps: int):
     """(prefill logits [T, V], decode logits per step [V], tokens, top-k sets per layer [T, k])."""
     routes: dict[int, torch.Tensor] = {}
     hooks = []
     for i, layer in enumerate(model.model.layers):
-        gate = getattr(layer.mlp, "gate", None)
-        if gate is not None and hasattr(gate, "top_k"):
+        gate = hf_router(layer)
+        if gate is not None:
             def keep_first(mod, inp, out, i=i):  # must return None: a returned value replaces the output
                 routes.setdefault(i, out[2].detach().clone())
             hooks.append(gate.register_forward_hook(keep_first))
