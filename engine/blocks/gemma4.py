@@ -60,7 +60,7 @@ class Gemma4Attention(GQAAttention):
 
     def activation_bytes(self, rows: int, dtype_bytes: int) -> Transient:
         base = super().activation_bytes(rows, dtype_bytes)
-        return Transient(base.held + 3 * rows * (self.H + 2 * self.K) * self.hd * 4, base.peak)   # fp32 norm steps
+        return Transient(base.held + rows * (self.H + 2 * self.K) * self.hd * 4, base.peak)   # a norm's fp32 square
 
 
 class PerLayerInput(Block):
@@ -130,8 +130,8 @@ class Gemma4Layer(DecoderLayer):
         N, D, db = rows, self.attn_norm.dim, dtype_bytes
         norm = norm_temp_bytes(N, D, db)
         attention = self.attention.activation_bytes(N, db).after(norm) + N * D * db + norm      # + its post-norm
-        ff = (self.dense.activation_bytes(N, db).after(norm) + 4 * N * D * db                  # dense, its norms' outputs
-              + self.mlp.activation_bytes(N, db).after(norm) + 2 * norm)                       # routed, sum, post-norms
+        ff = N * D * db + max(self.dense.activation_bytes(N, db).after(norm),        # the normed dense output held
+                              self.mlp.activation_bytes(N, db).after(norm) + 2 * N * D * db) + norm   # while routed runs
         ple = self.per_layer_input
         if ple is None:
             return 3 * N * D * db + max(attention, ff)
