@@ -115,7 +115,8 @@ def test_second_wave_every_placement(model, batch):
     recurrent state displaced and restored like KV); fetch at the smallest cache counts every
     lookup and moves the stored expert bytes (MXFP4: the packed uint8 buffer)."""
     ref, log = reference(batch, model)
-    for placement, options in [("fetch", {"cache_capacity": TOP_K}), *OTHER_PLACEMENTS]:
+    for placement, options in [("fetch", {"cache_capacity": TOP_K}),
+                               ("fetch", {"cache_capacity": 3, "prefetch": "next_layer_gate"}), *OTHER_PLACEMENTS]:
         eng = Engine.from_pretrained(model, device="cpu", placement=placement, **options)
         assert_same(scenario(eng, batch), ref)
     eng = Engine.from_pretrained(model, device="cpu", placement="fetch", cache_capacity=TOP_K)
