@@ -5,6 +5,9 @@ entry-point group `moebench.families`).
     gqa        GQAConfig, GQAFamily, SparseStepFamily: the first wave's shape, shared by
     mixtral    the worked example
     qwen2_moe, qwen3_moe, olmoe
+    gpt_oss    sliding/full attention with sinks, YaRN, MXFP4 clamped-SwiGLU experts
+    qwen3_next Qwen3-Next and Qwen3.5-MoE's text model: gated DeltaNet (recurrent state) + gated attention
+    gemma4     Gemma 4's MoE text model: sandwich layers, dense MLP beside the experts, per-layer inputs
 
 How to add one -- which interfaces to implement, where state kinds plug in, how the planner
 terms are reported, how to test against transformers: engine/families/README.md.

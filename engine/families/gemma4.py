@@ -31,7 +31,7 @@ from engine.blocks.norms import PowRMSNorm
 from engine.blocks.rope import Proportional, Rope
 from engine.blocks.topk_routers import ScaledInputRouter
 from engine.config import ModelConfig, UnsupportedModelError
-from engine.families.base import Family
+from engine.families.base import Family, require_multiple, require_supported
 from engine.layers import ACT
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
@@ -64,14 +64,11 @@ class Gemma4Config:
     attention_bias: bool = False
 
     def __post_init__(self) -> None:
-        bad = sorted(set(self.layer_types) - set(LAYER_TYPES))
-        if bad:
-            raise UnsupportedModelError(f"layer_types {bad} not supported; supported: {LAYER_TYPES}")
-        if self.global_rope_type not in GLOBAL_ROPES:
-            raise UnsupportedModelError(f"full_attention rope_type {self.global_rope_type!r} not supported; "
-                                        f"supported: {GLOBAL_ROPES}")
-        if self.hidden_act not in ACT:
-            raise UnsupportedModelError(f"hidden_activation {self.hidden_act!r} not supported; supported: {tuple(ACT)}")
+        require_supported("layer_types", self.layer_types, LAYER_TYPES)
+        require_supported("full_attention rope_type", (self.global_rope_type,), GLOBAL_ROPES)
+        require_supported("hidden_activation", (self.hidden_act,), tuple(ACT))
+        require_multiple("num_heads", self.num_heads, "num_kv_heads", self.num_kv_heads)
+        require_multiple("num_heads", self.num_heads, "num_global_key_value_heads", self.num_global_kv_heads)
 
     def shape(self, layer: int) -> tuple[int, int]:
         """(kv heads, head dim) of `layer`."""

@@ -28,7 +28,7 @@ from engine.blocks.rope import Yarn
 from engine.blocks.sinks import SinkAttention
 from engine.blocks.topk_routers import TopKThenSoftmax
 from engine.config import ModelConfig, UnsupportedModelError
-from engine.families.base import Family
+from engine.families.base import Family, require_multiple, require_supported
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
 EXPERT_FORMATS = ("dense", "mxfp4")
@@ -58,13 +58,10 @@ class GptOssConfig:
     expert_format: str = "dense"                  # dense | mxfp4
 
     def __post_init__(self) -> None:
-        bad = sorted(set(self.layer_types) - set(LAYER_TYPES))
-        if bad:
-            raise UnsupportedModelError(f"layer_types {bad} not supported; supported: {LAYER_TYPES}")
+        require_supported("layer_types", self.layer_types, LAYER_TYPES)
         if self.expert_format not in EXPERT_FORMATS:
             raise ValueError(f"expert_format must be one of {EXPERT_FORMATS}, got {self.expert_format!r}")
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+        require_multiple("num_heads", self.num_heads, "num_kv_heads", self.num_kv_heads)
 
 
 class GptOss(Family):
@@ -132,9 +129,7 @@ class GptOss(Family):
         attention = SinkAttention(i, p + "self_attn.", cfg.hidden_size, a.num_heads, a.num_kv_heads, a.head_dim, rope,
                                   a.rms_norm_eps, qkv_bias=a.attention_bias, o_bias=a.attention_bias, window=window)
         router = TopKThenSoftmax(p + "mlp.router.", cfg.hidden_size, cfg.n_experts, cfg.top_k)
-        return DecoderLayer(i, cls.norm(cfg, p + "input_layernorm.weight"), attention,
-                            cls.norm(cfg, p + "post_attention_layernorm.weight"),
-                            MoEBlock(i, router, cls.experts(cfg)))
+        return cls.pre_norm_layer(cfg, i, attention, MoEBlock(i, router, cls.experts(cfg)))
 
     @classmethod
     def experts(cls, cfg: ModelConfig) -> ClampedSwiGLUExperts:

@@ -31,7 +31,7 @@ from engine.blocks.norms import RMSNorm
 from engine.blocks.rope import Rope
 from engine.blocks.routers import SoftmaxTopK
 from engine.config import ModelConfig, UnsupportedModelError
-from engine.families.base import Family, rope_from_hf
+from engine.families.base import Family, require_multiple, require_supported, rope_from_hf
 from engine.families.gqa import SparseStepFamily
 from engine.layers import ACT
 
@@ -60,16 +60,11 @@ class Qwen3NextConfig:
     attention_bias: bool = False
 
     def __post_init__(self) -> None:
-        bad = sorted(set(self.layer_types) - set(LAYER_TYPES))
-        if bad:
-            raise UnsupportedModelError(f"layer_types {bad} not supported; supported: {LAYER_TYPES}")
-        if self.hidden_act not in ACT:
-            raise UnsupportedModelError(f"hidden_act {self.hidden_act!r} not supported; supported: {tuple(ACT)}")
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
-        if self.linear_num_value_heads % self.linear_num_key_heads:
-            raise ValueError(f"linear_num_value_heads {self.linear_num_value_heads} is not a multiple of "
-                             f"linear_num_key_heads {self.linear_num_key_heads}")
+        require_supported("layer_types", self.layer_types, LAYER_TYPES)
+        require_supported("hidden_act", (self.hidden_act,), tuple(ACT))
+        require_multiple("num_heads", self.num_heads, "num_kv_heads", self.num_kv_heads)
+        require_multiple("linear_num_value_heads", self.linear_num_value_heads, "linear_num_key_heads",
+                         self.linear_num_key_heads)
 
     @property
     def rotary_dim(self) -> int:
@@ -145,9 +140,7 @@ class Qwen3Next(Family):
 
     @classmethod
     def layer(cls, cfg: ModelConfig, i: int) -> DecoderLayer:
-        p = f"model.layers.{i}."
-        return DecoderLayer(i, cls.norm(cfg, p + "input_layernorm.weight"), cls.attention(cfg, i),
-                            cls.norm(cfg, p + "post_attention_layernorm.weight"), cls.mlp(cfg, i))
+        return cls.pre_norm_layer(cfg, i, cls.attention(cfg, i), cls.mlp(cfg, i))
 
     @classmethod
     def attention(cls, cfg: ModelConfig, i: int) -> AttentionBlock:
