@@ -4,7 +4,7 @@ Owns: `ModelConfig` -- common fields (family, sizes, experts, top-k, MoE layers,
 dtype, name) and `arch`, the family-specific dataclass (`Family.Config`) whose fields read
 through as attributes (`cfg.num_heads` on a GQA family) -- its validation, `replace` across
 both parts, the sizes derived from the family's blocks (`expert_params`,
-`non_expert_params()`, `kv_bytes_per_token()`), and reading a Hugging Face `config.json`
+`non_expert_params()`, `kv_bytes_per_token()`, `state_bytes()`), and reading a Hugging Face `config.json`
 (the registered family that names its architecture parses it). `PRESETS`: every registered
 family's presets (real shapes, seeded random weights), looked up by exact name.
 Does not own: any family's fields or parsing (engine.families), weights (engine.model),
@@ -114,9 +114,15 @@ class ModelConfig:
         return _sizes(self)[1]
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        """State bytes per token of one sequence, all layers (the per-token part of every layer's
-        state term; bounded and fixed parts are the planner's: engine.planner)."""
-        return sum(t.per_token for t in self.architecture().state_terms(dtype_bytes))
+        """State bytes per token of one sequence over the layers whose state grows with the whole
+        context (full KV, a latent); a sliding window's bounded KV and a recurrent layer's fixed
+        state are not per token: `state_bytes` counts every layer's term."""
+        return sum(t.per_token for t in self.architecture().state_terms(dtype_bytes) if t.max_tokens is None)
+
+    def state_bytes(self, context: int, batch: int, dtype_bytes: int) -> int:
+        """Every layer's session state for `batch` sequences of `context` tokens, as the planner
+        counts it (per token, bounded by a window, or fixed per sequence)."""
+        return sum(t.bytes(context, batch) for t in self.architecture().state_terms(dtype_bytes))
 
     @property
     def n_moe_layers(self) -> int:

@@ -34,11 +34,14 @@ def export_preset(name: str, seed: int, cfg: ModelConfig, root: Path) -> Path:
     arch = cfg.architecture()
     tensors = {spec.name: src.get(spec, torch.float32).contiguous() for _, _, spec in arch.walk()}
     layout = arch.experts
-    buf = torch.empty(layout.numel)
+    buf = torch.empty(layout.numel, dtype=layout.storage_dtype(torch.float32))
+
+    def drawn(layer: int, e: int) -> torch.Tensor:
+        src.expert_into(layout, layer, e, buf)
+        return buf
+
     for i in cfg.moe_layers:
-        for e in range(cfg.n_experts):
-            src.expert_into(layout, i, e, buf)
-            tensors.update(layout.hub_tensors(i, e, buf))
+        tensors.update(layout.hub_layer(i, (drawn(i, e) for e in range(cfg.n_experts))))
     tmp = path.with_name(path.name + ".tmp")
     tmp.mkdir(parents=True, exist_ok=True)
     save_file(tensors, tmp / "model.safetensors")

@@ -145,7 +145,7 @@ class MoEModel:
             if not self.placement.prefetchable():
                 prefetcher = None
         p = Pass(B, T, sess.length, ids.device, self.dtype, span, functools.partial(self._run_experts, prefetcher))
-        x = self.arch.embedding(ids)                                               # [B, T, D]
+        x = self.arch.embedding(ids, p)                                            # [B, T, D]
         for i, layer in enumerate(self.layers):
             with span("layer", layer=i):
                 x = layer(x, sess.state(i), p)

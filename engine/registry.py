@@ -119,5 +119,9 @@ FAMILIES = Registry(
         "olmoe": "engine.families.olmoe:Olmoe",
         "deepseek_v3": "engine.families.deepseek_v3:DeepseekV3",
         "glm4_moe": "engine.families.glm4_moe:Glm4Moe",
+        "qwen3_next": "engine.families.qwen3_next:Qwen3Next",
+        "qwen3_5_moe": "engine.families.qwen3_next:Qwen35Moe",
+        "gpt_oss": "engine.families.gpt_oss:GptOss",
+        "gemma4": "engine.families.gemma4:Gemma4",
     },
 )

@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "glm4_moe")
+FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "glm4_moe", "gpt_oss", "qwen3_next",
+            "qwen3_5_moe", "gemma4")
 SIGMOID_ROUTED = ("deepseek_v3", "glm4_moe")
+ROUTERS = ("mlp.gate.weight", "block_sparse_moe.gate.weight", "mlp.router.weight", "router.proj.weight")
 COMMON = dict(vocab_size=128, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
               num_experts_per_tok=2, max_position_embeddings=512, tie_word_embeddings=False)
 
@@ -51,20 +53,47 @@ def hf_model(family: str, seed: int = 0, **options):
                   use_qk_norm=True, attention_bias=True, partial_rotary_factor=0.5)
         cfg = tf.Glm4MoeConfig(**{**COMMON, **kw, **options})
         model = tf.Glm4MoeForCausalLM(cfg)
+    elif family == "gpt_oss":   # alternating sliding (a 4-token window, shorter than the prompts) and full layers
+        cfg = tf.GptOssConfig(**{**COMMON, "num_hidden_layers": 4}, num_local_experts=8, intermediate_size=64,
+                              head_dim=16, **{"sliding_window": 4, **options})
+        model = tf.GptOssForCausalLM(cfg)
+    elif family in ("qwen3_next", "qwen3_5_moe"):   # three gated-DeltaNet layers, then a full one
+        hybrid = dict(num_experts=8, moe_intermediate_size=32, shared_expert_intermediate_size=48, head_dim=16,
+                      linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=12)
+        if family == "qwen3_next":
+            cfg = tf.Qwen3NextConfig(**{**COMMON, "num_hidden_layers": 4}, **hybrid, intermediate_size=80,
+                                     mlp_only_layers=[1], **options)
+            model = tf.Qwen3NextForCausalLM(cfg)
+        else:
+            cfg = tf.Qwen3_5MoeTextConfig(**{**COMMON, "num_hidden_layers": 4}, **hybrid, **options)
+            model = tf.Qwen3_5MoeForCausalLM(cfg)
+    elif family == "gemma4":   # the MoE text model; per-layer inputs on; global layers with their own head shape
+        cfg = tf.Gemma4TextConfig(**{**COMMON, "num_hidden_layers": 4}, head_dim=16, global_head_dim=32,
+                                  num_global_key_value_heads=1, attention_k_eq_v=True, intermediate_size=48,
+                                  enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=24,
+                                  sliding_window=4, layer_types=["sliding_attention", "full_attention"] * 2,
+                                  final_logit_softcapping=30.0, hidden_size_per_layer_input=8,
+                                  vocab_size_per_layer_input=128, **options)
+        model = tf.Gemma4ForCausalLM(cfg)
     else:
         raise ValueError(family)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("mlp.gate.weight") or name.endswith("block_sparse_moe.gate.weight"):
+            if name.endswith(ROUTERS):
                 p.normal_(0.0, 2.0)
-            elif "norm" in name:  # non-trivial norm weights so a misplaced norm shows up
+            elif "norm" in name or name.endswith("scale"):  # non-trivial so a misplaced norm or scale shows up
                 p.uniform_(0.5, 1.5)
+            elif name.endswith(("bias", "sinks")) and family == "gpt_oss":   # zero-initialised there
+                p.normal_(0.0, 0.5)
         if family in SIGMOID_ROUTED:   # sigmoid scores spread over (0, 1), never saturated into ties at 1.0,
             for layer in model.model.layers:      # and a correction bias that really changes the choice
                 gate = getattr(layer.mlp, "gate", None)
                 if gate is not None and hasattr(gate, "e_score_correction_bias"):
                     gate.weight.normal_(0.0, 0.4)
                     gate.e_score_correction_bias.normal_(0.0, 0.3)
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                b.uniform_(0.5, 1.5)
     return model.eval()
 
 

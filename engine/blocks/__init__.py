@@ -9,9 +9,13 @@
     experts     ExpertLayout, SwiGLUExperts
     mlp         DenseMLP, GatedMLP, MoEBlock
     decoder     DecoderLayer, Embedding, LMHead
+    second wave (one module each, imported from there): sinks (SinkAttention), gated_attention
+    (GatedAttention), deltanet + delta_rule (GatedDeltaNet, RecurrentState), gemma4 (Gemma 4's
+    attention, layer, embedding), topk_routers, clamped_experts + mxfp4 (GPT-OSS's experts)
 
-Blocks a single family needs live in that family's module; a block moves here when a second
-family needs it.
+A block one family alone needs lives in a module of its own here, named for what it is, its
+docstring saying which family uses it (a family stays one module, and families never import
+each other); what several families share is re-exported above.
 """
 from engine.blocks.attention import AttentionBlock, GQAAttention
 from engine.blocks.base import Block, Pass, TensorSpec

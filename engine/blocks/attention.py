@@ -128,12 +128,19 @@ class GQAAttention(AttentionBlock):
         if self.qk_norm == "head":    # Qwen3: per-head norm over h
             q, k = rms_norm(q, w["q_norm"], eps), rms_norm(k, w["k_norm"], eps)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))                          # [B, H|K, T, h]
+        return F.linear(self.rotate_and_attend(q, k, v, state, p), w["o"], w.get("o_b"))  # [B, T, D]
+
+    def rotate_and_attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: KVState,
+                          p: Pass) -> torch.Tensor:
+        """q [B, H, T, h], k/v [B, K, T, h] (projected and normed) -> [B, T, H*h]: rope, the
+        state's keys and values, the causal (window) mask, `attend` (what a subclass with other
+        projections or an output gate reuses)."""
         cos, sin = self.rope.tables(p)
         q, k = self.rope.apply(q, cos, sin), self.rope.apply(k, cos, sin)
         k_all, v_all, kv_start = state.append(k, v, p.past)                        # [B, K, S, h]
         mask = p.cached(("mask", self.window, kv_start),
-                        lambda: causal_mask(T, p.past, self.window, p.device, kv_start))
-        return F.linear(self.attend(q, k_all, v_all, mask), w["o"], w.get("o_b"))  # [B, T, D]
+                        lambda: causal_mask(q.shape[2], p.past, self.window, p.device, kv_start))
+        return self.attend(q, k_all, v_all, mask)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """q [B, H, T, h], k/v [B, K, S, h] -> [B, T, H*h] (a subclass adds sinks, soft-capping, ...)."""

@@ -66,9 +66,17 @@ class Embedding(Block):
     def tensors(self) -> dict[str, TensorSpec]:
         return {"weight": TensorSpec(self.name, (self.vocab, self.hidden))}
 
-    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+    def __call__(self, ids: torch.Tensor, p: Pass | None = None) -> torch.Tensor:
+        """ids [B, T] -> [B, T, D]; `p`: the pass, for an embedding that hands the layers more
+        than x (Gemma 4's per-layer inputs)."""
         x = F.embedding(ids, self.w["weight"])                                     # [B, T, D]
-        return x if self.scale is None else x * torch.tensor(self.scale, dtype=x.dtype)
+        return x if self.scale is None else x * scale_like(self.scale, x)
+
+
+def scale_like(scale: float, x: torch.Tensor) -> torch.Tensor:
+    """A scalar multiplier in x's dtype, through fp32 (transformers' scaled embeddings: sqrt(3072)
+    is 55.5 in bf16)."""
+    return torch.tensor(scale, dtype=torch.float32, device=x.device).to(x.dtype)
 
 
 class LMHead(Block):

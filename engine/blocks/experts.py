@@ -17,7 +17,7 @@ Dimension legend: n=rows routed to one expert, D=hidden, I=expert intermediate, 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -28,6 +28,8 @@ RandomTensor = Callable[[str, tuple[int, ...]], torch.Tensor]   # name, shape ->
 
 
 class ExpertLayout(ABC):
+    fused_on_hub: bool = False   # the Hub stacks a layer's experts ([E, ...] tensors), not one set each
+
     @property
     @abstractmethod
     def numel(self) -> int:
@@ -56,7 +58,16 @@ class ExpertLayout(ABC):
 
     @abstractmethod
     def hub_tensors(self, layer: int, e: int, packed: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Expert (layer, e) under its per-expert Hub names (what export writes and read_into reads)."""
+        """Expert (layer, e) under its per-expert Hub names (what export writes and read_into reads);
+        for a layout `fused_on_hub`, its row of each stacked tensor under that tensor's name."""
+
+    def hub_layer(self, layer: int, experts: Iterable[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Every expert of MoE layer `layer` (packed buffers in id order, each valid until the next
+        is drawn) under Hub names: per expert, or stacked [E, ...] for a layout `fused_on_hub`."""
+        rows = [self.hub_tensors(layer, e, packed) for e, packed in enumerate(experts)]
+        if not self.fused_on_hub:
+            return {name: t for row in rows for name, t in row.items()}
+        return {name: torch.stack([row[name] for row in rows]) for name in rows[0]}
 
     @abstractmethod
     def run(self, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
@@ -72,13 +83,14 @@ class SwiGLUExperts(ExpertLayout):
 
     def __init__(self, hidden: int, intermediate: int, act: str, prefix: str,
                  names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"),
-                 fused_prefixes: tuple[str, ...] = ("model.layers.{layer}.mlp",)) -> None:
+                 fused_prefixes: tuple[str, ...] = ("model.layers.{layer}.mlp",), fused_on_hub: bool = False) -> None:
         """prefix: the MoE block's, with a {layer} field ("model.layers.{layer}.block_sparse_moe");
         names: per-expert (gate, up, down) tensor names under `{prefix}.experts.{e}.`; fused
         stacked `experts.gate_up_proj` [E, 2I, D] / `experts.down_proj` [E, D, I] are also read
-        under `prefix` and each of `fused_prefixes`."""
+        under `prefix` and each of `fused_prefixes`; fused_on_hub: export writes that stacked form
+        (Gemma 4's checkpoints) instead of the per-expert names."""
         self.D, self.I, self.act, self.prefix, self.names = hidden, intermediate, act, prefix, names
-        self.fused_prefixes = fused_prefixes
+        self.fused_prefixes, self.fused_on_hub = fused_prefixes, fused_on_hub
 
     @property
     def numel(self) -> int:
@@ -112,6 +124,9 @@ class SwiGLUExperts(ExpertLayout):
 
     def hub_tensors(self, layer: int, e: int, packed: torch.Tensor) -> dict[str, torch.Tensor]:
         gu, dn = self._views(packed)
+        if self.fused_on_hub:
+            p = f"{self.prefix.format(layer=layer)}.experts."
+            return {p + "gate_up_proj": gu.clone(), p + "down_proj": dn.clone()}
         gate, up, down = self.expert_names(layer, e)
         return {gate: gu[: self.I].clone(), up: gu[self.I:].clone(), down: dn.clone()}
 

@@ -1,5 +1,5 @@
 """RMSNorm as a block: the Llama form (scale after the cast back), and the fp32-scaled forms
-(GPT-OSS; Gemma's and Qwen3-Next's zero-centred `1 + w`; a weightless norm).
+(GPT-OSS; Qwen3-Next's zero-centred `1 + w`; a weightless norm; Gemma 4's pow form).
 
 Owns: which norm a tensor name is and its transient bytes. Does not own: the arithmetic
 (engine.layers.rms_norm / rms_norm_fp32).
@@ -38,3 +38,21 @@ class RMSNorm(Block):
         if self.fp32:
             return rms_norm_fp32(x, self.w.get("weight"), self.eps, self.offset)
         return rms_norm(x, self.w["weight"], self.eps)
+
+
+def pow_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """Gemma 4's form: in fp32, x * (mean(x^2) + eps)^(-1/2) by `pow` (not rsqrt), times w (if any),
+    cast back."""
+    x32 = x.to(torch.float32)
+    x32 = x32 * torch.pow(x32.pow(2).mean(-1, keepdim=True) + eps, -0.5)
+    return (x32 if weight is None else x32 * weight.float()).to(x.dtype)
+
+
+class PowRMSNorm(RMSNorm):
+    """`pow_rms_norm` as a block (name None: no weight, as Gemma 4's v-norm and router norm)."""
+
+    def __init__(self, name: str | None, dim: int, eps: float) -> None:
+        super().__init__(name, dim, eps, weight_in_fp32=True)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return pow_rms_norm(x, self.w.get("weight"), self.eps)

@@ -11,7 +11,7 @@ arithmetic (engine.layers.rope_cos_sin / apply_rope).
 
 A scaling scheme is a subclass overriding `inv_freq` and, where it scales cos/sin,
 `attention_scaling`: `Yarn` (DeepSeek-V3, GPT-OSS) is the worked example, equal to transformers'
-`rope_type: yarn` (tests/engine/test_blocks.py).
+`rope_type: yarn` (tests/engine/test_blocks.py); `Proportional` (Gemma 4's global layers) another.
 """
 from __future__ import annotations
 
@@ -98,3 +98,21 @@ class Yarn(Rope):
         emb = torch.cat((freqs, freqs), dim=-1)                                          # [T, dim]
         s = self.attention_scaling
         return (emb.cos() * s).to(dtype), (emb.sin() * s).to(dtype)
+
+
+@dataclass(frozen=True)
+class Proportional(Rope):
+    """transformers' `rope_type: proportional` (Gemma 4's global layers): cos/sin over the whole
+    head dim (`dim`) in rotate-half pairs, at the whole head dim's frequencies, but only the first
+    `fraction * dim/2` pairs rotate; the others get frequency 0 (cos 1, sin 0: they pass through)."""
+
+    fraction: float = 1.0
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        dim, angles = self.dim, int(self.fraction * self.dim // 2)
+        exponents = torch.arange(0, 2 * angles, 2, dtype=torch.int64, device=positions.device).float() / dim
+        inv_freq = torch.cat((1.0 / (self.theta ** exponents),
+                              torch.zeros(dim // 2 - angles, device=positions.device))) / self.linear_factor
+        freqs = positions.float()[:, None] * inv_freq[None, :]                          # [T, dim/2]
+        emb = torch.cat((freqs, freqs), dim=-1)                                         # [T, dim]
+        return emb.cos().to(dtype), emb.sin().to(dtype)

@@ -4,7 +4,8 @@ Owns: `Family` -- which Hugging Face `architectures` / `model_type`s it reads, i
 config dataclass (`Config`), parsing `config.json` into a ModelConfig (`parse`) and writing
 one back (`hf_config`, for export), building each decoder layer from blocks (`layer`), the
 routed experts' layout (`experts`), its norm (`norm`), the embedding and head, and its
-presets -- plus the config.json readers every family shares (`hf_common`, `rope_from_hf`).
+presets -- plus what every family shares: the config.json readers (`hf_common`, `rope_from_hf`),
+the pre-norm layer (`pre_norm_layer`), config checks (`require_supported`, `require_multiple`).
 Does not own: the blocks (engine.blocks), loading or running them (engine.model), planning
 (engine.planner asks the blocks the family built).
 
@@ -14,9 +15,11 @@ Families are registered by name in engine.registry.FAMILIES (or the entry-point 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 from engine.architecture import Architecture
+from engine.blocks.attention import AttentionBlock
 from engine.blocks.base import Block
 from engine.blocks.decoder import DecoderLayer, Embedding, LMHead
 from engine.blocks.experts import ExpertLayout
@@ -82,6 +85,12 @@ class Family(ABC):
     def beside(cls, cfg: ModelConfig, i: int) -> tuple[Block, ...]:
         """MLPs beside the routed experts of MoE layer i (shared experts), summed after them."""
         return ()
+    def pre_norm_layer(cls, cfg: ModelConfig, i: int, attention: AttentionBlock, mlp: Block) -> DecoderLayer:
+        """Layer i as x + attention(norm(x)), then x + mlp(norm(x)), the norms under the Hub's
+        `input_layernorm` / `post_attention_layernorm` names (most families' layer)."""
+        p = f"model.layers.{i}."
+        return DecoderLayer(i, cls.norm(cfg, p + "input_layernorm.weight"), attention,
+                            cls.norm(cfg, p + "post_attention_layernorm.weight"), mlp)
 
     @classmethod
     def embedding(cls, cfg: ModelConfig) -> Embedding:
@@ -123,6 +132,18 @@ class Family(ABC):
                 "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_layers,
                 "num_experts_per_tok": cfg.top_k, "max_position_embeddings": cfg.max_position_embeddings,
                 "tie_word_embeddings": cfg.tie_word_embeddings, "dtype": "float32"}
+
+
+def require_supported(field: str, values: Iterable[str], supported: tuple[str, ...]) -> None:
+    """UnsupportedModelError naming the config field, the values outside `supported`, and those."""
+    bad = sorted(set(values) - set(supported))
+    if bad:
+        raise UnsupportedModelError(f"{field} {bad} not supported; supported: {supported}")
+
+
+def require_multiple(name: str, value: int, of_name: str, of: int) -> None:
+    if value % of:
+        raise ValueError(f"{name} {value} is not a multiple of {of_name} {of}")
 
 
 def rope_from_hf(d: dict[str, Any]) -> tuple[float, float]:

@@ -102,9 +102,7 @@ class GQAFamily(Family):
 
     @classmethod
     def layer(cls, cfg: ModelConfig, i: int) -> DecoderLayer:
-        p = f"model.layers.{i}."
-        return DecoderLayer(i, cls.norm(cfg, p + "input_layernorm.weight"), cls.attention(cfg, i),
-                            cls.norm(cfg, p + "post_attention_layernorm.weight"), cls.mlp(cfg, i))
+        return cls.pre_norm_layer(cfg, i, cls.attention(cfg, i), cls.mlp(cfg, i))
 
     @classmethod
     def attention(cls, cfg: ModelConfig, i: int) -> GQAAttention:

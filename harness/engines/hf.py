@@ -4,10 +4,14 @@ reference beside ours; on CUDA, accelerate's `device_map` offload within the dev
 Owns: loading the checkpoint (a preset is exported with engine.export first, so both engines run
 the same seeded weights), the same work as ours per pass (logits of the last position only,
 `logits_to_keep=1`), its KV cache as a session, and moving that cache to host RAM and back.
-Counters it cannot give stay None (never 0).
+Counters it cannot give stay None (never 0). MXFP4 checkpoints (GPT-OSS) load through
+transformers' own dequantisation (`Mxfp4Config(dequantize=True)`: bf16 expert weights, exact),
+cast to the run's dtype off CUDA so an fp32 run is fp32 throughout; recurrent layers' states
+(Qwen3-Next's conv and delta-rule states) move to host RAM and back with the KV.
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,7 +39,13 @@ class HFAdapter(EngineAdapter):
             kwargs["device_map"] = "auto"
             if spec.hardware.device_memory:
                 kwargs["max_memory"] = {0: spec.hardware.device_memory, "cpu": "1000GiB"}
+        mxfp4 = (json.loads((Path(path) / "config.json").read_text()).get("quantization_config") or {}
+                 ).get("quant_method") == "mxfp4"
+        if mxfp4:
+            kwargs["quantization_config"] = transformers.Mxfp4Config(dequantize=True)
         self.model = transformers.AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
+        if mxfp4 and not cuda and dtype != "auto":
+            self.model = self.model.to(dtype)       # dequantised experts come back bf16 whatever `dtype` asked
         self.device = torch.device("cuda") if cuda else torch.device("cpu")
         self.device_kind = "cuda" if cuda else "cpu"
         self.device_name = torch.cuda.get_device_name() if cuda else "cpu"
@@ -68,11 +78,11 @@ class HFAdapter(EngineAdapter):
 
     def offload(self, sess) -> None:
         for layer in sess["past"].layers:
-            layer.keys, layer.values = layer.keys.to("cpu", copy=True), layer.values.to("cpu", copy=True)
+            _move_cache_layer(layer, torch.device("cpu"))
 
     def restore(self, sess) -> None:
         for layer in sess["past"].layers:
-            layer.keys, layer.values = layer.keys.to(self.device, copy=True), layer.values.to(self.device, copy=True)
+            _move_cache_layer(layer, self.device)
 
     def close_session(self, sess) -> None:
         sess["past"] = None
@@ -81,3 +91,18 @@ class HFAdapter(EngineAdapter):
         self.model = None
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+def _move_cache_layer(layer: Any, device: torch.device) -> None:
+    """Copy one transformers cache layer's tensors to `device`: keys/values of an attention layer,
+    the conv and recurrent state dicts of a linear-attention layer (or both)."""
+    for name in ("keys", "values"):
+        t = getattr(layer, name, None)
+        if isinstance(t, torch.Tensor):
+            setattr(layer, name, t.to(device, copy=True))
+    for name in ("conv_states", "recurrent_states"):
+        states = getattr(layer, name, None)
+        if isinstance(states, dict):
+            for key, t in states.items():
+                if isinstance(t, torch.Tensor):
+                    states[key] = t.to(device, copy=True)

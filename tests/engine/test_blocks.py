@@ -62,3 +62,118 @@ def test_yarn_equals_transformers(params):
     freqs = torch.arange(0, 9000, 997).float()[:, None] * inv_ref[None, :]
     emb = torch.cat((freqs, freqs), -1)
     assert torch.equal(cos, emb.cos() * scale_ref) and torch.equal(sin, emb.sin() * scale_ref)
+
+
+# --- the second wave's blocks against the transformers modules they mirror -------------------------
+def test_attention_with_sinks_matches_gpt_oss_eager():
+    """The sink as one extra key inside SDPA against transformers' eager softmax over [scores, sink],
+    with a causal window mask (prefill) and without a mask (decode)."""
+    from types import SimpleNamespace
+
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
+    from engine.blocks.sinks import attention_with_sinks
+    from engine.layers import causal_mask
+
+    g = torch.Generator().manual_seed(3)
+    q, k, v = torch.randn(2, 4, 7, 16, generator=g), torch.randn(2, 2, 9, 16, generator=g), \
+        torch.randn(2, 2, 9, 16, generator=g)
+    sinks = torch.randn(4, generator=g) * 2
+    module = SimpleNamespace(num_key_value_groups=2, sinks=sinks, training=False)
+    for mask in (causal_mask(7, 2, 4, torch.device("cpu")), None):
+        additive = None if mask is None else torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))[None, None]
+        ref, _ = eager_attention_forward(module, q, k, v, additive, scaling=16 ** -0.5)
+        ours = attention_with_sinks(q, k, v, mask, sinks)
+        assert (ours - ref.reshape(2, 7, 64)).abs().max() <= 1e-6
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pow_norm_matches_gemma4(dtype):
+    from transformers.models.gemma4.modeling_gemma4 import Gemma4RMSNorm
+
+    from engine.blocks.norms import PowRMSNorm
+
+    g = torch.Generator().manual_seed(4)
+    x, w = (torch.randn(5, 32, generator=g) * 3).to(dtype), torch.randn(32, generator=g).to(dtype)
+    for with_scale in (True, False):
+        ref = Gemma4RMSNorm(32, eps=1e-6, with_scale=with_scale).to(dtype)
+        ours = PowRMSNorm("n" if with_scale else None, 32, 1e-6)
+        if with_scale:
+            ref.weight.data, ours.w["weight"] = w.clone(), w
+        with torch.no_grad():
+            assert torch.equal(ours(x), ref(x))
+
+
+def test_proportional_rope_matches_transformers():
+    """Gemma 4's global layers: a quarter of the 512-dim head's pairs rotate at the full head's
+    frequencies, the rest pass through unchanged."""
+    import transformers as tf
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from engine.blocks.rope import Proportional
+
+    cfg = tf.Gemma4TextConfig(num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"],
+                              global_head_dim=512)
+    inv, scale = ROPE_INIT_FUNCTIONS["proportional"](cfg, "cpu", layer_type="full_attention")
+    rope = Proportional(512, 1_000_000.0, fraction=0.25)
+    pos = torch.arange(0, 9000, 997)
+    cos, sin = rope.cos_sin(pos, torch.float32)
+    freqs = pos.float()[:, None] * inv[None, :]
+    emb = torch.cat((freqs, freqs), -1)
+    assert scale == 1.0 and torch.equal(cos, emb.cos()) and torch.equal(sin, emb.sin())
+    x = torch.randn(1, 1, len(pos), 512)
+    y = rope.apply(x, cos, sin)
+    still = torch.cat((torch.arange(64, 256), torch.arange(320, 512)))
+    assert torch.equal(y[..., still], x[..., still]) and not torch.equal(y[..., :64], x[..., :64])
+
+
+def test_second_wave_routers_match_transformers():
+    import transformers as tf
+    from transformers.models.gemma4.modeling_gemma4 import Gemma4TextRouter
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssTopKRouter
+
+    from engine.blocks.norms import PowRMSNorm
+    from engine.blocks.topk_routers import ScaledInputRouter, TopKThenSoftmax
+
+    g = torch.Generator().manual_seed(5)
+    h = torch.randn(11, 32, generator=g)
+    ref = GptOssTopKRouter(tf.GptOssConfig(hidden_size=32, num_local_experts=8, num_experts_per_tok=3))
+    ref.weight.data, ref.bias.data = torch.randn(8, 32, generator=g), torch.randn(8, generator=g)
+    ours = TopKThenSoftmax("r.", 32, 8, 3)
+    ours.w = {"weight": ref.weight.data, "bias": ref.bias.data}
+    _, ref_w, ref_i = ref(h)
+    ids, weights = ours.route(h)
+    assert torch.equal(ids, ref_i) and torch.equal(weights, ref_w)
+    ref = Gemma4TextRouter(tf.Gemma4TextConfig(hidden_size=32, num_experts=8, top_k_experts=3, rms_norm_eps=1e-6))
+    ref.proj.weight.data, ref.scale.data = torch.randn(8, 32, generator=g), torch.rand(32, generator=g) + 0.5
+    ref.per_expert_scale.data = torch.rand(8, generator=g) + 0.5
+    ours = ScaledInputRouter("r.", 32, 8, 3, PowRMSNorm(None, 32, 1e-6))
+    ours.w = {"proj": ref.proj.weight.data, "scale": ref.scale.data, "per_expert_scale": ref.per_expert_scale.data}
+    _, ref_w, ref_i = ref(h)
+    ids, weights = ours.route(h)
+    assert torch.equal(ids, ref_i) and torch.equal(weights, ref_w) and weights.dtype == torch.float32
+
+
+def test_clamped_swiglu_expert_matches_gpt_oss():
+    """One expert through our packed layout (gate and up de-interleaved at load) against
+    GptOssExperts on the same weights (interleaved, transposed), with the clamps active."""
+    import transformers as tf
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+
+    from engine.blocks.clamped_experts import ClampedSwiGLUExperts
+
+    g = torch.Generator().manual_seed(6)
+    ref = GptOssExperts(tf.GptOssConfig(hidden_size=32, intermediate_size=16, num_local_experts=2))
+    for p in (ref.gate_up_proj, ref.gate_up_proj_bias, ref.down_proj, ref.down_proj_bias):
+        p.data = torch.randn(p.shape, generator=g)
+    layout = ClampedSwiGLUExperts(32, 16)
+    hub = {"model.layers.0.mlp.experts." + n: getattr(ref, n).data
+           for n in ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")}
+    ckpt = type("Ckpt", (), {"has": lambda self, n: n in hub, "get_row": lambda self, n, e: hub[n][e], "path": "-"})()
+    packed = torch.empty(layout.numel)
+    layout.read_into(ckpt, 0, 1, packed)
+    assert all(torch.equal(t, hub[n][1]) for n, t in layout.hub_tensors(0, 1, packed).items())   # written back as read
+    x = torch.randn(5, 32, generator=g) * 3                                      # large enough to clamp
+    with torch.no_grad():
+        want = ref(x, torch.ones(5, 1, dtype=torch.long), torch.ones(5, 1))
+    assert (layout.run(x, packed) - want).abs().max() <= 1e-4

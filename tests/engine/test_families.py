@@ -75,11 +75,11 @@ def test_toy_family_through_an_entry_point_loads_and_runs(toy_family, tmp_path):
 
 
 def test_unregistered_architecture_lists_the_registered_ones():
-    archs = sorted(a for n in FAMILIES.names() for a in FAMILIES.get(n).architectures)
-    assert {"MixtralForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeForCausalLM"} <= set(archs)
-    with pytest.raises(UnsupportedModelError, match=r"'ToyMixtralForCausalLM'.*registered: " + re.escape(str(archs))):
+    with pytest.raises(UnsupportedModelError, match=r"'ToyMixtralForCausalLM'.*registered: \[") as exc:
         ModelConfig.from_hf_dict({"architectures": ["ToyMixtralForCausalLM"], "model_type": "toy_mixtral"})
-    with pytest.raises(UnsupportedModelError, match="unknown model family 'llama'; known: " + ", ".join(FAMILIES.names())):
+    registered = [a for name in FAMILIES.names() for a in FAMILIES.get(name).architectures]
+    assert "MixtralForCausalLM" in registered and all(repr(a) in str(exc.value) for a in registered)
+    with pytest.raises(UnsupportedModelError, match="unknown model family 'llama'; known: .*mixtral, olmoe"):
         ModelConfig.of("llama", vocab_size=1)
 
 

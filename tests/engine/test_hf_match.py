@@ -19,13 +19,23 @@ STEPS = 16
 TOL = 1e-4
 
 
+def hf_router(layer):
+    """The transformers module whose output[2] is a decoder layer's top-k ids (None: a dense layer):
+    `mlp.gate` (Mixtral, Qwen), `mlp.router` (GPT-OSS), the layer's own `router` (Gemma 4)."""
+    for owner, attr in ((layer.mlp, "gate"), (layer.mlp, "router"), (layer, "router")):
+        mod = getattr(owner, attr, None)
+        if isinstance(mod, torch.nn.Module) and not isinstance(mod, torch.nn.Linear):
+            return mod
+    return None
+
+
 def hf_reference(model, prompt: list[list[int]], steps: int):
     """(prefill logits [T, V], decode logits per step [V], tokens, top-k sets per layer [T, k])."""
     routes: dict[int, torch.Tensor] = {}
     hooks = []
     for i, layer in enumerate(model.model.layers):
-        gate = getattr(layer.mlp, "gate", None)
-        if gate is not None and hasattr(gate, "top_k"):
+        gate = hf_router(layer)
+        if gate is not None:
             def keep_first(mod, inp, out, i=i):  # must return None: a returned value replaces the output
                 routes.setdefault(i, out[2].detach().clone())
             hooks.append(gate.register_forward_hook(keep_first))
@@ -45,18 +55,18 @@ def hf_reference(model, prompt: list[list[int]], steps: int):
     return prefill, logits, toks, routes
 
 
-def check_against_hf(model, path, dtype="float32", ubatch=512, **options):
-    ref_prefill, ref_logits, ref_toks, ref_routes = hf_reference(model, PROMPT, STEPS)
+def check_against_hf(model, path, dtype="float32", ubatch=512, prompt=PROMPT, **options):
+    ref_prefill, ref_logits, ref_toks, ref_routes = hf_reference(model, prompt, STEPS)
     eng = Engine.from_pretrained(path, device="cpu", dtype=dtype, ubatch=ubatch, **options)
     ours_routes: dict[int, list[torch.Tensor]] = {}      # per layer, each prefill chunk's routing
     hook = RouteCallback(lambda layer, ids, w: ours_routes.setdefault(layer, []).append(ids.clone()))
     eng.model.add_routing_hook(hook)
     sess = eng.new_session(1)
-    prefill = eng.prefill(sess, PROMPT, all_logits=True)[0]
+    prefill = eng.prefill(sess, prompt, all_logits=True)[0]
     eng.model.remove_routing_hook(hook)
     sess.close()
     assert (prefill - ref_prefill).abs().max().item() <= TOL
-    res = eng.generate(PROMPT, max_new_tokens=STEPS)
+    res = eng.generate(prompt, max_new_tokens=STEPS)
     assert res.tokens[0] == ref_toks
     diffs = [(a[0] - b).abs().max().item() for a, b in zip(res.logits, ref_logits)]
     assert max(diffs) <= TOL, diffs
@@ -132,3 +142,20 @@ def test_fused_expert_tensors(tmp_path, hf_checkpoints):
         fused[p + "down_proj"] = torch.stack([sd.pop(f"{p}{e}.down_proj.weight") for e in range(8)])
     save_file({**sd, **fused}, dst / "model.safetensors")
     check_against_hf(model, dst)
+
+
+@pytest.mark.parametrize("name", ["tiny-gpt-oss", "tiny-qwen3-next", "tiny-gemma4"])
+def test_exported_second_wave_presets_are_what_transformers_runs(name, tmp_path):
+    """export_preset writes what transformers loads -- GPT-OSS's experts stacked in MXFP4 with its
+    quantization_config, Gemma 4's stacked experts, Qwen3-Next's per expert -- and it runs to our
+    logits and routing on the preset's seeded weights."""
+    import transformers as tf
+
+    from engine.config import preset
+    from engine.export import export_preset
+
+    path = export_preset(name, 0, preset(name), tmp_path)
+    mxfp4 = "quantization_config" in json.loads((path / "config.json").read_text())
+    kw = {"quantization_config": tf.Mxfp4Config(dequantize=True)} if mxfp4 else {}
+    model = tf.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kw).float().eval()
+    check_against_hf(model, path)

@@ -10,6 +10,7 @@ from engine import Engine
 from engine.counters import Counters
 from engine.devices import Device
 from engine.kv import FullKV, LayerState, Session, SlidingKV, StateTerm, nbytes_of
+from engine.config import preset
 from engine.planner import plan_memory
 
 
@@ -156,3 +157,51 @@ def test_bounded_and_fixed_terms():
     window = StateTerm("sliding-window KV", per_token=10, max_tokens=100)
     assert window.bytes(50, 2) == 1000 and window.bytes(1000, 2) == 2000
     assert StateTerm("recurrent state", fixed=7).bytes(1 << 20, 3) == 21
+
+
+RECURRENT = "recurrent state, fixed per sequence (conv + delta rule)"
+
+
+@pytest.mark.parametrize("model,kinds", [
+    ("tiny-gpt-oss", ["sliding-window KV (8-token window)", "KV cache"]),
+    ("tiny-qwen3-next", [RECURRENT, "KV cache"]),
+    ("tiny-gemma4", ["sliding-window KV (8-token window)", "KV cache"]),
+])
+@pytest.mark.parametrize("batch,context", [(1, 64), (3, 300)])
+def test_second_wave_planned_states_equal_the_allocated_tensors(model, kinds, batch, context):
+    """Each architecture's own state: the bytes every layer's state really allocates are its plan
+    term (a window's bound, a recurrent layer's fixed tensors, full KV for the planned context),
+    and the plan has one line per kind."""
+    eng = Engine.from_pretrained(model, device="cpu", batch=batch, max_context=context)
+    sess = eng.new_session(batch)
+    eng.prefill(sess, [[1, 2, 3]] * batch)
+    terms = eng.model.arch.state_terms(4)
+    assert [s.nbytes for s in sess.states] == [t.bytes(context, batch) for t in terms]
+    assert sess.nbytes == eng.plan.kv == eng.cfg.state_bytes(context, batch, 4)
+    assert [line.split(" (")[0] for line, _ in eng.plan.states] == [k.split(" (")[0] for k in kinds]
+    assert all(k in str(eng.plan) for k in kinds)
+    sess.close()
+
+
+def test_real_shapes_state_terms():
+    """The plan's state lines at the presets' real shapes, by hand (bf16): bounded sliding windows,
+    fixed recurrent state, KV per token only where the layer keeps the whole context."""
+    def states(name: str, context: int) -> dict[str, int]:
+        return dict(plan_memory(preset(name), "resident", None, None, context, 1, 512, 2).states)
+
+    # gpt-oss-20b: 12 sliding layers hold the last 127 tokens, 12 full ones all; K=8, h=64 -> 2048 B per token
+    got = states("gpt-oss-20b", 131072)
+    assert got == {"sliding-window KV (128-token window) (12 layers, 1 x 131072 tokens)": 12 * 127 * 2048,
+                   "KV cache (12 layers, 1 x 131072 tokens)": 12 * 131072 * 2048}
+    assert preset("gpt-oss-20b").kv_bytes_per_token(2) == 12 * 2048
+    # qwen3-next-80b-a3b: 36 DeltaNet layers, each conv inputs 3 x (2*16*128 + 32*128) bf16 + a 32x128x128 fp32 state
+    fixed = 3 * 8192 * 2 + 32 * 128 * 128 * 4
+    got = states("qwen3-next-80b-a3b", 262144)
+    assert got == {f"{RECURRENT} (36 layers, 1 x 262144 tokens)": 36 * fixed,
+                   "KV cache (12 layers, 1 x 262144 tokens)": 12 * 262144 * 2 * 2 * 256 * 2}
+    assert states("qwen3-next-80b-a3b", 1024)[f"{RECURRENT} (36 layers, 1 x 1024 tokens)"] == 36 * fixed
+    assert preset("qwen3-next-80b-a3b").kv_bytes_per_token(2) == 12 * 2048
+    # gemma-4-26b-a4b: 25 sliding layers (K=8, h=256) hold 1023 tokens, 5 global ones (K=2, h=512) all
+    got = states("gemma-4-26b-a4b", 262144)
+    assert got == {"sliding-window KV (1024-token window) (25 layers, 1 x 262144 tokens)": 25 * 1023 * 2 * 8 * 256 * 2,
+                   "KV cache (5 layers, 1 x 262144 tokens)": 5 * 262144 * 2 * 2 * 512 * 2}

@@ -193,3 +193,17 @@ def test_a_reference_that_does_not_fit_host_ram_is_refused_with_the_arithmetic(t
     assert out.error and "numerical reference" in out.error and "run.check_reference=false" in out.error
     assert "of host RAM" in out.error and "available" in out.error          # the arithmetic, from the engine
     assert len(engines.LOADS) == loads
+
+
+@pytest.mark.parametrize("model", ["tiny-gpt-oss", "tiny-qwen3-next", "tiny-gemma4"])
+def test_transformers_runs_the_second_wave_presets(tmp_path, model):
+    """engine=hf on the exported preset (GPT-OSS's MXFP4 experts dequantised by transformers,
+    Qwen3-Next's recurrent cache displaced and restored, windows shorter than the context): every
+    phase agrees with our reference."""
+    out, df = job(tmp_path, "engine=hf", f"model={model}", "placement=resident", "run.repeats=1",
+                  "run.ablation=false", *SMALL)
+    assert not out.error, out.error
+    ok = df[df.status == "ok"]
+    agree = ok[ok.metric == "token_agreement"]
+    assert set(agree.phase) == {"prefill_fresh", "decode", "prefill_continuation", "prefill_restored"}
+    assert (agree["value"] == 1.0).all() and (ok[ok.metric == "max_abs_logit_diff"]["value"] <= 1e-4).all()

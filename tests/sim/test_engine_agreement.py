@@ -96,3 +96,20 @@ def test_recorder_chains_and_detaches() -> None:
     assert seen[:4] == [0, 1, 2, 3] and rec.trace().n_tokens == 2 * 3 + 2
     assert eng.model.routing_hooks == [other] and "forward" not in vars(eng.model)   # nothing monkeypatched
     eng.generate([[1, 2, 3], [4, 5, 6]], 1)                                # still works after detaching
+
+
+@pytest.mark.parametrize("model", ["tiny-gpt-oss", "tiny-qwen3-next", "tiny-gemma4"])
+def test_second_wave_traces_replay_to_the_engine_counters(model: str, tmp_path: Path) -> None:
+    """A trace holds only the routed experts (not Qwen3-Next's shared expert, not Gemma 4's dense
+    MLP beside them) and the stored bytes of one expert (GPT-OSS: its packed MXFP4 buffer); replayed,
+    it gives the engine's hits, misses and bytes."""
+    eng = Engine.from_pretrained(model, device="cpu", placement="fetch", cache_capacity=3, record_lookups=True,
+                                 ubatch=UBATCH, batch=BATCH)
+    tr = load_trace(save_trace(tmp_path / "t.npz", record(eng)))
+    assert tr.experts.shape[1:] == (eng.cfg.n_moe_layers, eng.cfg.top_k)
+    assert tr.expert_bytes == eng.model.store.expert_bytes == eng.model.arch.experts.nbytes(4)
+    total = replay(tr, ["lru"], [3])
+    total = total[total.layer == "all"].iloc[0]
+    c = eng.counters
+    assert (total.hits, total.misses, total.miss_bytes) == (c["expert_hits"], c["expert_misses"],
+                                                           c["expert_miss_bytes"])
