@@ -85,6 +85,8 @@ class Family(ABC):
     def beside(cls, cfg: ModelConfig, i: int) -> tuple[Block, ...]:
         """MLPs beside the routed experts of MoE layer i (shared experts), summed after them."""
         return ()
+
+    @classmethod
     def pre_norm_layer(cls, cfg: ModelConfig, i: int, attention: AttentionBlock, mlp: Block) -> DecoderLayer:
         """Layer i as x + attention(norm(x)), then x + mlp(norm(x)), the norms under the Hub's
         `input_layernorm` / `post_attention_layernorm` names (most families' layer)."""

@@ -162,8 +162,7 @@ class DeepseekV3(SigmoidMoEFamily):
         attn = MLAAttention(i, p + "self_attn.", cfg.hidden_size, a.num_heads, a.q_lora_rank, a.kv_lora_rank,
                             a.qk_nope_head_dim, a.qk_rope_head_dim, a.v_head_dim, cls.rope(cfg), cls.softmax_scale(cfg),
                             interleave=a.rope_interleave, bias=a.attention_bias, kernel=a.mla_kernel)
-        return DecoderLayer(i, cls.norm(cfg, p + "input_layernorm.weight"), attn,
-                            cls.norm(cfg, p + "post_attention_layernorm.weight"), cls.mlp(cfg, i))
+        return cls.pre_norm_layer(cfg, i, attn, cls.mlp(cfg, i))
 
     # --- presets ---------------------------------------------------------------------------
     @classmethod

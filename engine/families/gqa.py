@@ -125,12 +125,7 @@ class GQAFamily(Family):
     @classmethod
     def beside(cls, cfg: ModelConfig, i: int) -> tuple[Block, ...]:
         """MLPs beside the routed experts of MoE layer i: the gated shared expert, if any."""
-        S = cfg.arch.shared_expert_intermediate_size
-        if not S:
-            return ()
-        m = f"model.layers.{i}.{cls.moe_prefix}."
-        return (GatedMLP(DenseMLP(m + "shared_expert.", cfg.hidden_size, S, cfg.arch.hidden_act),
-                         m + "shared_expert_gate.weight"),)
+        return gated_shared_expert(cfg, i, cls.moe_prefix)
 
     @classmethod
     def experts(cls, cfg: ModelConfig) -> SwiGLUExperts:
@@ -159,3 +154,14 @@ class SparseStepFamily(GQAFamily):
         dense = [l for l in range(cfg.num_layers) if not cfg.is_moe_layer(l)]
         return {**super().hf_config(cfg), "mlp_only_layers": dense, "decoder_sparse_step": 1,
                 "use_sliding_window": False}
+
+
+def gated_shared_expert(cfg: ModelConfig, i: int, moe_prefix: str = "mlp") -> tuple[Block, ...]:
+    """Qwen's shared expert beside layer i's routed experts: a dense MLP scaled by a sigmoid gate
+    (`shared_expert` / `shared_expert_gate`), or none when `shared_expert_intermediate_size` is 0."""
+    S = cfg.arch.shared_expert_intermediate_size
+    if not S:
+        return ()
+    m = f"model.layers.{i}.{moe_prefix}."
+    return (GatedMLP(DenseMLP(m + "shared_expert.", cfg.hidden_size, S, cfg.arch.hidden_act),
+                     m + "shared_expert_gate.weight"),)

@@ -26,13 +26,12 @@ from engine.blocks.decoder import DecoderLayer
 from engine.blocks.deltanet import GatedDeltaNet
 from engine.blocks.experts import SwiGLUExperts
 from engine.blocks.gated_attention import GatedAttention
-from engine.blocks.mlp import DenseMLP, GatedMLP, MoEBlock
 from engine.blocks.norms import RMSNorm
 from engine.blocks.rope import Rope
 from engine.blocks.routers import SoftmaxTopK
 from engine.config import ModelConfig, UnsupportedModelError
 from engine.families.base import Family, require_multiple, require_supported, rope_from_hf
-from engine.families.gqa import SparseStepFamily
+from engine.families.gqa import SparseStepFamily, gated_shared_expert
 from engine.layers import ACT
 
 LAYER_TYPES = ("linear_attention", "full_attention")
@@ -154,15 +153,13 @@ class Qwen3Next(Family):
                               o_bias=a.attention_bias)
 
     @classmethod
-    def mlp(cls, cfg: ModelConfig, i: int) -> Block:
-        a, m = cfg.arch, f"model.layers.{i}.mlp."
-        if not cfg.is_moe_layer(i):
-            return DenseMLP(m, cfg.hidden_size, a.intermediate_size, a.hidden_act)
-        router = SoftmaxTopK(m + "gate.weight", cfg.hidden_size, cfg.n_experts, cfg.top_k, a.norm_topk_prob, False)
-        beside = (GatedMLP(DenseMLP(m + "shared_expert.", cfg.hidden_size, a.shared_expert_intermediate_size,
-                                    a.hidden_act), m + "shared_expert_gate.weight"),) \
-            if a.shared_expert_intermediate_size else ()
-        return MoEBlock(i, router, cls.experts(cfg), beside)
+    def router(cls, cfg: ModelConfig, i: int) -> SoftmaxTopK:
+        return SoftmaxTopK(f"model.layers.{i}.mlp.gate.weight", cfg.hidden_size, cfg.n_experts, cfg.top_k,
+                           cfg.arch.norm_topk_prob, False)
+
+    @classmethod
+    def beside(cls, cfg: ModelConfig, i: int) -> tuple[Block, ...]:
+        return gated_shared_expert(cfg, i)
 
     @classmethod
     def experts(cls, cfg: ModelConfig) -> SwiGLUExperts:
