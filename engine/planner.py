@@ -118,13 +118,19 @@ def attention_workspace_bytes(cfg: ModelConfig, batch: int, tokens: int, context
 
 def state_lines(terms: list[StateTerm], context: int, batch: int) -> tuple[tuple[str, int], ...]:
     """One (printout line, bytes) per kind of state, summed over the layers that keep it."""
-    groups: dict[str, list[int]] = {}
+    groups: dict[str, list] = {}
     for term in terms:
-        g = groups.setdefault(term.kind, [0, 0])
+        g = groups.setdefault(term.kind, [0, 0, term])
         g[0] += 1
         g[1] += term.bytes(context, batch)
-    return tuple((f"{kind} ({n} layer{'s' if n > 1 else ''}, {batch} x {context} tokens)", b)
-                 for kind, (n, b) in groups.items())
+
+    def held(term: StateTerm) -> str:     # what the term grows with: tokens (up to a window) or nothing
+        if not term.per_token:
+            return f"{batch} sequence{'s' if batch > 1 else ''}"
+        return f"{batch} x {context if term.max_tokens is None else min(context, term.max_tokens)} tokens"
+
+    return tuple((f"{kind} ({n} layer{'s' if n > 1 else ''}, {held(term)})", b)
+                 for kind, (n, b, term) in groups.items())
 
 
 def allocator_slack(n_tensors: int, device_kind: str) -> int:
