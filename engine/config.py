@@ -49,6 +49,8 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     torch_dtype: str = "float32"     # dtype the weights were saved in
     name: str = ""
+    expert_quant: Any = None         # a lossy treatment of the routed experts (engine.blocks.quant_experts.
+                                     # ExpertQuant), None: exact; applied at load, after the checkpoint is read
 
     def __post_init__(self) -> None:
         fam = family_class(self.family)

@@ -134,15 +134,41 @@ def allocator_slack(n_tensors: int, device_kind: str) -> int:
     return SMALL_SEGMENT + LARGE_SEGMENT + n_tensors * BLOCK_ROUND
 
 
+def capacity_from_bytes(cfg: ModelConfig, capacity: int | str | None, capacity_bytes: int, expert_bytes: int) -> int:
+    """Slots per layer for a cache of `capacity_bytes` over every MoE layer (ValueError with the arithmetic)."""
+    if capacity is not None:
+        raise ValueError(f"give the expert cache as cache_capacity (slots per layer, or 'auto') or as "
+                         f"cache_capacity_bytes, not both; got cache_capacity={capacity!r} and "
+                         f"cache_capacity_bytes={capacity_bytes!r}")
+    if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int) or capacity_bytes <= 0:
+        raise ValueError(f"cache_capacity_bytes must be a positive number of bytes, got {capacity_bytes!r}")
+    per_slot = cfg.n_moe_layers * expert_bytes
+    slots = min(cfg.n_experts, capacity_bytes // per_slot)
+    if slots < cfg.top_k:
+        raise ValueError(f"cache_capacity_bytes {fmt_bytes(capacity_bytes)} holds {slots} slots per layer "
+                         f"({cfg.n_moe_layers} MoE layers x {fmt_bytes(expert_bytes)} per slot = {fmt_bytes(per_slot)} "
+                         f"a slot per layer), fewer than top_k={cfg.top_k}; give at least "
+                         f"{fmt_bytes(cfg.top_k * per_slot)}")
+    return slots
+
+
 def plan_memory(cfg: ModelConfig, placement: str, capacity: int | str | None, budget: int | None,
                 context: int, batch: int, ubatch: int, dtype_bytes: int,
                 placement_options: dict[str, Any] | None = None, reserve: int | None = None,
-                device_kind: str = "cuda") -> MemoryPlan:
-    """The plan for `device_kind` ('cuda': a real card, the default; 'cpu': the emulated device)."""
+                device_kind: str = "cuda", capacity_bytes: int | None = None) -> MemoryPlan:
+    """The plan for `device_kind` ('cuda': a real card, the default; 'cpu': the emulated device).
+
+    Expert bytes are the stored bytes of the model's treatment (cfg.expert_quant: a quantised
+    expert is smaller, so `auto` and `capacity_bytes` leave more slots); under a mixed treatment a
+    slot holds the largest expert. `capacity_bytes`: the cache given in bytes over all MoE layers
+    instead of slots (`capacity` must then be None): floor(capacity_bytes / (MoE layers x slot bytes))
+    slots per layer, at most n_experts."""
     options = placement_options or {}
     cls = PLACEMENTS.get(placement)
     arch = cfg.architecture()
     expert_bytes = arch.experts.nbytes(dtype_bytes)
+    if capacity_bytes is not None and cls.uses_cache(options):
+        capacity = capacity_from_bytes(cfg, capacity, capacity_bytes, expert_bytes)
     non_expert = arch.non_expert_bytes(dtype_bytes)
     states = state_lines(arch.state_terms(dtype_bytes), context, batch)
     kv = sum(b for _, b in states)
