@@ -324,7 +324,9 @@ class PassFlops:
 
 
 def expert_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
-    return cfg.expert_params * dtype_bytes
+    """The stored bytes of one expert (ModelConfig.expert_bytes: a quantised or MXFP4 expert's packed
+    buffer, not params x dtype), what a copy moves and a device GEMM reads."""
+    return cfg.expert_bytes(dtype_bytes)
 
 
 def pass_flops(cfg: ModelConfig, p: PassWork, dtype_bytes: int) -> PassFlops:

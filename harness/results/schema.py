@@ -27,7 +27,10 @@ SCHEMA_VERSION = 1
 
 ROW_COLUMNS = ["sweep_id", "job_id", "repeat", "phase", "metric", "value", "unit", "source", "status"]
 FACTOR_COLUMNS = ["engine", "model", "placement", "cache_capacity", "cache_policy", "prefetch",
-                  "workload", "context_tokens", "gen_tokens", "batch", "dtype"]
+                  "workload", "context_tokens", "gen_tokens", "batch", "dtype", "expert_quant"]
+# factor columns added after schema v1 was first written: a file without them reads them as null
+# (not recorded), never as a value it did not say
+ADDED_COLUMNS = ("expert_quant",)
 DEVICE_COLUMNS = ["device_kind", "device_name", "emulated"]
 REQUIRED_COLUMNS = ROW_COLUMNS + FACTOR_COLUMNS + DEVICE_COLUMNS
 

@@ -46,7 +46,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from harness.results.schema import (_BOOL_COLUMNS, _INT_COLUMNS, _META_KEY, _NOT_NULL, COLUMN_TYPES,
-                                    DONE_FILE, MANIFEST_FILE, REQUIRED_COLUMNS, ROWS_FILE, SCHEMA_VERSION,
+                                    ADDED_COLUMNS, DONE_FILE, MANIFEST_FILE, REQUIRED_COLUMNS, ROWS_FILE, SCHEMA_VERSION,
                                     STATUSES, STEPS_FILE, SUMMARY_FILE, SWEEP_STEPS, SWEEP_TABLE,
                                     ResultsError, frame_to_table, rows_to_table)
 from harness.results.summary import spread_table
@@ -276,6 +276,9 @@ def _read_one(file: Path) -> tuple[pd.DataFrame | None, str | None]:
         table = pq.read_table(file)
     except (pa.ArrowException, OSError) as exc:
         return None, f"unreadable Parquet ({type(exc).__name__}: {exc})"
+    for name in ADDED_COLUMNS:
+        if name not in table.schema.names:
+            table = table.append_column(pa.field(name, pa.string()), pa.nulls(table.num_rows, pa.string()))
     why = _schema_problems(table.schema)
     if why:
         return None, why
