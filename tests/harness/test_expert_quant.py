@@ -107,3 +107,14 @@ def test_an_int4_run_counts_stored_bytes_and_says_it_is_lossy(tmp_path):
     assert ok["expert_misses"] > 0
     assert ok["expert_miss_bytes"] == ok["h2d_expert_bytes"] == ok["expert_misses"] * INT4
     assert 0 < ok["max_abs_logit_diff"]                  # against the exact reference: the lossy error
+
+
+def test_the_roofline_reads_the_stored_expert_bytes():
+    rates = ["hardware.source=measured", "hardware.link=emulated", "hardware.h2d_gbps=5", "hardware.d2h_gbps=5",
+             "hardware.device_tflops=100", "hardware.cpu_gflops=100000", "hardware.dtype=float32",
+             "hardware.device_mem_gbps=10", "hardware.cpu_mem_gbps=10", "placement=resident", "workload=chat",
+             "workload.context_tokens=256", "workload.gen_tokens=8"]
+    from harness.roofline import roofline
+    bound = {q: roofline(validate(cfg_with(*rates, f"experts.quant={q}")), {}, None).phases["decode"]
+             for q in ("none", "int8", "int4")}
+    assert bound["none"] < bound["int8"] < bound["int4"]       # decode is bound by the expert bytes it reads
