@@ -276,9 +276,9 @@ def _read_one(file: Path) -> tuple[pd.DataFrame | None, str | None]:
         table = pq.read_table(file)
     except (pa.ArrowException, OSError) as exc:
         return None, f"unreadable Parquet ({type(exc).__name__}: {exc})"
-    for name in ADDED_COLUMNS:
+    for name, before in ADDED_COLUMNS.items():
         if name not in table.schema.names:
-            table = table.append_column(pa.field(name, pa.string()), pa.nulls(table.num_rows, pa.string()))
+            table = table.append_column(pa.field(name, pa.string()), _legacy_column(table, before))
     why = _schema_problems(table.schema)
     if why:
         return None, why
@@ -295,6 +295,12 @@ def _read_one(file: Path) -> tuple[pd.DataFrame | None, str | None]:
     if nulls:
         return None, f"columns {nulls} have nulls; they may not"
     return df, None
+
+
+def _legacy_column(table: pa.Table, before: dict[str, str]) -> pa.Array:
+    """A column a file predates: per row, what its engine always did then (`before`), else null."""
+    engines = table.column("engine").to_pylist() if "engine" in table.schema.names else [None] * table.num_rows
+    return pa.array([before.get(e) for e in engines], type=pa.string())
 
 
 def _schema_problems(schema: pa.Schema) -> str | None:
