@@ -146,8 +146,8 @@ def capacity_from_bytes(cfg: ModelConfig, capacity: int | str | None, capacity_b
     slots = min(cfg.n_experts, capacity_bytes // per_slot)
     if slots < cfg.top_k:
         raise ValueError(f"cache_capacity_bytes {fmt_bytes(capacity_bytes)} holds {slots} slots per layer "
-                         f"({cfg.n_moe_layers} MoE layers x {fmt_bytes(expert_bytes)} an expert slot = {fmt_bytes(per_slot)} "
-                         f"for each slot per layer), fewer than top_k={cfg.top_k}; give at least "
+                         f"({cfg.n_moe_layers} MoE layers x {fmt_bytes(expert_bytes)} an expert slot = "
+                         f"{fmt_bytes(per_slot)} for each slot per layer), fewer than top_k={cfg.top_k}; give at least "
                          f"{fmt_bytes(cfg.top_k * per_slot)}")
     return slots
 

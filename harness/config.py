@@ -8,7 +8,8 @@ allowed values and the value given -- *before* any model weights are read.
 Does not own: running anything (harness.runner).
 
 Canonical overrides: model=tiny-mixtral, model.path=DIR, placement=fetch, cache.capacity=4,
-cache.capacity=auto, cache.capacity_bytes=256MiB, cache.policy=lru, experts.quant=int4, experts.group_size=32, prefetch=none, workload=coding_agent,
+cache.capacity=auto, cache.capacity_bytes=256MiB, cache.policy=lru, experts.quant=int4,
+experts.group_size=32, prefetch=none, workload=coding_agent,
 workload.context_tokens=4096, workload.gen_tokens=64, workload.batch=1, workload.ubatch=512,
 run.repeats=3, run.warmup=1, engine=hf.
 """

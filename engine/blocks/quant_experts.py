@@ -52,10 +52,6 @@ class ExpertQuant:
     group_size: int = DEFAULT_GROUP                      # int4 (and mixed's int4 experts)
     high: tuple[tuple[int, tuple[int, ...]], ...] = ()   # mixed: (moe layer, its int8 expert ids), per layer
 
-    @property
-    def lossy(self) -> bool:
-        return True
-
     def high_of(self, layer: int) -> frozenset[int]:
         return frozenset(dict(self.high).get(layer, ()))
 
