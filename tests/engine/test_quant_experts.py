@@ -318,3 +318,16 @@ def test_mixed_every_placement_gives_resident_mixed(tmp_path, placement, options
         c = eng.counters
         n8 = c["expert_miss_bytes"] - c["expert_misses"] * 16128        # misses beyond int4 size are int8 experts
         assert n8 > 0 and n8 % (25856 - 16128) == 0
+
+
+def test_mixed_from_a_recorded_routing_trace(tmp_path):
+    from engine.trace import TraceRecorder, expert_counts, save_trace
+    eng = Engine.from_pretrained(MODEL, device="cpu")
+    rec = TraceRecorder(eng)
+    eng.generate([[3, 1, 4, 1, 5, 9, 2, 6]], 6)
+    path = save_trace(tmp_path / "routing.npz", rec.trace())
+    counts = expert_counts(rec.trace())                                        # [layers, experts]
+    spec = resolve_expert_quant(preset(MODEL), "mixed", trace=str(path), mixed_count=2)
+    for i, layer in enumerate(preset(MODEL).moe_layers):
+        top = sorted(range(8), key=lambda e: (-counts[i][e], e))[:2]
+        assert spec.high_of(layer) == set(top)
