@@ -410,6 +410,10 @@ def validate(cfg: DictConfig) -> RunSpec:
     if not uses_cache:
         capacity = capacity_bytes = None
     expert_quant = _expert_quant(c["experts"], mcfg)
+    if expert_quant is not None and not ENGINES.get(engine).uses_placement:
+        raise ConfigError(f"experts.quant={c['experts']['quant']}: quantised experts are moebench's treatment; "
+                          f"engine={engine} runs its own weights (its engine.* knobs); allowed with engine={engine}: "
+                          "experts.quant=none")
     if expert_quant is not None:              # the planner, cost model and roofline see the stored bytes
         mcfg = mcfg.replace(expert_quant=expert_quant)
     if prefetch != "none" and not uses_cache:

@@ -56,6 +56,7 @@ def test_int4_reaches_the_planner_and_the_cost_model():
     (("experts.quant=int8", "experts.mixed_count=2"), "applies to experts.quant=mixed only"),
     (("cache.capacity=4", "cache.capacity_bytes=1MiB"), "not both"),
     (("cache.capacity_bytes=lots",), r"cache.capacity_bytes: allowed a positive size"),
+    (("engine=hf", "experts.quant=int4"), "allowed with engine=hf: experts.quant=none"),
 ])
 def test_bad_values_are_refused_naming_the_key(overrides, match):
     with pytest.raises(ConfigError, match=match):
