@@ -75,6 +75,7 @@ class MemoryPlan:
     attention: int = 0          # attention workspace of one micro-batch (worst case for the device)
     slack: int = 0              # allocator rounding and segments (cuda)
     states: tuple[tuple[str, int], ...] = ()   # (printout line, bytes) per kind of layer state
+    expert_quant: str = "none"  # the experts' stored treatment (cfg.expert_quant); expert_bytes are its bytes
 
     @property
     def transient(self) -> int:
@@ -91,7 +92,8 @@ class MemoryPlan:
         rows = [("non-expert weights", self.non_expert), *states,
                 ("activations (one micro-batch)", self.activations),
                 ("attention workspace (worst case)", self.attention),
-                (f"experts [{self.placement}]{cap}", self.experts),
+                (f"experts [{self.placement}{'' if self.expert_quant == 'none' else ', ' + self.expert_quant}]{cap}",
+                 self.experts),
                 ("allocator slack", self.slack),
                 ("reserve", self.reserve)]
         out = [f"  {name:<40} {fmt_bytes(v):>12}" for name, v in rows]
@@ -194,7 +196,7 @@ def plan_memory(cfg: ModelConfig, placement: str, capacity: int | str | None, bu
                 cap = min(cfg.n_experts, max(0, (budget - fixed) // per_slot))
                 if cap < cfg.top_k:
                     plan = MemoryPlan(placement, budget, non_expert, kv, act, cfg.top_k * per_slot, reserve,
-                                      cfg.top_k, expert_bytes, context, batch, attn, slack, states)
+                                      cfg.top_k, expert_bytes, context, batch, attn, slack, states, arch.experts.quant)
                     raise PlanError(
                         f"cache_capacity='auto' leaves {cap} slots per layer, fewer than top_k={cfg.top_k}: "
                         f"budget {fmt_bytes(budget)} - fixed {fmt_bytes(fixed)} = {fmt_bytes(budget - fixed)} "
@@ -209,7 +211,7 @@ def plan_memory(cfg: ModelConfig, placement: str, capacity: int | str | None, bu
             cap = capacity
     experts = cls.device_expert_bytes(cfg, expert_bytes, cap, options)
     plan = MemoryPlan(placement, budget, non_expert, kv, act, experts, reserve, cap, expert_bytes, context, batch,
-                      attn, slack, states)
+                      attn, slack, states, arch.experts.quant)
     if budget is not None and plan.total > budget:
         raise PlanError(f"placement {placement!r} does not fit the device budget: "
                         f"{fmt_bytes(plan.total)} > {fmt_bytes(budget)}\n" + "\n".join(plan.lines()))

@@ -76,6 +76,7 @@ def test_capacity_in_bytes_gives_more_slots_with_int4():
     spec = validate(cfg_with("cache.capacity_bytes=256KiB", "experts.quant=int4"))
     assert spec.capacity is None and spec.capacity_bytes == 256 << 10
     assert plan_of(spec).capacity == (256 << 10) // (4 * INT4) == 4
+    assert "experts [fetch, int4] (4 slots/layer)" in str(plan_of(spec))
     with pytest.raises(ValueError, match="fewer than top_k=2"):      # exact experts: 96 KiB a slot, 0 slots
         plan_of(validate(cfg_with("cache.capacity_bytes=256KiB")))
     f = factors_of(cfg_with("cache.capacity_bytes=256KiB"))
