@@ -82,12 +82,13 @@ def plan_of(spec: RunSpec, placement: str | None = None, options: dict[str, Any]
     opts = spec.placement_options if placement is None else (options or {})
     uses = PLACEMENTS.get(name).uses_cache(opts)
     cap = (spec.capacity if placement is None else capacity) if uses else None
-    if uses and cap is None:
+    cap_bytes = spec.capacity_bytes if uses and placement is None and cap is None else None
+    if uses and cap is None and cap_bytes is None:
         cap = "auto"
     w, m = spec.workload, spec.model_config
     dt = m.torch_dtype if spec.model.dtype == "auto" else spec.model.dtype
     return plan_memory(m, name, cap, budget_of(spec), session_tokens(w.context_tokens, w.gen_tokens, w.turn_tokens),
-                       w.batch, w.ubatch, dtype_bytes(dt), opts, device_kind=_device_kind(spec))
+                       w.batch, w.ubatch, dtype_bytes(dt), opts, device_kind=_device_kind(spec), capacity_bytes=cap_bytes)
 
 
 @dataclass

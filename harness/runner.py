@@ -34,7 +34,7 @@ from engine.placements import needs_cache
 from engine.planner import PlanError, plan_memory
 from harness import results
 from harness.ablation import Ablation, ablation_metrics
-from harness.config import RunSpec, validate
+from harness.config import DEFAULT_CAPACITY, RunSpec, validate
 from harness.contract import MEASURED_PHASES, PREFIX_CACHE
 from harness.dtype_speed import dtype_speed
 from harness.engines import EngineAdapter as Adapter, get_adapter, release_cached, session_tokens_of
@@ -91,8 +91,13 @@ def factors_of(cfg: DictConfig) -> dict[str, Any]:
         ours = True
     if not ours:                                  # the engine's own knobs are its columns
         placement, uses_cache = None, False
+    quant = g("experts.quant", "none") if ours else None     # another engine's weights are its own knobs
+    capacity, capacity_bytes = g("cache.capacity"), g("cache.capacity_bytes")
+    capacity = "bytes" if capacity_bytes is not None and capacity is None else (capacity or DEFAULT_CAPACITY)
     return {"engine": g("engine.name"), "model": g("model.name"), "placement": placement,
-            "cache_capacity": str(g("cache.capacity")) if uses_cache else None,
+            "cache_capacity": str(capacity) if uses_cache else None,
+            "cache_capacity_bytes": str(capacity_bytes) if uses_cache and capacity_bytes is not None else None,
+            "expert_quant": quant, "lossy": None if quant is None else quant != "none",
             "cache_policy": g("cache.policy") if uses_cache else None,
             "prefetch": g("prefetch.name") if ours else None,
             "workload": g("workload.name"), "context_tokens": g("workload.context_tokens"),

@@ -339,8 +339,9 @@ def _architecture(cfg: ModelConfig) -> Architecture:
 
 
 def expert_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
-    """Stored bytes of one routed expert (what a miss copies: MXFP4's packed bytes, whatever the dtype)."""
-    return _architecture(cfg).experts.nbytes(dtype_bytes)
+    """The stored bytes of one expert (ModelConfig.expert_bytes: a quantised or MXFP4 expert's packed
+    buffer, not params x dtype), what a copy moves and a device GEMM reads."""
+    return cfg.expert_bytes(dtype_bytes)
 
 
 @dataclass(frozen=True)

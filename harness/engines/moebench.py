@@ -2,7 +2,8 @@
 
 Owns: building the engine for a RunSpec -- the job's placement held to the job's device budget,
 or (`placement="resident"`) the same model with every expert resident: on the job's device for
-the ablation, or unbudgeted on `device="cpu"` for the reference in host RAM -- and forwarding
+the ablation (under the job's experts.quant), or unbudgeted on `device="cpu"` with the exact
+experts (`exact=True`) for the reference in host RAM -- and forwarding
 sessions, passes, KV displacement, counters, instrumentation and the emulated device's ledger.
 """
 from __future__ import annotations
@@ -19,7 +20,8 @@ class MoebenchAdapter(EngineAdapter):
     name = "moebench"
 
     def __init__(self, spec: Any, placement: str | None = None, device: str | None = None,
-                 prefetch_options: dict[str, Any] | None = None, progress: Any = None) -> None:
+                 prefetch_options: dict[str, Any] | None = None, progress: Any = None, exact: bool = False) -> None:
+        """exact: the exact experts whatever the job's experts.quant (the numerical reference)."""
         from harness.engines import session_tokens_of
 
         w = spec.workload
@@ -30,6 +32,8 @@ class MoebenchAdapter(EngineAdapter):
         self.engine = Engine.from_pretrained(
             src, placement="resident" if resident else spec.placement,
             cache_capacity=None if resident else spec.capacity, cache_policy=spec.policy or "lru",
+            cache_capacity_bytes=None if resident else getattr(spec, "capacity_bytes", None),
+            expert_quant=None if exact else getattr(spec, "expert_quant", None),
             policy_options=None if resident else spec.policy_options,
             device=device or spec.hardware.device, dtype=spec.model.dtype, ubatch=w.ubatch,
             max_context=session_tokens_of(spec), batch=w.batch, seed=spec.model.seed,

@@ -46,7 +46,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from harness.results.schema import (_BOOL_COLUMNS, _INT_COLUMNS, _META_KEY, _NOT_NULL, COLUMN_TYPES,
-                                    DONE_FILE, MANIFEST_FILE, REQUIRED_COLUMNS, ROWS_FILE, SCHEMA_VERSION,
+                                    ADDED_COLUMNS, DONE_FILE, MANIFEST_FILE, REQUIRED_COLUMNS, ROWS_FILE, SCHEMA_VERSION,
                                     STATUSES, STEPS_FILE, SUMMARY_FILE, SWEEP_STEPS, SWEEP_TABLE,
                                     ResultsError, frame_to_table, rows_to_table)
 from harness.results.summary import spread_table
@@ -276,6 +276,9 @@ def _read_one(file: Path) -> tuple[pd.DataFrame | None, str | None]:
         table = pq.read_table(file)
     except (pa.ArrowException, OSError) as exc:
         return None, f"unreadable Parquet ({type(exc).__name__}: {exc})"
+    for name, before in ADDED_COLUMNS.items():
+        if name not in table.schema.names:
+            table = table.append_column(pa.field(name, pa.string()), _legacy_column(table, before))
     why = _schema_problems(table.schema)
     if why:
         return None, why
@@ -292,6 +295,12 @@ def _read_one(file: Path) -> tuple[pd.DataFrame | None, str | None]:
     if nulls:
         return None, f"columns {nulls} have nulls; they may not"
     return df, None
+
+
+def _legacy_column(table: pa.Table, before: dict[str, str]) -> pa.Array:
+    """A column a file predates: per row, what its engine always did then (`before`), else null."""
+    engines = table.column("engine").to_pylist() if "engine" in table.schema.names else [None] * table.num_rows
+    return pa.array([before.get(e) for e in engines], type=pa.string())
 
 
 def _schema_problems(schema: pa.Schema) -> str | None:
