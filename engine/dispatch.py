@@ -36,6 +36,16 @@ class Routing:
     experts: list[int]
     rows: list[torch.Tensor]        # per used expert: row indices [n] into the layer's input, ascending
     slots: list[torch.Tensor]       # per used expert: top-k position [n] of that expert in each row
+    order: torch.Tensor | None = None   # [M] flat (row, slot) positions grouped by expert (group_by_expert)
+    offsets: list[int] | None = None    # where each used expert's group starts in `order`, then the end
+
+    def gates(self, weights: torch.Tensor) -> list[torch.Tensor]:
+        """weights [N, k] -> per used expert, the routing weight of each of its rows [n, 1]
+        (`weights[rows, slots, None]`; from `group_by_expert`, one gather for the layer and a view each)."""
+        if self.order is None:
+            return [weights[t, s, None] for t, s in zip(self.rows, self.slots)]
+        g = weights.reshape(-1, 1)[self.order]                                  # [M, 1]
+        return [g[a:b] for a, b in zip(self.offsets, self.offsets[1:])]
 
     def __iter__(self) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
         return iter(zip(self.experts, self.rows, self.slots))
@@ -51,15 +61,12 @@ def group_by_expert(ids: torch.Tensor, n_experts: int) -> Routing:
     sorted_ids, order = torch.sort(flat, stable=True)                           # [M], [M]
     edges = torch.arange(n_experts + 1, device=ids.device, dtype=sorted_ids.dtype)
     bounds = torch.searchsorted(sorted_ids, edges).tolist()                     # [E+1]: the one transfer
-    experts, rows, slots = [], [], []
-    for e in range(n_experts):
-        a, b = bounds[e], bounds[e + 1]
-        if b > a:
-            pos = order[a:b]                                                    # [n] flat positions, ascending
-            experts.append(e)
-            rows.append(pos // k)
-            slots.append(pos % k)
-    return Routing(experts, rows, slots)
+    all_rows, all_slots = order // k, order % k                                 # [M] each, flat positions ascending
+    experts = [e for e in range(n_experts) if bounds[e + 1] > bounds[e]]
+    offsets = [bounds[e] for e in experts] + [bounds[n_experts]]                # empty groups in between take no room
+    rows = [all_rows[a:b] for a, b in zip(offsets, offsets[1:])]                # views: no op per expert
+    slots = [all_slots[a:b] for a, b in zip(offsets, offsets[1:])]
+    return Routing(experts, rows, slots, order, offsets)
 
 
 def group_by_expert_reference(ids: torch.Tensor) -> Routing:
