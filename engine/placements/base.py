@@ -157,7 +157,7 @@ class Placement(ABC):
             n = tok.numel()
             with span("expert", layer=layer, expert=e, tokens=n):
                 every = n == N                                             # rows ascending and distinct: all of them
-                y = layout.run(h if every else h[tok], w) * gate           # [n, D]: the family's kernel, weighted
+                y = layout.run(h if every else h.index_select(0, tok), w) * gate   # [n, D]: the family's kernel
                 if every:
                     out.add_(y.to(out.dtype))
                 else:
