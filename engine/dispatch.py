@@ -3,7 +3,8 @@
 Owns: grouping one MoE layer's top-k routing into per-expert token lists with a single
 device->host transfer (`group_by_expert`), the slow obvious reference it must equal
 (`group_by_expert_reference`, one `nonzero` -- one host sync -- per expert), and per-expert
-token counts without any host sync (`tokens_per_expert`). Does not own: running experts
+token counts without any host sync (`tokens_per_expert`), and the whole grouping kept on the
+device for grouped GEMMs (`group_on_device`: no host sync at all). Does not own: running experts
 (engine.placements.base.Placement.combine) or routing itself (engine.blocks.routers).
 
     r = group_by_expert(ids, n_experts)        # ids [N, k] -> Routing; one .tolist()
@@ -67,6 +68,27 @@ def group_by_expert(ids: torch.Tensor, n_experts: int) -> Routing:
     rows = [all_rows[a:b] for a, b in zip(offsets, offsets[1:])]                # views: no op per expert
     slots = [all_slots[a:b] for a, b in zip(offsets, offsets[1:])]
     return Routing(experts, rows, slots, order, offsets)
+
+
+@dataclass(frozen=True)
+class DeviceRouting:
+    """One layer's dispatch kept on the device (no host sync, shapes fixed by N and k)."""
+
+    order: torch.Tensor        # [M] flat (row, slot) positions grouped by expert, ascending within a group
+    offs: torch.Tensor         # [E] int32: end of each expert's group in `order` (grouped GEMM offsets)
+    accumulate: torch.Tensor   # [N, k]: per row, where its slots sit in `order`, in ascending expert id
+
+
+def group_on_device(ids: torch.Tensor, n_experts: int) -> DeviceRouting:
+    """ids [N, k] -> DeviceRouting with no device->host transfer: the same stable sort as
+    `group_by_expert`, group ends from `tokens_per_expert`, and per row the places of its slots
+    in that order -- ascending place is ascending expert id (a row's experts are distinct and
+    the sort is by id), the order `Placement.combine` adds them in."""
+    N, k = ids.shape
+    order = torch.sort(ids.reshape(-1), stable=True).indices                    # [M]
+    offs = tokens_per_expert(ids, n_experts).cumsum(0).to(torch.int32)          # [E]
+    place = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=ids.device))  # [M]
+    return DeviceRouting(order, offs, place.view(N, k).sort(dim=1).values)      # [N, k]
 
 
 def group_by_expert_reference(ids: torch.Tensor) -> Routing:

@@ -80,6 +80,7 @@ PLACEMENTS = Registry(
     "moebench.placements",
     {
         "resident": "engine.placements.resident:Resident",
+        "resident_grouped": "engine.placements.resident_grouped:ResidentGrouped",
         "fetch": "engine.placements.fetch:Fetch",
         "cpu": "engine.placements.cpu:CPUExperts",
         "hybrid": "engine.placements.hybrid:Hybrid",
