@@ -89,6 +89,7 @@ def main() -> None:
         samples: dict[str, list[float]] = {k: [] for k in ("hf_prefill", "hf_decode", "ours_prefill", "ours_decode")}
         time_hf(hf, prompt[:, :32], 2)                          # warm-up, excluded
         time_ours(ours, prompt[:, :32].tolist(), 2)
+        rates_before = bench_roofline.measured_rates()
         for r in range(args.repeats):
             for name in (("hf", "ours") if r % 2 == 0 else ("ours", "hf")):
                 p, dcd = (time_hf(hf, prompt, args.decode) if name == "hf"
@@ -102,7 +103,7 @@ def main() -> None:
             print(f"{threads} thread(s) {phase:<8} ours {med[f'ours_{phase}']:8.1f} ({min(o):.1f}-{max(o):.1f})  "
                   f"transformers {med[f'hf_{phase}']:8.1f} ({min(h):.1f}-{max(h):.1f}) {unit}  "
                   f"ratio {med[f'ours_{phase}'] / med[f'hf_{phase}']:.2f}x")
-        rates = bench_roofline.measured_rates()
+        rates = bench_roofline.measured_rates(rates_before)
         bound = bench_roofline.bound(ours, args.prefill, args.prefill + args.decode // 2, rates)
         print(bench_roofline.line(threads, bound, rates, {(name, phase): med[f"{key}_{phase}"]
                                                           for name, key in (("ours", "ours"), ("transformers", "hf"))
