@@ -10,7 +10,7 @@ options (callers do).
 
     from engine.registry import PLACEMENTS
     cls = PLACEMENTS.get("fetch")          # imports engine.placements.fetch lazily
-    PLACEMENTS.names()                     # ['cpu', 'fetch', 'hybrid', 'resident', 'stream', ...]
+    PLACEMENTS.names()                     # ['cpu', 'fetch', 'hybrid', 'resident', 'resident_grouped', 'stream', ...]
 
 An unknown name raises `UnknownPluginError` listing the known ones.
 """
