@@ -7,7 +7,9 @@ configuration (f32 KV cache, flash attention off), one slot, prompt cache off pe
 its figures are its own timings (`prompt_ms`, `predicted_ms` over predicted_n - 1 decode
 steps), ours are wall time around `prefill` / the decode loop (both engine-internal, §7.6).
 Repeats alternate the two engines so machine noise hits both alike; each thread count gets
-its own server and `torch.set_num_threads`. Reported: medians with min-max, ratio ours/llama.cpp.
+its own server and `torch.set_num_threads`. Reported: medians with min-max, ratio ours/llama.cpp,
+and each median's frac_of_roofline (benchmarks/bench_roofline.py: rates measured in this process
+at that thread count).
 Not a test: `python benchmarks/bench_vs_llamacpp.py [--repeats N] [--threads 1,2]` (needs `make llamacpp`).
 """
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import bench_roofline  # noqa: E402
 from bench_vs_transformers import SHAPE, build_checkpoint, time_ours  # noqa: E402
 from engine import Engine  # noqa: E402
 from harness.llamacpp.build import cache_root, find_binaries  # noqa: E402
@@ -86,6 +89,7 @@ def main() -> None:
         with LlamaServer(gguf.path, flags, log_path=log, binaries=bins) as srv:
             time_ours(ours, [prompt[:32]], 2)                   # warm-up, excluded
             time_llamacpp(srv, prompt[:32], 2)
+            rates_before = bench_roofline.measured_rates()
             s: dict[str, list[float]] = {k: [] for k in ("ours_prefill", "ours_decode", "ll_prefill", "ll_decode")}
             for r in range(args.repeats):
                 for name in (("ours", "ll") if r % 2 == 0 else ("ll", "ours")):
@@ -104,6 +108,11 @@ def main() -> None:
               f"llama-server peak RSS {peak / 2**30:.2f} GiB")
         print(summary("prefill", s["ours_prefill"], s["ll_prefill"], f"tok/s on {args.prefill} tokens"))
         print(summary("decode", s["ours_decode"], s["ll_decode"], f"tok/s over {args.decode} tokens"))
+        rates = bench_roofline.measured_rates(rates_before)
+        bound = bench_roofline.bound(ours, args.prefill, args.prefill + args.decode // 2, rates)
+        print(bench_roofline.line(threads, bound, rates, {
+            (name, phase): statistics.median(s[f"{key}_{phase}"])
+            for name, key in (("ours", "ours"), ("llama.cpp", "ll")) for phase in ("prefill", "decode")}))
         print(f"token agreement (greedy, {len(ref)} tokens after the same {args.prefill}-token prompt): {agree:.3f}")
 
 

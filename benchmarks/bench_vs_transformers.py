@@ -5,7 +5,7 @@ The same work on both sides: transformers computes logits for the last position 
 (`logits_to_keep=1`), as our engine does. Both engines run in one process, interleaved,
 repeats alternating, at each requested thread count, so machine noise hits both alike; the
 figures reported are medians with min-max and their ratio (ours / transformers), with the
-load average before and after.
+load average before and after, and each median's frac_of_roofline (benchmarks/bench_roofline.py).
 Not a test: run `python benchmarks/bench_vs_transformers.py [--repeats N] [--threads 1,2]`.
 """
 from __future__ import annotations
@@ -21,7 +21,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import bench_roofline  # noqa: E402
 from engine import Engine  # noqa: E402
 
 SHAPE = dict(vocab_size=32000, hidden_size=1024, intermediate_size=1024, num_hidden_layers=8,
@@ -87,6 +89,7 @@ def main() -> None:
         samples: dict[str, list[float]] = {k: [] for k in ("hf_prefill", "hf_decode", "ours_prefill", "ours_decode")}
         time_hf(hf, prompt[:, :32], 2)                          # warm-up, excluded
         time_ours(ours, prompt[:, :32].tolist(), 2)
+        rates_before = bench_roofline.measured_rates()
         for r in range(args.repeats):
             for name in (("hf", "ours") if r % 2 == 0 else ("ours", "hf")):
                 p, dcd = (time_hf(hf, prompt, args.decode) if name == "hf"
@@ -100,6 +103,11 @@ def main() -> None:
             print(f"{threads} thread(s) {phase:<8} ours {med[f'ours_{phase}']:8.1f} ({min(o):.1f}-{max(o):.1f})  "
                   f"transformers {med[f'hf_{phase}']:8.1f} ({min(h):.1f}-{max(h):.1f}) {unit}  "
                   f"ratio {med[f'ours_{phase}'] / med[f'hf_{phase}']:.2f}x")
+        rates = bench_roofline.measured_rates(rates_before)
+        bound = bench_roofline.bound(ours, args.prefill, args.prefill + args.decode // 2, rates)
+        print(bench_roofline.line(threads, bound, rates, {(name, phase): med[f"{key}_{phase}"]
+                                                          for name, key in (("ours", "ours"), ("transformers", "hf"))
+                                                          for phase in ("prefill", "decode")}))
     print(f"load average after {os.getloadavg()[0]:.2f}")
 
 

@@ -3,7 +3,8 @@
 Owns: grouping one MoE layer's top-k routing into per-expert token lists with a single
 device->host transfer (`group_by_expert`), the slow obvious reference it must equal
 (`group_by_expert_reference`, one `nonzero` -- one host sync -- per expert), and per-expert
-token counts without any host sync (`tokens_per_expert`). Does not own: running experts
+token counts without any host sync (`tokens_per_expert`), and the whole grouping kept on the
+device for grouped GEMMs (`group_on_device`: no host sync at all). Does not own: running experts
 (engine.placements.base.Placement.combine) or routing itself (engine.blocks.routers).
 
     r = group_by_expert(ids, n_experts)        # ids [N, k] -> Routing; one .tolist()
@@ -36,6 +37,16 @@ class Routing:
     experts: list[int]
     rows: list[torch.Tensor]        # per used expert: row indices [n] into the layer's input, ascending
     slots: list[torch.Tensor]       # per used expert: top-k position [n] of that expert in each row
+    order: torch.Tensor | None = None   # [M] flat (row, slot) positions grouped by expert (group_by_expert)
+    offsets: list[int] | None = None    # where each used expert's group starts in `order`, then the end
+
+    def gates(self, weights: torch.Tensor) -> list[torch.Tensor]:
+        """weights [N, k] -> per used expert, the routing weight of each of its rows [n, 1]
+        (`weights[rows, slots, None]`; from `group_by_expert`, one gather for the layer and a view each)."""
+        if self.order is None:
+            return [weights[t, s, None] for t, s in zip(self.rows, self.slots)]
+        g = weights.reshape(-1, 1)[self.order]                                  # [M, 1]
+        return [g[a:b] for a, b in zip(self.offsets, self.offsets[1:])]
 
     def __iter__(self) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
         return iter(zip(self.experts, self.rows, self.slots))
@@ -51,15 +62,33 @@ def group_by_expert(ids: torch.Tensor, n_experts: int) -> Routing:
     sorted_ids, order = torch.sort(flat, stable=True)                           # [M], [M]
     edges = torch.arange(n_experts + 1, device=ids.device, dtype=sorted_ids.dtype)
     bounds = torch.searchsorted(sorted_ids, edges).tolist()                     # [E+1]: the one transfer
-    experts, rows, slots = [], [], []
-    for e in range(n_experts):
-        a, b = bounds[e], bounds[e + 1]
-        if b > a:
-            pos = order[a:b]                                                    # [n] flat positions, ascending
-            experts.append(e)
-            rows.append(pos // k)
-            slots.append(pos % k)
-    return Routing(experts, rows, slots)
+    all_rows, all_slots = order // k, order % k                                 # [M] each, flat positions ascending
+    experts = [e for e in range(n_experts) if bounds[e + 1] > bounds[e]]
+    offsets = [bounds[e] for e in experts] + [bounds[n_experts]]                # empty groups in between take no room
+    rows = [all_rows[a:b] for a, b in zip(offsets, offsets[1:])]                # views: no op per expert
+    slots = [all_slots[a:b] for a, b in zip(offsets, offsets[1:])]
+    return Routing(experts, rows, slots, order, offsets)
+
+
+@dataclass(frozen=True)
+class DeviceRouting:
+    """One layer's dispatch kept on the device (no host sync, shapes fixed by N and k)."""
+
+    order: torch.Tensor        # [M] flat (row, slot) positions grouped by expert, ascending within a group
+    offs: torch.Tensor         # [E] int32: end of each expert's group in `order` (grouped GEMM offsets)
+    accumulate: torch.Tensor   # [N, k]: per row, where its slots sit in `order`, in ascending expert id
+
+
+def group_on_device(ids: torch.Tensor, n_experts: int) -> DeviceRouting:
+    """ids [N, k] -> DeviceRouting with no device->host transfer: the same stable sort as
+    `group_by_expert`, group ends from `tokens_per_expert`, and per row the places of its slots
+    in that order -- ascending place is ascending expert id (a row's experts are distinct and
+    the sort is by id), the order `Placement.combine` adds them in."""
+    N, k = ids.shape
+    order = torch.sort(ids.reshape(-1), stable=True).indices                    # [M]
+    offs = tokens_per_expert(ids, n_experts).cumsum(0).to(torch.int32)          # [E]
+    place = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=ids.device))  # [M]
+    return DeviceRouting(order, offs, place.view(N, k).sort(dim=1).values)      # [N, k]
 
 
 def group_by_expert_reference(ids: torch.Tensor) -> Routing:

@@ -98,6 +98,27 @@ def expert_ffn(x: torch.Tensor, packed: torch.Tensor, D: int, I: int, act: str) 
     return F.linear(ACT[act](gate) * up, down)                     # [n, D]
 
 
+def grouped_mm_supported(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether `F.grouped_mm` takes this dtype on this device: any float dtype on the CPU (a loop of
+    mm per group, bitwise equal to F.linear on each group: tests/engine/test_dispatch.py), bf16 on
+    CUDA (its documented kernel, SM >= 80; unverified here: no GPU in this project's CI)."""
+    if not hasattr(F, "grouped_mm"):
+        return False
+    return device.type == "cpu" or (device.type == "cuda" and dtype == torch.bfloat16)
+
+
+def expert_ffn_grouped(x: torch.Tensor, rows: torch.Tensor, offs: torch.Tensor, D: int, I: int,
+                       act: str) -> torch.Tensor:
+    """`expert_ffn` of every expert of a layer at once: x [M, D] grouped by expert, rows [E, P] the
+    packed experts, offs [E] int32 end of each group in x -> [M, D]. No host sync: the group
+    sizes stay on the device (grouped GEMMs with device offsets)."""
+    E = rows.shape[0]
+    gate_up = rows[:, : 2 * I * D].view(E, 2 * I, D)                  # [E, 2I, D]
+    down = rows[:, 2 * I * D:].view(E, D, I)                           # [E, D, I]
+    gate, up = F.grouped_mm(x, gate_up.transpose(1, 2), offs=offs).chunk(2, dim=-1)   # [M, I] each
+    return F.grouped_mm(ACT[act](gate) * up, down.transpose(1, 2), offs=offs)           # [M, D]
+
+
 def dense_mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, act: str) -> torch.Tensor:
     return F.linear(ACT[act](F.linear(x, gate)) * F.linear(x, up), down)
 

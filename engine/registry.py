@@ -10,7 +10,7 @@ options (callers do).
 
     from engine.registry import PLACEMENTS
     cls = PLACEMENTS.get("fetch")          # imports engine.placements.fetch lazily
-    PLACEMENTS.names()                     # ['cpu', 'fetch', 'hybrid', 'resident', 'stream', ...]
+    PLACEMENTS.names()                     # ['cpu', 'fetch', 'hybrid', 'resident', 'resident_grouped', 'stream', ...]
 
 An unknown name raises `UnknownPluginError` listing the known ones.
 """
@@ -80,6 +80,7 @@ PLACEMENTS = Registry(
     "moebench.placements",
     {
         "resident": "engine.placements.resident:Resident",
+        "resident_grouped": "engine.placements.resident_grouped:ResidentGrouped",
         "fetch": "engine.placements.fetch:Fetch",
         "cpu": "engine.placements.cpu:CPUExperts",
         "hybrid": "engine.placements.hybrid:Hybrid",

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 import torch
 
 from engine.checkpoint import Checkpoint, MissingTensorError
-from engine.layers import expert_ffn
+from engine.layers import expert_ffn, expert_ffn_grouped, grouped_mm_supported
 
 RandomTensor = Callable[[str, tuple[int, ...]], torch.Tensor]   # name, shape -> seeded fp32 values (std 0.02)
 
@@ -90,6 +90,16 @@ class ExpertLayout(ABC):
     def run(self, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
         """The expert on rows x [n, D] from its packed buffer [P] -> [n, D] (unweighted)."""
 
+    def grouped_supported(self, dtype: torch.dtype, device: torch.device) -> bool:
+        """Whether `run_grouped` can run this layout at `dtype` on `device` (False: no grouped kernel)."""
+        return False
+
+    def run_grouped(self, x: torch.Tensor, rows: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+        """Every expert of a layer on rows grouped by expert, with no host sync: x [M, D] sorted by
+        expert, rows [E, P] the layer's packed experts, offs [E] int32 end of each expert's group
+        -> [M, D] unweighted; each group bitwise equal to `run` on it (the invariant)."""
+        raise NotImplementedError(f"{type(self).__name__} has no grouped kernel")
+
     @abstractmethod
     def activation_bytes(self, rows: int, dtype_bytes: int) -> int:
         """Transient bytes of `run` over `rows` rows."""
@@ -152,6 +162,12 @@ class SwiGLUExperts(ExpertLayout):
 
     def run(self, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
         return expert_ffn(x, packed, self.D, self.I, self.act)
+
+    def grouped_supported(self, dtype: torch.dtype, device: torch.device) -> bool:
+        return grouped_mm_supported(dtype, device)
+
+    def run_grouped(self, x: torch.Tensor, rows: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+        return expert_ffn_grouped(x, rows, offs, self.D, self.I, self.act)
 
     def activation_bytes(self, rows: int, dtype_bytes: int) -> int:
         return rows * (2 * self.D + 4 * self.I) * dtype_bytes     # rows, gate|up, act, act*up / down, *weight

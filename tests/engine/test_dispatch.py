@@ -33,7 +33,8 @@ HOST_SYNCING_OPS = ("nonzero", "_local_scalar_dense", "_unique2", "unique_dim", 
 
 @pytest.mark.parametrize("placement,options", [("fetch", {"cache_capacity": 3}),
                                                ("fetch", {"cache_capacity": 3, "prefetch": "next_layer_gate"}),
-                                               ("resident", {}), ("stream", {"cache_capacity": 2, "stream_threshold": 4})])
+                                               ("resident", {}), ("resident_grouped", {}),
+                                               ("stream", {"cache_capacity": 2, "stream_threshold": 4})])
 def test_one_host_read_per_moe_layer(placement, options, monkeypatch):
     """Counted on the emulated device: every `.tolist()` inside a forward pass (a device->host
     transfer on CUDA) and every op whose output size the host must read (a hidden sync)."""
@@ -61,4 +62,39 @@ def test_one_host_read_per_moe_layer(placement, options, monkeypatch):
         with torch.inference_mode(), SyncOps():
             eng.model.forward(torch.tensor(rows), sess)
         prefetch_reads = 3 if "prefetch" in options else 0           # next_layer_gate: one per layer it predicts for
-        assert reads == ["tolist"] * (4 + prefetch_reads), reads      # tiny-mixtral: 4 MoE layers
+        layer_reads = 0 if placement == "resident_grouped" else 4    # tiny-mixtral: 4 MoE layers; grouped: none
+        assert reads == ["tolist"] * (layer_reads + prefetch_reads), reads
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_grouped_kernel_equals_expert_loop_per_group(seed: int) -> None:
+    """expert_ffn_grouped on rows sorted by expert (empty and one-row groups included) is bitwise
+    expert_ffn on each group: what lets resident_grouped keep the invariant exactly."""
+    from engine.layers import expert_ffn, expert_ffn_grouped
+
+    g = torch.Generator().manual_seed(seed)
+    E, D, I = 6, 32, 48
+    rows = torch.randn(E, 3 * D * I, generator=g) * 0.1                          # [E, P]
+    counts = torch.randint(0, 5 if seed % 2 else 40, (E,), generator=g)
+    counts[seed % E] = 1
+    x = torch.randn(int(counts.sum()), D, generator=g)                           # [M, D] grouped by expert
+    y = expert_ffn_grouped(x, rows, counts.cumsum(0).to(torch.int32), D, I, "silu")
+    ends = counts.cumsum(0).tolist()
+    for e, (a, b) in enumerate(zip([0, *ends[:-1]], ends)):
+        if b > a:
+            assert torch.equal(y[a:b], expert_ffn(x[a:b], rows[e], D, I, "silu"))
+
+
+@pytest.mark.parametrize("model", ["tiny-mixtral", "tiny-deepseek", "tiny-qwen3-next"])
+def test_resident_grouped_equals_resident(model: str) -> None:
+    """resident_grouped -- device-side grouping, grouped GEMMs -- gives bitwise the tokens
+    and logits of the one-sync expert loop, prefill and decode, batch 2."""
+    prompts = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [5, 4, 3, 2, 1, 9, 8, 7, 6, 5, 4, 3]]
+    ref = Engine.from_pretrained(model, device="cpu").generate(prompts, 6)
+    got = Engine.from_pretrained(model, device="cpu", placement="resident_grouped").generate(prompts, 6)
+    assert got.tokens == ref.tokens and all(torch.equal(a, b) for a, b in zip(got.logits, ref.logits))
+
+
+def test_resident_grouped_refused_without_a_grouped_kernel() -> None:
+    with pytest.raises(ValueError, match="'resident_grouped' needs a grouped expert kernel; MXFP4Experts"):
+        Engine.from_pretrained("tiny-gpt-oss", device="cpu", placement="resident_grouped")

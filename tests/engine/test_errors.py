@@ -62,7 +62,7 @@ def test_fetch_without_capacity():
 
 
 def test_unknown_placement_lists_known():
-    with pytest.raises(UnknownPluginError, match="unknown placement 'fetcher'; known: cpu, fetch, hybrid, resident, stream"):
+    with pytest.raises(UnknownPluginError, match="unknown placement 'fetcher'; known: cpu, fetch, hybrid, resident, resident_grouped, stream"):
         Engine.from_pretrained("tiny-mixtral", device="cpu", placement="fetcher")
 
 

@@ -103,6 +103,15 @@ def test_other_placements(placement, options, batch):
     assert_same(scenario(eng, batch), ref)
 
 
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("model", [MODEL, "tiny-qwen3-next", "tiny-gemma4"])
+def test_resident_grouped(model, batch):
+    """Routing kept on the device and grouped GEMMs: bitwise resident through a fresh, a continued
+    and a restored turn (GPT-OSS's MXFP4 experts have no grouped kernel: refused, test_dispatch)."""
+    ref, _ = reference(batch, model)
+    assert_same(scenario(Engine.from_pretrained(model, device="cpu", placement="resident_grouped"), batch), ref)
+
+
 # the second wave: sliding windows with sinks and MXFP4 experts (GPT-OSS), recurrent state (Qwen3-Next),
 # per-layer head shapes, a dense MLP beside the experts and per-layer inputs (Gemma 4)
 SECOND_WAVE = ("tiny-gpt-oss", "tiny-qwen3-next", "tiny-gemma4")

@@ -1,0 +1,71 @@
+"""The hardware bound beside the two engine-vs-engine benchmarks (bench_vs_llamacpp,
+bench_vs_transformers): what decode and prefill could reach on this machine at the thread
+count being measured, so each tok/s comes with its `frac_of_roofline` (DESIGN.md §5).
+
+Owns: the bytes one decode step must read and the FLOPs one prefill token must do for a
+loaded engine's model (from its blocks' tensor specs, its expert layout and its KV), and the
+bound at rates measured in this process at the current torch thread count -- GEMV weight-read
+GB/s over a matrix far larger than the last-level cache (decode reads every weight it uses
+once per token) and square-GEMM GFLOP/s (prefill) -- with the calibration's micro-benchmarks
+(harness.costmodel.calibrate: the one home of timing code). Does not own: the cost model's
+full prediction (harness.roofline does that for harness runs, from `moebench calibrate`).
+
+    before = measured_rates()                      # at torch.get_num_threads()
+    ...                                            # the timed repeats
+    rates = measured_rates(before)                 # the higher of before and after
+    b = bound(eng, prefill_tokens=512, context=576, rates=rates)
+    b["decode_tok_per_s"], b["prefill_tok_per_s"]
+
+Decode reads: every non-expert weight except the embedding table (one row of it), top-k
+experts per MoE layer (a batch-1 step routes one token: exactly top_k distinct experts), and
+the KV of every layer at the given context. Prefill does: 2 FLOPs per weight a token uses
+(attention and router projections, its top-k experts; the head on the last token only, as both
+benchmarks ask for one position's logits) plus causal attention scores, 2 * 2 * H * h * S/2 per
+token per layer. No software overhead, copies none (CPU, resident).
+"""
+from __future__ import annotations
+
+from harness.costmodel.calibrate import gemm_rates, gemv_rates
+
+GEMV_MIB, GEMM_SIZE, REPEATS = 512, 2048, 3
+
+
+def measured_rates(earlier: dict[str, float] | None = None) -> dict[str, float]:
+    """GEMV weight-read GB/s and GEMM GFLOP/s (fp32) at the current torch thread count; with
+    `earlier` (the same measured before the engines ran), the higher of each: a bound takes the
+    machine at its least disturbed, and on a shared machine one measurement can land in a
+    moment another process took the cores (call it before and after the timed repeats)."""
+    now = {"gemv_gbps": gemv_rates("cpu", ["float32"], GEMV_MIB, REPEATS)["float32"],
+           "gemm_gflops": gemm_rates("cpu", ["float32"], (GEMM_SIZE,), REPEATS)[f"float32@{GEMM_SIZE}"]}
+    return now if earlier is None else {k: max(v, earlier[k]) for k, v in now.items()}
+
+
+def bound(eng, prefill_tokens: int, context: int, rates: dict[str, float]) -> dict[str, float]:
+    """Decode tok/s at `context` held tokens and prefill tok/s over `prefill_tokens` fresh ones."""
+    cfg, model = eng.cfg, eng.model
+    db = model.dtype.itemsize
+    arch = model.arch
+    embed = arch.embedding.w["weight"]
+    non_expert = arch.non_expert_bytes(db) - (0 if arch.head.tied else embed.numel() * db)
+    experts = cfg.n_moe_layers * cfg.top_k * arch.experts.nbytes(db)
+    kv = cfg.kv_bytes_per_token(db) * context
+    decode_bytes = non_expert + experts + kv + embed.shape[1] * db
+    head_params = arch.head.w["weight"].numel()
+    weight_params = (non_expert // db - head_params) + cfg.n_moe_layers * cfg.top_k * arch.experts.params
+    attn = sum(2 * 2 * layer.attention.H * layer.attention.hd * prefill_tokens / 2
+               for layer in arch.layers if hasattr(layer.attention, "H"))
+    flops_per_token = 2 * weight_params + attn + 2 * head_params / prefill_tokens
+    return {"decode_tok_per_s": rates["gemv_gbps"] * 1e9 / decode_bytes, "decode_bytes": decode_bytes,
+            "prefill_tok_per_s": rates["gemm_gflops"] * 1e9 / flops_per_token, "prefill_flops": flops_per_token}
+
+
+def line(threads: int, b: dict[str, float], rates: dict[str, float], measured: dict[str, float]) -> str:
+    """One printed line: the bound, its basis and each engine's fraction of it."""
+    fr = "  ".join(f"{name} {phase} {v / b[f'{phase}_tok_per_s']:.2f}" for (name, phase), v in measured.items())
+    return (f"roofline at {threads} thread(s): decode {b['decode_tok_per_s']:.1f} tok/s "
+            f"({b['decode_bytes'] / 2**20:.0f} MiB/token at GEMV {rates['gemv_gbps']:.1f} GB/s), prefill "
+            f"{b['prefill_tok_per_s']:.0f} tok/s ({b['prefill_flops'] / 1e6:.0f} MFLOP/token at GEMM "
+            f"{rates['gemm_gflops']:.0f} GFLOP/s); frac_of_roofline: {fr}")
+
+
+__all__ = ["bound", "line", "measured_rates"]
