@@ -126,11 +126,12 @@ def report(spec: RunSpec) -> tuple[bool, str]:
     if v.plan is not None and spec.capacity == "auto":
         lines.append(f"cache.capacity=auto -> {v.plan.capacity} expert slots per MoE layer")
     lines.append("every registered placement at this context and budget (its default options):")
+    width = max(map(len, PLACEMENTS.names()))
     for name in PLACEMENTS.names():
         other = verdict(spec, placement=name, capacity=spec.capacity if spec.capacity is not None else "auto")
         total = fmt_bytes(other.plan.total) if other.plan else other.message.splitlines()[0]
         cap = f" ({other.plan.capacity} slots/layer)" if other.plan and other.plan.capacity is not None else ""
-        lines.append(f"  {name:<12} {'fits' if other.fits else 'does not fit'}: {total}{cap}")
+        lines.append(f"  {name:<{width}} {'fits' if other.fits else 'does not fit'}: {total}{cap}")
     return v.fits, "\n".join(lines)
 
 
