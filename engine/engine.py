@@ -33,6 +33,7 @@ from engine.devices import Device, fmt_bytes, parse_bytes
 from engine.hostmem import host_alloc_bytes
 from engine.hooks import NULL, Instrument, Progress
 from engine.kv import Session
+from engine.kvquant import DEFAULT_KV_DTYPE, is_lossy, kv_format
 from engine.model import MoEModel, TensorSource
 from engine.placements.base import PlacementContext
 from engine.planner import MemoryPlan, plan_memory
@@ -66,7 +67,7 @@ class Engine:
                         dtype: str = "float32", ubatch: int = 512, max_context: int | None = None,
                         batch: int = 1, device_memory: int | str | None = None, reserve_bytes: int | None = None,
                         seed: int = 0, instrument: Instrument | None = None, record_lookups: bool = False,
-                        progress: Progress | None = None,
+                        progress: Progress | None = None, kv_dtype: str = DEFAULT_KV_DTYPE,
                         model_overrides: dict[str, Any] | None = None, **placement_options: Any) -> "Engine":
         """Validate, plan, then load. Raises before allocating anything when the input is wrong.
 
@@ -74,7 +75,8 @@ class Engine:
         name ({presets}). Extra keyword arguments are placement options (e.g. issue_ahead for
         fetch; n_cpu_layers for hybrid; stream_threshold, stream_fallback, stream_buffers for
         stream). device_memory on CUDA also caps torch's allocator for this process until
-        close() (engine.devices).
+        close() (engine.devices). kv_dtype: how sessions store their KV (model | f16 | bf16 | q8 | q4 | fp8; engine.kvquant):
+        'model' (the default) is exact, the others are lossy treatments (`engine.lossy`).
         """
         # 1. what model
         ckpt_dir = Path(source)
@@ -96,6 +98,7 @@ class Engine:
             raise ValueError(f"prefetch {prefetch!r} needs a placement with a device expert cache "
                              f"(fetch, or stream with stream_fallback='fetch'); got placement {placement!r}")
         dt = cfg_dtype(cfg, dtype)
+        kv_format(kv_dtype)                                   # a bad name is refused before anything else
         if ubatch < 1:
             raise ValueError(f"ubatch must be >= 1, got {ubatch}")
         if batch < 1:
@@ -108,7 +111,8 @@ class Engine:
         try:
             plan = plan_memory(cfg, placement, cache_capacity if placement_cls.uses_cache(placement_options) else None,
                                dev.ledger.budget, context, batch, ubatch, dt.itemsize, placement_options,
-                               reserve_bytes, device_kind=dev.kind)
+                               reserve_bytes, device_kind=dev.kind, kv_dtype=kv_dtype)
+            kv_format(kv_dtype).check_device(dev.torch_device)
         except BaseException:
             dev.close()
             raise
@@ -151,7 +155,7 @@ class Engine:
         options = dict(placement=placement, prefetch=prefetch, cache_capacity=plan.capacity, requested_capacity=cache_capacity,
                        cache_policy=cache_policy if plan.capacity is not None else None, dtype=str(dt).split(".")[-1],
                        device=dev.kind, emulated=dev.emulated, ubatch=ubatch, max_context=context, batch=batch,
-                       **placement_options)
+                       kv_dtype=kv_dtype, **placement_options)
         counters.reset()
         return cls(cfg, model, strategy, dev, plan, counters, ubatch, options)
 
@@ -197,7 +201,19 @@ class Engine:
     # --- sessions and generation -----------------------------------------------------------
     def new_session(self, batch: int = 1) -> Session:
         """A session of `batch` sequences; each layer's state is allocated for the planned context."""
-        return self.model.new_session(self._counters, batch, max_tokens=self.plan.context)
+        return self.model.new_session(self._counters, batch, max_tokens=self.plan.context,
+                                      kv_dtype=self.options["kv_dtype"])
+
+    @property
+    def kv_dtype(self) -> str:
+        """How sessions store their KV (engine.kvquant)."""
+        return self.options["kv_dtype"]
+
+    @property
+    def lossy(self) -> bool:
+        """Whether this engine runs a lossy treatment (a KV format that loses precision for the
+        model's dtype): its outputs differ from the exact model's by design, and are labelled."""
+        return is_lossy(self.kv_dtype, self.model.dtype)
 
     def _ids(self, rows: list[list[int]], sess: Session) -> torch.Tensor:
         if not rows or any(not isinstance(r, (list, tuple)) for r in rows):

@@ -94,6 +94,10 @@ class KVFormat:
         """Refuse, before anything is allocated, a head_dim or device this format cannot serve."""
         if self.blocked:
             block_size(head_dim)
+        self.check_device(device)
+
+    def check_device(self, device: torch.device | str = "cpu") -> None:
+        """Refuse a device on which torch cannot store this format (fp8 where float8 is missing)."""
         if self.name == "fp8":
             if not hasattr(torch, "float8_e4m3fn"):
                 raise KVFormatError(f"kv_dtype=fp8 needs torch.float8_e4m3fn, which torch {torch.__version__} "
