@@ -3,7 +3,9 @@
 
 Owns: the reference of one prompt -- per phase, the logits that chose each token and the
 tokens, plus the per-pass expert sets a `trace_oracle` prefetcher replays -- computed by our
-engine with every expert resident *on the CPU, in host RAM*, in the run's dtype; cached per
+engine with every expert resident *on the CPU, in host RAM*, in the run's dtype, with the KV in
+the model's dtype whatever the job's `kv.dtype` (the reference is the exact model, never the
+treatment: `reference_key` leaves the treatment out, so exact and lossy jobs share it); cached per
 process and in a file under the results root keyed by (model identity, dtype, prompt,
 lengths), so a later job or sweep loads it instead of recomputing. The engine that computed it
 is freed before the measured engine is built; if the full copy does not fit host RAM the
@@ -25,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from engine.kvquant import DEFAULT_KV_DTYPE
 from harness.config import RunSpec
 from harness.engines import release_cached
 from harness.engines.moebench import MoebenchAdapter
@@ -102,13 +105,13 @@ def reference_for(spec: RunSpec, sample: WorkloadSample, root: Path) -> Referenc
 
 def _compute(spec: RunSpec, sample: WorkloadSample, key: str) -> Reference:
     try:
-        adapter = MoebenchAdapter(spec, placement="resident", device="cpu")
+        adapter = MoebenchAdapter(spec, placement="resident", device="cpu", kv_dtype=DEFAULT_KV_DTYPE)
     except MemoryError:
         # the host RAM check counts what is already held: a previous job's cached engine may share
         # it with the full copy the reference needs; free it and ask again
         release_cached()
         try:
-            adapter = MoebenchAdapter(spec, placement="resident", device="cpu")
+            adapter = MoebenchAdapter(spec, placement="resident", device="cpu", kv_dtype=DEFAULT_KV_DTYPE)
         except MemoryError as exc:
             raise MemoryError(f"the numerical reference (every expert resident in host RAM, "
                               f"run.check_reference=true) does not fit: {exc}. Run with run.check_reference=false, "

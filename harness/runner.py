@@ -29,13 +29,14 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from engine.kvquant import DEFAULT_KV_DTYPE, is_lossy
 from engine.nvtx_ranges import NvtxRanges
 from engine.placements import needs_cache
 from engine.planner import PlanError, plan_memory
 from harness import results
 from harness.ablation import Ablation, ablation_metrics
 from harness.config import RunSpec, validate
-from harness.contract import MEASURED_PHASES, PREFIX_CACHE
+from harness.contract import EXPERT_QUANT_NONE, MEASURED_PHASES, PREFIX_CACHE
 from harness.dtype_speed import dtype_speed
 from harness.engines import EngineAdapter as Adapter, get_adapter, release_cached, session_tokens_of
 from harness.engines.moebench import MoebenchAdapter
@@ -91,12 +92,25 @@ def factors_of(cfg: DictConfig) -> dict[str, Any]:
         ours = True
     if not ours:                                  # the engine's own knobs are its columns
         placement, uses_cache = None, False
+    kv_dtype = g("kv.dtype", DEFAULT_KV_DTYPE)
     return {"engine": g("engine.name"), "model": g("model.name"), "placement": placement,
             "cache_capacity": str(g("cache.capacity")) if uses_cache else None,
             "cache_policy": g("cache.policy") if uses_cache else None,
             "prefetch": g("prefetch.name") if ours else None,
             "workload": g("workload.name"), "context_tokens": g("workload.context_tokens"),
-            "gen_tokens": g("workload.gen_tokens"), "batch": g("workload.batch"), "dtype": g("model.dtype")}
+            "gen_tokens": g("workload.gen_tokens"), "batch": g("workload.batch"), "dtype": g("model.dtype"),
+            "kv_dtype": kv_dtype, "expert_quant": EXPERT_QUANT_NONE, "lossy": _lossy(kv_dtype, g("model.dtype"))}
+
+
+def _lossy(kv_dtype: Any, dtype: Any) -> bool | None:
+    """Whether the job runs a lossy treatment (None when its config is too broken to say; "auto"
+    dtype: the checkpoint's, which only a lossless kv_dtype leaves exact whatever it is)."""
+    try:
+        if dtype == "auto":
+            return kv_dtype != DEFAULT_KV_DTYPE
+        return is_lossy(kv_dtype, dtype)
+    except ValueError:
+        return None
 
 
 def _resolved_kind(device: str) -> str:
@@ -190,7 +204,10 @@ class Job:
         self.extra.update(ubatch=spec.workload.ubatch, token_source=sample.token_source,
                           resolved_capacity=eng.resolved_capacity, placement_options=repr(spec.placement_options),
                           expert_cache_mode=spec.run.expert_cache)
-        self.extra.update(eng.knobs())              # an engine's own knobs (llama.cpp's -ngl, -ub, -t ...)
+        knobs = dict(eng.knobs())                   # an engine's own knobs (llama.cpp's -ngl, -ub, -t ...)
+        knobs.pop("kv_dtype", None)                 # the factor column names the kv.dtype treatment; llama.cpp's
+        self.extra.update(knobs)                    # own cache types stay in cache_type_k / cache_type_v
+        self.factors["lossy"] = spec.lossy or bool(eng.lossy)
         if eng.compute_dtype is not None:           # a dtype this machine runs slower than float32 (16.4)
             speed = dtype_speed(eng.compute_dtype, eng.device_kind)
             self.extra.update(speed.as_extra())
@@ -392,7 +409,8 @@ def run(cfg: DictConfig, ctx: JobContext, reporter: Reporter) -> JobOutcome:
     manifest = collect_manifest(resolved, extra={
         "sweep_id": ctx.sweep_id, "job_id": ctx.job_id, "status": "failed" if outcome.error else "ok",
         "config_hash": fingerprint, "command": ctx.command, "overrides": ctx.overrides, "harness_wall_s": time.perf_counter() - t0,
-        "threads": job.extra.get("threads"), "device": job.device,
+        "threads": job.extra.get("threads"), "device": job.device, "lossy": job.factors.get("lossy"),
+        "treatment": {"kv_dtype": job.factors.get("kv_dtype"), "expert_quant": job.factors.get("expert_quant")},
         "machine_load": {"start": job.load_start and job.load_start.as_dict(),
                          "end": job.load_end and job.load_end.as_dict()}})
     try:

@@ -57,6 +57,7 @@ class WorkloadShape:
     batch: int = 1
     turn_tokens: int = 64
     ubatch: int = 512
+    kv_dtype: str = "model"            # how the KV is stored (engine.kvquant): its bytes are what a restore moves
 
     def __post_init__(self) -> None:
         for name in ("context_tokens", "gen_tokens", "batch", "turn_tokens", "ubatch"):
@@ -177,6 +178,7 @@ class PhaseWork:
     tokens: int                        # as harness.scenario counts them
     reused_tokens: int
     restore_tokens: int = 0            # KV tokens per sequence restored host->device before the phase
+    kv_dtype: str = "model"            # their storage format (engine.kvquant)
 
     def total(self, attr: str) -> float:
         return float(sum(getattr(p, attr).sum() for p in self.passes))
@@ -236,7 +238,8 @@ def scenario_work(cfg: ModelConfig, placement: PlacementSpec, shape: WorkloadSha
         if phase == "decode" and not ps:
             continue
         out[phase] = PhaseWork(phase, ps, tokens[phase], reused[phase],
-                               restore_tokens=reused[phase] if phase == "prefill_restored" else 0)
+                               restore_tokens=reused[phase] if phase == "prefill_restored" else 0,
+                               kv_dtype=shape.kv_dtype)
     return out
 
 
@@ -375,5 +378,7 @@ def pass_events(cfg: ModelConfig, p: PassWork) -> dict[str, float]:
             "cpu_layer_s": float(p.on_cpu.sum()), "restore_s": 0.0}
 
 
-def kv_bytes(cfg: ModelConfig, tokens: int, batch: int, dtype_bytes: int) -> int:
-    return cfg.kv_bytes_per_token(dtype_bytes) * tokens * batch
+def kv_bytes(cfg: ModelConfig, tokens: int, batch: int, dtype_bytes: int, kv_dtype: str | None = None) -> int:
+    """Stored bytes of `tokens` tokens' KV for `batch` sequences in `kv_dtype` (payload + scales:
+    the planner's per-token term, engine.config.ModelConfig.kv_bytes_per_token -- one formula)."""
+    return cfg.kv_bytes_per_token(dtype_bytes, kv_dtype) * tokens * batch

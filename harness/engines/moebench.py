@@ -2,7 +2,8 @@
 
 Owns: building the engine for a RunSpec -- the job's placement held to the job's device budget,
 or (`placement="resident"`) the same model with every expert resident: on the job's device for
-the ablation, or unbudgeted on `device="cpu"` for the reference in host RAM -- and forwarding
+the ablation, or unbudgeted on `device="cpu"` for the reference in host RAM (always exact:
+`kv_dtype="model"`, whatever the job's treatment) -- and forwarding
 sessions, passes, KV displacement, counters, instrumentation and the emulated device's ledger.
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 from engine import Engine
 from engine.hooks import NULL, Instrument
+from engine.kvquant import DEFAULT_KV_DTYPE
 from harness.engines.base import EngineAdapter, Produced, argmax
 
 
@@ -19,7 +21,10 @@ class MoebenchAdapter(EngineAdapter):
     name = "moebench"
 
     def __init__(self, spec: Any, placement: str | None = None, device: str | None = None,
-                 prefetch_options: dict[str, Any] | None = None, progress: Any = None) -> None:
+                 prefetch_options: dict[str, Any] | None = None, progress: Any = None,
+                 kv_dtype: str | None = None) -> None:
+        """kv_dtype: how sessions store their KV; None: the job's treatment (`spec.kv_dtype`) --
+        the reference passes "model", so it is always the exact model."""
         from harness.engines import session_tokens_of
 
         w = spec.workload
@@ -36,12 +41,14 @@ class MoebenchAdapter(EngineAdapter):
             device_memory=None if device == "cpu" else spec.hardware.device_memory,
             model_overrides=overrides, prefetch="none" if resident else spec.prefetch,
             prefetch_options=None if resident else prefetch_options, progress=progress,
+            kv_dtype=kv_dtype or getattr(spec, "kv_dtype", DEFAULT_KV_DTYPE),
             **({} if resident else spec.placement_options))
         dev = self.engine.device
         self.device_kind, self.device_name, self.emulated = dev.kind, dev.name, dev.emulated
         self.resolved_capacity = self.engine.plan.capacity
         self.has_expert_cache = self.engine.placement.cache is not None
         self.compute_dtype = self.engine.options["dtype"]
+        self.lossy = self.engine.lossy
 
     @classmethod
     def build(cls, spec: Any, options: Any, **kw: Any) -> "MoebenchAdapter":

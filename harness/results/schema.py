@@ -27,7 +27,11 @@ SCHEMA_VERSION = 1
 
 ROW_COLUMNS = ["sweep_id", "job_id", "repeat", "phase", "metric", "value", "unit", "source", "status"]
 FACTOR_COLUMNS = ["engine", "model", "placement", "cache_capacity", "cache_policy", "prefetch",
-                  "workload", "context_tokens", "gen_tokens", "batch", "dtype"]
+                  "workload", "context_tokens", "gen_tokens", "batch", "dtype", "kv_dtype", "expert_quant"]
+# the lossy treatments (DESIGN §3, §6): factors like any other, so a lossy row is never averaged
+# with an exact one; a row (or a file written before these columns existed) that does not say
+# ran the exact model: KV in the model's dtype (engine.kvquant), experts unquantised
+FACTOR_DEFAULTS = {"kv_dtype": "model", "expert_quant": "none"}
 DEVICE_COLUMNS = ["device_kind", "device_name", "emulated"]
 REQUIRED_COLUMNS = ROW_COLUMNS + FACTOR_COLUMNS + DEVICE_COLUMNS
 
@@ -126,7 +130,7 @@ def _base_row(factors: Mapping[str, Any], device: Mapping[str, Any], sweep_id: s
         if key in FACTOR_COLUMNS:
             continue
         extras[key] = value
-    row.update((c, _factor(c, factors.get(c))) for c in FACTOR_COLUMNS)
+    row.update((c, _factor(c, factors.get(c, FACTOR_DEFAULTS.get(c)))) for c in FACTOR_COLUMNS)
     for key, value in device.items():
         if key not in DEVICE_COLUMNS:
             extras[key] = value

@@ -46,7 +46,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from harness.results.schema import (_BOOL_COLUMNS, _INT_COLUMNS, _META_KEY, _NOT_NULL, COLUMN_TYPES,
-                                    DONE_FILE, MANIFEST_FILE, REQUIRED_COLUMNS, ROWS_FILE, SCHEMA_VERSION,
+                                    DONE_FILE, FACTOR_DEFAULTS, MANIFEST_FILE, REQUIRED_COLUMNS, ROWS_FILE, SCHEMA_VERSION,
                                     STATUSES, STEPS_FILE, SUMMARY_FILE, SWEEP_STEPS, SWEEP_TABLE,
                                     ResultsError, frame_to_table, rows_to_table)
 from harness.results.summary import spread_table
@@ -285,6 +285,9 @@ def _read_one(file: Path) -> tuple[pd.DataFrame | None, str | None]:
             return None, (f"holds {table.num_rows} rows but its {DONE_FILE} records {done.get('rows')}: "
                           "the job dir was changed after the job finished")
     df = table.to_pandas(types_mapper=_pandas_type)
+    for col, default in FACTOR_DEFAULTS.items():      # written before the treatment columns existed: exact
+        if col not in df.columns:
+            df[col] = pd.Series([default] * len(df), index=df.index, dtype=df["engine"].dtype)
     bad_status = sorted(set(df["status"].dropna()) - set(STATUSES))
     if bad_status:
         return None, f"column 'status' must be one of {list(STATUSES)}; got {bad_status}"
@@ -296,7 +299,7 @@ def _read_one(file: Path) -> tuple[pd.DataFrame | None, str | None]:
 
 def _schema_problems(schema: pa.Schema) -> str | None:
     problems = []
-    missing = [c for c in REQUIRED_COLUMNS if c not in schema.names]
+    missing = [c for c in REQUIRED_COLUMNS if c not in schema.names and c not in FACTOR_DEFAULTS]
     if missing:
         problems.append(f"missing columns {missing} (required: {REQUIRED_COLUMNS})")
     version = (schema.metadata or {}).get(_META_KEY)
