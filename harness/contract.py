@@ -24,7 +24,8 @@ PREFILL_PHASES = ("prefill_fresh", "prefill_continuation", "prefill_restored")
 # restored turn; its own phase, so its d2h bytes and time are recorded but are no prefill's
 OFFLOAD_PHASE = "kv_offload"
 FAILED_PHASE = "job"                              # the phase of the row a failed job records
-ALL_PHASES = (*PHASES, OFFLOAD_PHASE, "quality")
+QUALITY_PHASE = "quality"                         # a treatment's quality vs the exact reference (harness.quality)
+ALL_PHASES = (*PHASES, OFFLOAD_PHASE, QUALITY_PHASE)
 
 # the KV state each phase starts from (rule 7.2: a prefix-cache hit is never a fresh prefill)
 PREFIX_CACHE = {"load": "none", "prefill_fresh": "none", "decode": "device", "prefill_continuation": "device",
@@ -115,7 +116,6 @@ CHECK_METRICS = ("max_abs_logit_diff", "token_agreement")
 # prompt in its own phase, `quality` (harness.quality): teacher-forced over the prompt's
 # positions and the reference's greedy continuation, so every position compares the same
 # prefix. Exact runs report it too and read kl 0, agreement 1, ratio 1.
-QUALITY_PHASE = "quality"
 QUALITY_METRICS = ("kl_div_mean", "kl_div_max", "top1_agreement", "ppl_ratio", "max_abs_logit_diff",
                    "token_agreement", "quality_positions")
 EXPERT_QUANT_NONE = "none"          # the expert_quant factor of an unquantised run

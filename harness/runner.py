@@ -1,6 +1,6 @@
 """One job, end to end: validate -> reference (CPU) -> measured engine (cached per process) ->
-warm-up and repeats, each phase checked -> instrumented passes -> paired ablation -> tidy rows
-+ manifest, written atomically into the job dir.
+warm-up and repeats, each phase checked -> quality vs the exact reference -> instrumented
+passes -> paired ablation -> tidy rows + manifest, written atomically into the job dir.
 
 Owns: the job lifecycle (`Job`), skipping a job only when its recorded config hash matches
 (`harness.sweep.resume_decision`), and turning any failure into rows: a job that fails becomes
@@ -36,7 +36,7 @@ from engine.planner import PlanError, plan_memory
 from harness import results
 from harness.ablation import Ablation, ablation_metrics
 from harness.config import RunSpec, validate
-from harness.contract import EXPERT_QUANT_NONE, MEASURED_PHASES, PREFIX_CACHE
+from harness.contract import EXPERT_QUANT_NONE, MEASURED_PHASES, PREFIX_CACHE, QUALITY_METRICS, QUALITY_PHASE
 from harness.dtype_speed import dtype_speed
 from harness.engines import EngineAdapter as Adapter, get_adapter, release_cached, session_tokens_of
 from harness.engines.moebench import MoebenchAdapter
@@ -46,6 +46,7 @@ from harness.measure import PhaseProbe
 from harness.passes import (CudaProfilerRange, relaunch_under_nsys, timeline_pass, torch_profile_pass, trace_pass,
                             under_nsys)
 from harness.profiling.torchprof import PROFILER_UNITS
+from harness.quality import compare as quality_compare, quality_pass
 from harness.reference import Reference, reference_for
 from harness.roofline import BASIS, Roofline, frac, roofline
 from harness.report import Reporter
@@ -230,6 +231,7 @@ class Job:
             eng.set_instrument(None)
         for r, res in enumerate(measured):
             self.emit_repeat(r, res, "nsys" if nvtx_child else "none", check=run_cfg.check_reference)
+        self._quality(spec, eng, sample)
         self._roofline(spec, eng, measured)
         self._passes(spec, eng, sample, warm)
         eng.set_progress(None)                     # the adapter may serve the next job, with its own reporter
@@ -262,6 +264,28 @@ class Job:
                 "emulated_device_peak_bytes": eng.device_peak() if loaded else None}
         self.emit(0, "load", load, "client", model_load="cold" if loaded else "reused", expert_cache="cold")
         return eng, loaded
+
+    # --- quality against the exact reference (exact runs too: 0 / 1 there) -------------------------
+    def _quality(self, spec: RunSpec, eng: Adapter, sample: WorkloadSample) -> None:
+        """The `quality` phase (harness.quality): null with the reason where it is not measured."""
+        ref = self.reference.quality if (spec.run.check_reference and self.reference is not None) else None
+        reason = None
+        metrics: dict[str, float | None] = dict.fromkeys(QUALITY_METRICS)
+        if ref is None:
+            reason = "no exact reference (run.check_reference=false)"
+        elif getattr(eng, "engine", None) is None or spec.engine != "moebench":
+            reason = f"engine={spec.engine} gives no full-vocabulary logits per position"
+        else:
+            try:
+                with self.reporter.step("quality pass (teacher-forced and greedy, vs the exact reference)"):
+                    gen = spec.workload.gen_tokens
+                    forced = quality_pass(eng.engine, sample.contexts, gen, forced=ref.continuation)
+                    free = quality_pass(eng.engine, sample.contexts, gen)
+                metrics = quality_compare(forced, ref, free.continuation)
+            except Exception as exc:  # noqa: BLE001 -- a failed quality pass keeps the job's measured rows
+                self.failed_part(QUALITY_PHASE, exc)
+                return
+        self.emit(0, QUALITY_PHASE, metrics, "engine", quality_reason=reason)
 
     # --- the physical limit beside every speed ---------------------------------------------------
     def _roofline(self, spec: RunSpec, eng: Adapter, measured: list[RepeatResult]) -> None:
