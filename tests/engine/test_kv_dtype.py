@@ -107,3 +107,35 @@ def test_bad_kv_dtype_is_refused_before_loading():
     with pytest.raises(KVFormatError, match=r"kv_dtype must be one of \['model', 'f16', 'bf16', 'q8', 'q4', 'fp8'\], "
                                             r"got 'q2'"):
         Engine.from_pretrained("tiny-mixtral", device="cpu", kv_dtype="q2")
+
+
+@pytest.mark.parametrize("tokens,batch,dtype,kv_dtype,overrides", [
+    (1, 2, "float32", "q8", None),                               # a decode step
+    (256, 1, "float32", "q4", None),
+    (256, 2, "bfloat16", "q8", None),
+    (128, 1, "float32", "f16", None),
+    (256, 2, "float32", "fp8", {"sliding_window": 32}),           # bounded state: parts concatenated, then read
+])
+def test_planned_transient_bounds_the_dequantised_read(tokens, batch, dtype, kv_dtype, overrides):
+    from tests.engine.test_planner_memory import measured_and_planned
+
+    peak, planned = measured_and_planned("cpu", tokens, batch, dtype, {"kv_dtype": kv_dtype}, overrides)
+    assert 0 < peak <= planned <= 3 * peak, (peak, planned)
+
+
+@pytest.mark.parametrize("kv_dtype", ["q8", "q4", "f16"])
+def test_planned_transient_bounds_a_decode_step_reading_a_long_quantised_kv(kv_dtype):
+    """A decode step at 2048 tokens: its transient is mostly the dequantised keys and values,
+    which only `kv_read_bytes` plans for (the step's own tensors are a few KiB)."""
+    from harness.measure import transient_peak
+
+    S = 2048
+    eng = Engine.from_pretrained("tiny-mixtral", device="cpu", ubatch=512, max_context=S + 1, kv_dtype=kv_dtype)
+    sess = eng.new_session(1)
+    eng.prefill(sess, [[(5 * i) % 512 for i in range(S)]])
+    peak = transient_peak("cpu", lambda: eng.decode_step(sess, [7]))
+    # the engine's plan is for ubatch-token chunks; the planner for a one-token pass
+    plan = plan_memory(eng.cfg, "resident", None, None, S + 1, 1, 1, 4, device_kind="cpu", kv_dtype=kv_dtype)
+    dequantised = 2 * 2 * S * 16 * 4                            # K and V, 2 heads x 16 dims, fp32
+    assert peak >= dequantised
+    assert peak <= plan.transient <= 3 * peak, (peak, plan.transient)
