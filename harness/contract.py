@@ -115,7 +115,8 @@ CHECK_METRICS = ("max_abs_logit_diff", "token_agreement")
 # (row column and manifest). Its quality is measured against the exact reference on the same
 # prompt in its own phase, `quality` (harness.quality): teacher-forced over the prompt's
 # positions and the reference's greedy continuation, so every position compares the same
-# prefix. Exact runs report it too and read kl 0, agreement 1, ratio 1.
+# prefix. Exact runs report it too and read kl 0, agreement 1, ratio 1. Its rows say
+# profiler=quality: a pass of its own, never a speed row.
 QUALITY_METRICS = ("kl_div_mean", "kl_div_max", "top1_agreement", "ppl_ratio", "max_abs_logit_diff",
                    "token_agreement", "quality_positions")
 EXPERT_QUANT_NONE = "none"          # the expert_quant factor of an unquantised run

@@ -208,7 +208,6 @@ class Job:
         knobs = dict(eng.knobs())                   # an engine's own knobs (llama.cpp's -ngl, -ub, -t ...)
         knobs.pop("kv_dtype", None)                 # the factor column names the kv.dtype treatment; llama.cpp's
         self.extra.update(knobs)                    # own cache types stay in cache_type_k / cache_type_v
-        self.factors["lossy"] = spec.lossy or bool(eng.lossy)
         if eng.compute_dtype is not None:           # a dtype this machine runs slower than float32 (16.4)
             speed = dtype_speed(eng.compute_dtype, eng.device_kind)
             self.extra.update(speed.as_extra())
@@ -255,6 +254,7 @@ class Job:
                 eng, loaded = get_adapter(spec, prefetch_options=prefetch_options, key_extra=key_extra,
                                           progress=self.reporter.progress)
         self.adapter = eng
+        self.factors["lossy"] = spec.lossy or bool(eng.lossy)      # what this engine runs (llama.cpp's defaults too)
         eng.set_progress(self.reporter.progress)
         self.device = {"device_kind": eng.device_kind, "device_name": eng.device_name, "emulated": eng.emulated}
         load = {"time_s": probe.time_s if loaded else None,
@@ -285,7 +285,9 @@ class Job:
             except Exception as exc:  # noqa: BLE001 -- a failed quality pass keeps the job's measured rows
                 self.failed_part(QUALITY_PHASE, exc)
                 return
-        self.emit(0, QUALITY_PHASE, metrics, "engine", quality_reason=reason)
+        # its own pass, like the timeline's: profiler=quality keeps it out of speed rows and out of the
+        # per-phase checks, which read profiler=none
+        self.emit(0, QUALITY_PHASE, metrics, "engine", QUALITY_PHASE, quality_reason=reason)
 
     # --- the physical limit beside every speed ---------------------------------------------------
     def _roofline(self, spec: RunSpec, eng: Adapter, measured: list[RepeatResult]) -> None:
@@ -387,7 +389,7 @@ class Job:
         w, mcfg = spec.workload, engine.cfg
         try:
             resident = plan_memory(mcfg, "resident", None, budget, session_tokens_of(spec), w.batch, w.ubatch,
-                                   engine.model.dtype.itemsize, device_kind=engine.device.kind)
+                                   engine.model.dtype.itemsize, device_kind=engine.device.kind, kv_dtype=engine.kv_dtype)
         except PlanError as exc:
             reason = f"the resident plan does not fit the device budget: {str(exc).splitlines()[0]}"
             return Ablation("skipped", reason)

@@ -132,8 +132,10 @@ def test_engines_side_by_side(tmp_path):
     moebench(["-m", "engine=moebench,hf", "placement=resident", "run.repeats=1", *SMALL], tmp_path)
     df = results.load(sweep_dir(tmp_path) / "results.parquet")
     assert set(df.engine) == {"moebench", "hf"} and (df.status == "ok").all()
-    hf = df[df.engine == "hf"]
+    hf = df[(df.engine == "hf") & (df.profiler == "none")]      # the per-phase checks (not the quality pass)
     assert hf[hf.metric == "h2d_bytes"]["value"].isna().all()   # transformers cannot count: null, not 0
+    quality = df[(df.engine == "hf") & (df.phase == "quality")]
+    assert quality["value"].isna().all() and quality["quality_reason"].str.contains("engine=hf").all()
     assert set(hf[hf.metric == "token_agreement"].phase) == {"prefill_fresh", "decode", "prefill_continuation",
                                                             "prefill_restored"}
     assert (hf[hf.metric == "token_agreement"]["value"] == 1.0).all()
