@@ -59,7 +59,7 @@ def test_multirun_table(tmp_path):
     everything = results.load(sd / "results.parquet")
     assert (sd / "summary.csv").is_file()
     assert everything.job_id.nunique() == 6 and (everything.status == "ok").all()
-    assert set(everything.profiler) == {"none", "timeline", "ablation"}   # instrumented/ablation rows labelled
+    assert set(everything.profiler) == {"none", "timeline", "ablation", "quality"}   # passes beside the speed rows labelled
     df = everything[everything.profiler == "none"]               # the speed table
     # every job x phase x metric that applies
     per_job = df.groupby("job_id").apply(lambda j: set(zip(j.phase, j.metric)), include_groups=False)

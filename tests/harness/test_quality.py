@@ -108,6 +108,24 @@ def test_config_refuses_bad_kv_dtype():
 
 
 @pytest.mark.slow
+def test_sweep_over_kv_dtype_keeps_exact_and_lossy_apart(tmp_path):
+    """One process, two jobs: the q8 job gets its own engine (not the exact one reused), the
+    exact job's quality reads exactly 0 / 1, the q8 job's does not, and the factor tells them apart."""
+    from tests.harness.test_cli import SMALL, moebench, sweep_dir
+
+    moebench(["-m", "kv.dtype=model,q8", "run.repeats=1", "run.warmup=0", "run.timeline=false", *SMALL], tmp_path)
+    df = results.load(sweep_dir(tmp_path) / "results.parquet")
+    assert (df.status == "ok").all() and set(df.kv_dtype) == {"model", "q8"}
+    assert set(df[df.kv_dtype == "model"].lossy) == {False} and set(df[df.kv_dtype == "q8"].lossy) == {True}
+    q = df[df.phase == QUALITY_PHASE].pivot_table(index="kv_dtype", columns="metric", values="value")
+    assert (q.loc["model", ["kl_div_mean", "kl_div_max", "max_abs_logit_diff"]] == 0).all()
+    assert (q.loc["model", ["top1_agreement", "token_agreement", "ppl_ratio"]] == 1).all()
+    assert (q.loc["q8", ["kl_div_mean", "kl_div_max", "max_abs_logit_diff"]] > 0).all()
+    loads = df[(df.phase == "load") & (df.metric == "time_s")]
+    assert set(loads.model_load) == {"cold"} and loads.value.notna().all()     # two engines, one per treatment
+
+
+@pytest.mark.slow
 def test_cli_run_with_q8_carries_quality_and_treatment(tmp_path):
     from tests.harness.test_cli import SMALL, moebench
 
