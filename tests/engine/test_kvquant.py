@@ -71,3 +71,18 @@ def test_bad_input_is_refused_by_name():
         kv_format("q4").check(40)
     kv_format("f16").check(40)                             # a cast has no blocks
     assert set(FORMATS) == set(KV_DTYPES)
+
+
+def test_fp8_refused_where_torch_cannot_store_it(monkeypatch):
+    kv_format("fp8").check_device("cpu")                      # this torch stores float8_e4m3fn on the CPU
+
+    def no_fp8(*args, **kwargs):
+        raise RuntimeError("\"copy_\" not implemented for 'Float8_e4m3fn'")
+    monkeypatch.setattr(torch, "ones", no_fp8)
+    with pytest.raises(KVFormatError, match=r"kv_dtype=fp8: torch .* cannot store float8_e4m3fn on cuda.*"
+                                            r"allowed: model, f16, bf16, q8, q4"):
+        kv_format("fp8").check_device("cuda")
+    kv_format("q8").check_device("cuda")                      # only fp8 needs the dtype
+    monkeypatch.delattr(torch, "float8_e4m3fn")
+    with pytest.raises(KVFormatError, match=r"needs torch.float8_e4m3fn"):
+        kv_format("fp8").check_device("cpu")
