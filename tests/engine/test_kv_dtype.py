@@ -139,3 +139,22 @@ def test_planned_transient_bounds_a_decode_step_reading_a_long_quantised_kv(kv_d
     dequantised = 2 * 2 * S * 16 * 4                            # K and V, 2 heads x 16 dims, fp32
     assert peak >= dequantised
     assert peak <= plan.transient <= 3 * peak, (peak, plan.transient)
+
+
+@pytest.mark.parametrize("model", ["tiny-mixtral", "tiny-gpt-oss"])
+def test_displacement_of_a_quantised_kv_changes_nothing(model):
+    """Offload and restore move the stored codes and scales as they are: the next turn's logits
+    equal those of a session that never left the device."""
+    eng = Engine.from_pretrained(model, device="cpu", max_context=96, ubatch=16, kv_dtype="q4")
+    turn1, turn2 = [list(range(3, 40))], [list(range(50, 70))]
+    out = []
+    for displace in (False, True):
+        sess = eng.new_session(1)
+        eng.generate(turn1, 3, session=sess)
+        if displace:
+            sess.offload()
+            sess.restore()
+        out.append(eng.generate(turn2, 4, session=sess).logits)
+        sess.close()
+    assert all(torch.equal(a, b) for a, b in zip(*out))
+    eng.close()
