@@ -28,10 +28,11 @@ llamacpp: $(STAMP)
 	$(PY) -m harness.llamacpp.build --cuda $(LLAMACPP_CUDA)
 
 # One intra-op thread: the tests check correctness, not speed, and tiny models on a small shared
-# machine run faster and steadier without OpenMP threads spinning against other processes.
+# machine run faster and steadier without OpenMP threads spinning against other processes; one
+# pytest worker per core instead (pytest-xdist, -n auto).
 # MOEBENCH_REQUIRE_LLAMACPP=1: the llama.cpp tests fail, not skip, when the build is missing.
 test: $(STAMP) llamacpp
-	MOEBENCH_REQUIRE_LLAMACPP=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) -m pytest -q
+	MOEBENCH_REQUIRE_LLAMACPP=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) -m pytest -q -n auto
 
 # Micro-benchmarks (benchmarks/micro, pytest-benchmark; not part of `make test`). Each run is saved
 # under $(BENCH_STORAGE) (machine-local, git-ignored) and compared with the previous saved run;

@@ -7,7 +7,9 @@ Owns:
   (page-locked on CUDA when the placement copies from it) for offloaded ones -- so moving
   an expert is exactly one copy.
 - `ExpertCache`: per layer, `capacity` preallocated device slots; lookups, copies into
-  slots and their order, hit/miss and byte counters.
+  slots and their order, hit/miss and byte counters. Bytes are each expert's stored bytes
+  (`ExpertStore.expert_nbytes`): under a mixed treatment experts differ in size, every slot
+  is the largest's, and a copy moves (and a lookup counts) only the expert's own bytes.
 Does not own: which expert to evict (an `EvictionPolicy` plugin per layer, with the
 protection rule of engine.policies.base.still_needed) or which placement uses the cache.
 
@@ -60,7 +62,16 @@ class ExpertStore:
 
     @property
     def expert_bytes(self) -> int:
+        """Bytes of one row (one cache slot); experts of a mixed treatment may store fewer."""
         return self.packed_numel * self.dtype.itemsize
+
+    def expert_numel(self, layer: int, e: int) -> int:
+        """Elements expert (layer, e) really stores (the layout's `expert_numel`)."""
+        return self.packed_numel if self.layout is None else self.layout.expert_numel(layer, e)
+
+    def expert_nbytes(self, layer: int, e: int) -> int:
+        """The stored bytes of expert (layer, e): what one copy of it moves and what the counters count."""
+        return self.expert_numel(layer, e) * self.dtype.itemsize
 
     def allocate(self, layer: int, device: Device, on_device: bool, pin: bool = False) -> torch.Tensor:
         """Layer's [E, P] rows: on the device, or in host RAM (page-locked on CUDA with `pin`)."""
@@ -71,7 +82,15 @@ class ExpertStore:
         return rows
 
     def expert(self, layer: int, e: int) -> torch.Tensor:
-        return self.rows[layer][e]
+        """Expert (layer, e)'s stored elements: its row, or the row's first `expert_numel` ones."""
+        n = self.expert_numel(layer, e)
+        row = self.rows[layer][e]
+        return row if n == self.packed_numel else row[:n]
+
+    def view(self, buffer: torch.Tensor, layer: int, e: int) -> torch.Tensor:
+        """Expert (layer, e) in a slot or stream buffer [P] that holds it: the stored part."""
+        n = self.expert_numel(layer, e)
+        return buffer if n == self.packed_numel else buffer[:n]
 
 
 class ExpertCache:
@@ -93,7 +112,7 @@ class ExpertCache:
         layers = list(self.slots)
         self.device.synchronize()                                               # no copy still in flight
         for key in getattr(self, "prefetched", set()):                          # never used: wasted
-            self.counters.add("prefetch_wasted_bytes", self.store.expert_bytes, key[0])
+            self.counters.add("prefetch_wasted_bytes", self.store.expert_nbytes(*key), key[0])
         self.slot_of: dict[int, dict[int, int]] = {l: {} for l in layers}     # expert -> slot (resident)
         self.free: dict[int, list[int]] = {l: list(range(self.capacity - 1, -1, -1)) for l in layers}
         self.policy = {l: self.policy_factory(l) for l in layers}
@@ -116,7 +135,7 @@ class ExpertCache:
         """Every lookup of one pass of `layer` (distinct experts, in compute order) up front;
         in issue-ahead mode, also queue their copies (see the module docstring)."""
         self._flush_prefetch(layer)                      # a prefetch for this layer goes before its lookups
-        slots, policy, nbytes = self.slot_of[layer], self.policy[layer], self.store.expert_bytes
+        slots, policy, store = self.slot_of[layer], self.policy[layer], self.store
         in_use, unissued, blocked = self.in_use[layer], self.unissued[layer], self.blocked[layer]
         log = self.lookup_log.setdefault(layer, []) if self.lookup_log is not None else None
         for i, e in enumerate(experts):
@@ -126,12 +145,12 @@ class ExpertCache:
                 log.append(e)
             if e in slots:
                 policy.on_hit(e, t)
-                self.counters.lookup(layer, True, nbytes)
+                self.counters.lookup(layer, True, store.expert_nbytes(layer, e))
                 if (layer, e) in self.prefetched:
                     self.prefetched.discard((layer, e))
                     self.counters.add("prefetch_used", 1, layer)
             else:
-                self.counters.lookup(layer, False, nbytes)
+                self.counters.lookup(layer, False, store.expert_nbytes(layer, e))
                 slot, victim = self._take_slot(layer, t, still_needed(set(experts[i + 1:]), policy))
                 slots[e] = slot
                 policy.on_insert(e, t)
@@ -155,7 +174,7 @@ class ExpertCache:
             self._issue(layer, e)
         slot = self.in_use[layer][e]
         self.device.wait(self.ready.pop((layer, slot), None))
-        return self.slots[layer][slot]
+        return self.store.view(self.slots[layer][slot], layer, e)
 
     def release(self, layer: int, e: int) -> None:
         """The compute that read expert e has been issued; its slot may be refilled after it."""
@@ -221,13 +240,13 @@ class ExpertCache:
         slot = self.slot_of[layer].pop(victim)
         if (layer, victim) in self.prefetched:                                 # evicted before any use
             self.prefetched.discard((layer, victim))
-            self.counters.add("prefetch_wasted_bytes", self.store.expert_bytes, layer)
+            self.counters.add("prefetch_wasted_bytes", self.store.expert_nbytes(layer, victim), layer)
         return slot, victim
 
     def _issue(self, layer: int, e: int, prefetch: bool = False) -> None:
         """Queue the copy of expert e into the slot chosen for it, after that slot's last reader."""
         slot = self.unissued[layer].pop(e)
         self.ready[(layer, slot)] = self.device.copy_h2d(
-            self.slots[layer][slot], self.store.expert(layer, e), after=self.last_use.get((layer, slot)),
-            info={"layer": layer, "expert": e, "prefetch": prefetch})
-        self.counters.transfer("h2d", "expert", self.store.expert_bytes, layer)
+            self.store.view(self.slots[layer][slot], layer, e), self.store.expert(layer, e),
+            after=self.last_use.get((layer, slot)), info={"layer": layer, "expert": e, "prefetch": prefetch})
+        self.counters.transfer("h2d", "expert", self.store.expert_nbytes(layer, e), layer)

@@ -49,6 +49,8 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     torch_dtype: str = "float32"     # dtype the weights were saved in
     name: str = ""
+    expert_quant: Any = None         # a lossy treatment of the routed experts (engine.blocks.quant_experts.
+                                     # ExpertQuant), None: exact; applied at load, after the checkpoint is read
 
     def __post_init__(self) -> None:
         fam = family_class(self.family)
@@ -112,6 +114,13 @@ class ModelConfig:
     def non_expert_params(self) -> int:
         """Everything except routed experts: embeddings, attention, norms, routers, dense and shared MLPs."""
         return _sizes(self)[1]
+
+    def expert_bytes(self, dtype_bytes: int) -> int:
+        """Stored bytes one routed expert moves at `dtype_bytes` per element, under `expert_quant`
+        (a quantised expert's packed buffer; a mixed treatment's mean over every expert, rounded):
+        the one figure the cost model and the roofline use. The planner's slot size is
+        `architecture().experts.nbytes`, the largest expert."""
+        return _expert_bytes(self, dtype_bytes)
 
     def kv_bytes_per_token(self, dtype_bytes: int, kv_dtype: str | None = None) -> int:
         """State bytes per token of one sequence over the layers whose state grows with the whole
@@ -177,6 +186,11 @@ def _split(fields: dict[str, Any], config_cls: type, family: str) -> tuple[dict[
 def _sizes(cfg: ModelConfig) -> tuple[int, int]:
     arch = cfg.architecture()
     return arch.experts.params, arch.non_expert_params()
+
+
+@functools.lru_cache(maxsize=256)
+def _expert_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
+    return int(round(cfg.architecture().experts.mean_nbytes(dtype_bytes, cfg.n_experts, cfg.moe_layers)))
 
 
 # --- families ------------------------------------------------------------------------

@@ -68,13 +68,20 @@ class Engine:
                         batch: int = 1, device_memory: int | str | None = None, reserve_bytes: int | None = None,
                         seed: int = 0, instrument: Instrument | None = None, record_lookups: bool = False,
                         progress: Progress | None = None, kv_dtype: str = DEFAULT_KV_DTYPE,
-                        model_overrides: dict[str, Any] | None = None, **placement_options: Any) -> "Engine":
+                        model_overrides: dict[str, Any] | None = None, expert_quant: Any = "none",
+                        quant_options: dict[str, Any] | None = None, cache_capacity_bytes: int | str | None = None,
+                        **placement_options: Any) -> "Engine":
         """Validate, plan, then load. Raises before allocating anything when the input is wrong.
 
         source: a Hugging Face checkpoint directory (config.json + *.safetensors) or a preset
         name ({presets}). Extra keyword arguments are placement options (e.g. issue_ahead for
         fetch; n_cpu_layers for hybrid; stream_threshold, stream_fallback, stream_buffers for
         stream). device_memory on CUDA also caps torch's allocator for this process until
+        close() (engine.devices). expert_quant: the routed experts' treatment -- "none" (exact),
+        "int8", "int4" or "mixed" (quant_options: group_size, mixed_count | mixed_fraction,
+        popularity | trace; engine.blocks.quant_experts), or a resolved ExpertQuant -- quantised at
+        load. cache_capacity_bytes: the fetch cache as bytes over all MoE layers ("256MiB" or an
+        int) instead of cache_capacity slots (not both).
         close() (engine.devices). kv_dtype: how sessions store their KV (model | f16 | bf16 | q8 | q4 | fp8; engine.kvquant):
         'model' (the default) is exact, the others are lossy treatments (`engine.lossy`).
         """
@@ -89,6 +96,15 @@ class Engine:
                              f"presets: {', '.join(sorted(PRESETS))}")
         if model_overrides:
             cfg = cfg.replace(**model_overrides)
+        if isinstance(expert_quant, str):
+            from engine.blocks.quant_experts import resolve_expert_quant
+            expert_quant = resolve_expert_quant(cfg, expert_quant, **(quant_options or {}))
+        elif quant_options:
+            raise ValueError("quant_options apply to expert_quant given by name ('int8', 'int4', 'mixed')")
+        if expert_quant is not None:
+            cfg = cfg.replace(expert_quant=expert_quant)
+            cfg.architecture()               # a layout that cannot be quantised says so before anything loads
+        cache_capacity_bytes = parse_bytes(cache_capacity_bytes)
         # 2. options, all checked before any allocation
         placement_cls = PLACEMENTS.get(placement)
         placement_cls.parse_options(placement_options)
@@ -111,7 +127,8 @@ class Engine:
         try:
             plan = plan_memory(cfg, placement, cache_capacity if placement_cls.uses_cache(placement_options) else None,
                                dev.ledger.budget, context, batch, ubatch, dt.itemsize, placement_options,
-                               reserve_bytes, device_kind=dev.kind, kv_dtype=kv_dtype)
+                               reserve_bytes, device_kind=dev.kind, capacity_bytes=cache_capacity_bytes,
+                               kv_dtype=kv_dtype)
             kv_format(kv_dtype).check_device(dev.torch_device)
         except BaseException:
             dev.close()
@@ -155,6 +172,7 @@ class Engine:
         options = dict(placement=placement, prefetch=prefetch, cache_capacity=plan.capacity, requested_capacity=cache_capacity,
                        cache_policy=cache_policy if plan.capacity is not None else None, dtype=str(dt).split(".")[-1],
                        device=dev.kind, emulated=dev.emulated, ubatch=ubatch, max_context=context, batch=batch,
+                       expert_quant=cfg.expert_quant.mode if cfg.expert_quant is not None else "none",
                        kv_dtype=kv_dtype, **placement_options)
         counters.reset()
         return cls(cfg, model, strategy, dev, plan, counters, ubatch, options)

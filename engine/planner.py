@@ -75,6 +75,7 @@ class MemoryPlan:
     attention: int = 0          # attention workspace of one micro-batch (worst case for the device)
     slack: int = 0              # allocator rounding and segments (cuda)
     states: tuple[tuple[str, int], ...] = ()   # (printout line, bytes) per kind of layer state
+    expert_quant: str = "none"  # the experts' stored treatment (cfg.expert_quant); expert_bytes are its bytes
 
     @property
     def transient(self) -> int:
@@ -91,7 +92,8 @@ class MemoryPlan:
         rows = [("non-expert weights", self.non_expert), *states,
                 ("activations (one micro-batch)", self.activations),
                 ("attention workspace (worst case)", self.attention),
-                (f"experts [{self.placement}]{cap}", self.experts),
+                (f"experts [{self.placement}{'' if self.expert_quant == 'none' else ', ' + self.expert_quant}]{cap}",
+                 self.experts),
                 ("allocator slack", self.slack),
                 ("reserve", self.reserve)]
         out = [f"  {name:<40} {fmt_bytes(v):>12}" for name, v in rows]
@@ -118,13 +120,19 @@ def attention_workspace_bytes(cfg: ModelConfig, batch: int, tokens: int, context
 
 def state_lines(terms: list[StateTerm], context: int, batch: int) -> tuple[tuple[str, int], ...]:
     """One (printout line, bytes) per kind of state, summed over the layers that keep it."""
-    groups: dict[str, list[int]] = {}
+    groups: dict[str, list] = {}
     for term in terms:
-        g = groups.setdefault(term.kind, [0, 0])
+        g = groups.setdefault(term.kind, [0, 0, term])
         g[0] += 1
         g[1] += term.bytes(context, batch)
-    return tuple((f"{kind} ({n} layer{'s' if n > 1 else ''}, {batch} x {context} tokens)", b)
-                 for kind, (n, b) in groups.items())
+
+    def held(term: StateTerm) -> str:     # what the term grows with: tokens (up to a window) or nothing
+        if not term.per_token:
+            return f"{batch} sequence{'s' if batch > 1 else ''}"
+        return f"{batch} x {context if term.max_tokens is None else min(context, term.max_tokens)} tokens"
+
+    return tuple((f"{kind} ({n} layer{'s' if n > 1 else ''}, {held(term)})", b)
+                 for kind, (n, b, term) in groups.items())
 
 
 def allocator_slack(n_tensors: int, device_kind: str) -> int:
@@ -134,17 +142,44 @@ def allocator_slack(n_tensors: int, device_kind: str) -> int:
     return SMALL_SEGMENT + LARGE_SEGMENT + n_tensors * BLOCK_ROUND
 
 
+def capacity_from_bytes(cfg: ModelConfig, capacity: int | str | None, capacity_bytes: int, expert_bytes: int) -> int:
+    """Slots per layer for a cache of `capacity_bytes` over every MoE layer (ValueError with the arithmetic)."""
+    if capacity is not None:
+        raise ValueError(f"give the expert cache as cache_capacity (slots per layer, or 'auto') or as "
+                         f"cache_capacity_bytes, not both; got cache_capacity={capacity!r} and "
+                         f"cache_capacity_bytes={capacity_bytes!r}")
+    if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int) or capacity_bytes <= 0:
+        raise ValueError(f"cache_capacity_bytes must be a positive number of bytes, got {capacity_bytes!r}")
+    per_slot = cfg.n_moe_layers * expert_bytes
+    slots = min(cfg.n_experts, capacity_bytes // per_slot)
+    if slots < cfg.top_k:
+        raise ValueError(f"cache_capacity_bytes {fmt_bytes(capacity_bytes)} holds {slots} slots per layer "
+                         f"({cfg.n_moe_layers} MoE layers x {fmt_bytes(expert_bytes)} an expert slot = "
+                         f"{fmt_bytes(per_slot)} for each slot per layer), fewer than top_k={cfg.top_k}; give at least "
+                         f"{fmt_bytes(cfg.top_k * per_slot)}")
+    return slots
+
+
 def plan_memory(cfg: ModelConfig, placement: str, capacity: int | str | None, budget: int | None,
                 context: int, batch: int, ubatch: int, dtype_bytes: int,
                 placement_options: dict[str, Any] | None = None, reserve: int | None = None,
-                device_kind: str = "cuda", kv_dtype: str | None = None) -> MemoryPlan:
+                device_kind: str = "cuda", capacity_bytes: int | None = None,
+                kv_dtype: str | None = None) -> MemoryPlan:
     """The plan for `device_kind` ('cuda': a real card, the default; 'cpu': the emulated device),
     each layer's KV stored in `kv_dtype` (engine.kvquant; None: the model's dtype) at its real
-    stored bytes, payload + scales."""
+    stored bytes, payload + scales.
+
+    Expert bytes are the stored bytes of the model's treatment (cfg.expert_quant: a quantised
+    expert is smaller, so `auto` and `capacity_bytes` leave more slots); under a mixed treatment a
+    slot holds the largest expert. `capacity_bytes`: the cache given in bytes over all MoE layers
+    instead of slots (`capacity` must then be None): floor(capacity_bytes / (MoE layers x slot bytes))
+    slots per layer, at most n_experts."""
     options = placement_options or {}
     cls = PLACEMENTS.get(placement)
     arch = cfg.architecture()
     expert_bytes = arch.experts.nbytes(dtype_bytes)
+    if capacity_bytes is not None and cls.uses_cache(options):
+        capacity = capacity_from_bytes(cfg, capacity, capacity_bytes, expert_bytes)
     non_expert = arch.non_expert_bytes(dtype_bytes)
     states = state_lines(arch.state_terms(dtype_bytes, kv_dtype), context, batch)
     kv = sum(b for _, b in states)
@@ -170,7 +205,7 @@ def plan_memory(cfg: ModelConfig, placement: str, capacity: int | str | None, bu
                 cap = min(cfg.n_experts, max(0, (budget - fixed) // per_slot))
                 if cap < cfg.top_k:
                     plan = MemoryPlan(placement, budget, non_expert, kv, act, cfg.top_k * per_slot, reserve,
-                                      cfg.top_k, expert_bytes, context, batch, attn, slack, states)
+                                      cfg.top_k, expert_bytes, context, batch, attn, slack, states, arch.experts.quant)
                     raise PlanError(
                         f"cache_capacity='auto' leaves {cap} slots per layer, fewer than top_k={cfg.top_k}: "
                         f"budget {fmt_bytes(budget)} - fixed {fmt_bytes(fixed)} = {fmt_bytes(budget - fixed)} "
@@ -185,7 +220,7 @@ def plan_memory(cfg: ModelConfig, placement: str, capacity: int | str | None, bu
             cap = capacity
     experts = cls.device_expert_bytes(cfg, expert_bytes, cap, options)
     plan = MemoryPlan(placement, budget, non_expert, kv, act, experts, reserve, cap, expert_bytes, context, batch,
-                      attn, slack, states)
+                      attn, slack, states, arch.experts.quant)
     if budget is not None and plan.total > budget:
         raise PlanError(f"placement {placement!r} does not fit the device budget: "
                         f"{fmt_bytes(plan.total)} > {fmt_bytes(budget)}\n" + "\n".join(plan.lines()))

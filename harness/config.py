@@ -1,14 +1,15 @@
 """Config schemas: one dataclass per Hydra group option, registered in the ConfigStore, and
 the strict checks Hydra alone does not make.
 
-Owns: the shape of a moebench run's configuration (groups model, placement, cache,
+Owns: the shape of a moebench run's configuration (groups model, placement, cache, experts,
 prefetch, workload, hardware, run, engine, kv, experiment) and `validate(cfg)`, which turns a
 composed DictConfig into a plain `RunSpec` -- or raises `ConfigError` naming the key, the
 allowed values and the value given -- *before* any model weights are read.
 Does not own: running anything (harness.runner).
 
 Canonical overrides: model=tiny-mixtral, model.path=DIR, placement=fetch, cache.capacity=4,
-cache.capacity=auto, cache.policy=lru, prefetch=none, workload=coding_agent,
+cache.capacity=auto, cache.capacity_bytes=256MiB, cache.policy=lru, experts.quant=int4,
+experts.group_size=32, prefetch=none, workload=coding_agent,
 workload.context_tokens=4096, workload.gen_tokens=64, workload.batch=1, workload.ubatch=512,
 run.repeats=3, run.warmup=1, engine=hf, kv.dtype=q8 (kv=q8).
 """
@@ -57,11 +58,30 @@ class ModelConf:
 PolicyOptionsConf = plugins.policy_options_schema()     # every registered policy's option fields
 
 
+DEFAULT_CAPACITY = "4"
+
+
 @dataclass
 class CacheConf:
-    capacity: str = "4"               # expert slots per layer: an int, or "auto" (sized from the device budget)
+    # expert slots per layer: an int, or "auto" (sized from the device budget); null: 4, or what
+    # capacity_bytes holds
+    capacity: Optional[str] = None
+    capacity_bytes: Optional[str] = None   # or the cache as bytes over all MoE layers ("256MiB"), not both
     policy: str = "lru"               # a registered policy: lru | lfu | fifo | static | belady | ...
     policy_options: PolicyOptionsConf = field(default_factory=PolicyOptionsConf)   # the chosen policy's
+
+
+@dataclass
+class ExpertsConf:
+    """The routed experts' treatment (engine.blocks.quant_experts): exact, or quantised at load."""
+
+    quant: str = "none"                     # none (exact) | int8 | int4 | mixed
+    group_size: int = 32                    # int4: inputs sharing one scale and zero point
+    mixed_count: Optional[int] = None       # mixed: int8 experts per layer ...
+    mixed_fraction: Optional[float] = None  # ... or this fraction of them (default 0.25); the rest int4
+    mixed_high: str = "int8"                # mixed: the higher precision
+    popularity: Optional[str] = None        # mixed: [moe layers][experts] counts (.json/.csv/.npy) ...
+    trace: Optional[str] = None             # ... or a routing trace recorded on this model (.npz)
 
 
 @dataclass
@@ -137,6 +157,7 @@ class Config:
     model: ModelConf = field(default_factory=ModelConf)
     placement: PluginConf = field(default_factory=PluginConf)
     cache: CacheConf = field(default_factory=CacheConf)
+    experts: ExpertsConf = field(default_factory=ExpertsConf)
     prefetch: PluginConf = field(default_factory=PluginConf)
     workload: WorkloadConf = field(default_factory=WorkloadConf)
     hardware: HardwareConf = field(default_factory=HardwareConf)
@@ -158,6 +179,7 @@ def register_configs() -> None:
     cs.store(group="model", name="hf", node=ModelConf(name="hf-checkpoint"))
     plugins.register(cs)                  # placement, prefetch, engine: one option per registered plugin
     cs.store(group="cache", name="default", node=CacheConf())
+    cs.store(group="experts", name="default", node=ExpertsConf())
     for w in WORKLOADS:
         cs.store(group="workload", name=w, node=WorkloadConf(name=w))
     cs.store(group="hardware", name="local", node=HardwareConf())
@@ -186,11 +208,16 @@ class RunSpec:
     policy_options: dict[str, Any] = field(default_factory=dict)     # constructor kwargs, prepared by the policy
     prefetch_options: dict[str, Any] = field(default_factory=dict)   # the prefetcher's Options as kwargs
     engine_options: Any = None                                       # the engine adapter's parsed Options
+    expert_quant: Any = None          # engine.blocks.quant_experts.ExpertQuant, resolved; None: exact experts
+    capacity_bytes: int | None = None  # the cache in bytes (capacity is None then)
     kv_dtype: str = DEFAULT_KV_DTYPE                                 # how the KV is stored (engine.kvquant)
 
     @property
     def lossy(self) -> bool:
-        """A lossy treatment runs (its outputs differ from the exact model's by design)."""
+        """A lossy treatment runs (its outputs differ from the exact model's by design): quantised
+        experts, or a KV format that loses precision for the model's dtype."""
+        if self.expert_quant is not None and getattr(self.expert_quant, "mode", "none") != "none":
+            return True
         return is_lossy(self.kv_dtype, self.model_config.torch_dtype if self.model.dtype == "auto" else self.model.dtype)
 
     @property
@@ -251,6 +278,38 @@ def _model_config(model: ModelConf) -> ModelConfig:
         mcfg = mcfg.replace(num_layers=model.num_layers,
                             moe_layers=tuple(l for l in mcfg.moe_layers if l < model.num_layers))
     return mcfg
+
+
+def _expert_quant(experts: dict[str, Any], mcfg: ModelConfig) -> Any:
+    """experts.* resolved to the engine's ExpertQuant (None: exact); popularity files read here."""
+    from engine.blocks.quant_experts import resolve_expert_quant
+    e = ExpertsConf(**experts)
+    try:
+        spec = resolve_expert_quant(mcfg, e.quant, group_size=e.group_size, mixed_count=e.mixed_count,
+                                    mixed_fraction=e.mixed_fraction, mixed_high=e.mixed_high,
+                                    popularity=e.popularity, trace=e.trace)
+        if spec is not None:
+            mcfg.replace(expert_quant=spec).architecture()        # a layout that cannot be quantised says so
+    except ValueError as exc:
+        raise ConfigError(str(exc) if str(exc).startswith("experts.") else f"experts.quant={e.quant}: {exc}") from None
+    return spec
+
+
+def _capacity_bytes(cache: dict[str, Any]) -> int | None:
+    raw = cache.get("capacity_bytes")
+    if raw is None:
+        return None
+    if cache.get("capacity") is not None:
+        raise ConfigError(f"cache.capacity_bytes: give the expert cache as cache.capacity (slots per layer, or "
+                          f"auto) or as cache.capacity_bytes, not both; got cache.capacity={cache['capacity']!r} "
+                          f"and cache.capacity_bytes={raw!r}")
+    try:
+        n = parse_bytes(raw)
+    except ValueError:
+        n = None
+    if n is None or n <= 0:
+        raise _allowed("cache.capacity_bytes", "a positive size (e.g. 256MiB, 2GiB) or null", raw)
+    return n
 
 
 def _capacity(raw: Any, mcfg: ModelConfig, in_use: bool) -> int | str:
@@ -392,9 +451,18 @@ def validate(cfg: DictConfig) -> RunSpec:
             f"(max_position_embeddings {mcfg.max_position_embeddings} for {mcfg.name or model.name!r})")
     placement = _placement_options(pname, placement, mcfg)
     uses_cache = needs_cache(pname, placement)
-    capacity: int | str | None = _capacity(c["cache"]["capacity"], mcfg, uses_cache)
+    capacity_bytes = _capacity_bytes(c["cache"])
+    capacity: int | str | None = None if capacity_bytes is not None else \
+        _capacity(c["cache"]["capacity"] if c["cache"]["capacity"] is not None else DEFAULT_CAPACITY, mcfg, uses_cache)
     if not uses_cache:
-        capacity = None
+        capacity = capacity_bytes = None
+    expert_quant = _expert_quant(c["experts"], mcfg)
+    if expert_quant is not None and not ENGINES.get(engine).uses_placement:
+        raise ConfigError(f"experts.quant={c['experts']['quant']}: quantised experts are moebench's treatment; "
+                          f"engine={engine} runs its own weights (its engine.* knobs); allowed with engine={engine}: "
+                          "experts.quant=none")
+    if expert_quant is not None:              # the planner, cost model and roofline see the stored bytes
+        mcfg = mcfg.replace(expert_quant=expert_quant)
     if prefetch != "none" and not uses_cache:
         raise ConfigError(f"prefetch={prefetch}: needs a placement with a device expert cache "
                           f"(fetch, or stream with stream_fallback=fetch); got placement={pname}")
@@ -403,4 +471,5 @@ def validate(cfg: DictConfig) -> RunSpec:
     return RunSpec(kv_dtype=kv_dtype, model=model, placement=pname, placement_options=placement, capacity=capacity,
                    policy=c["cache"]["policy"] if uses_cache else None, prefetch=prefetch,
                    workload=workload, hardware=hardware, run=run, engine=engine, model_config=mcfg,
-                   policy_options=policy_options, prefetch_options=prefetch_options, engine_options=engine_options)
+                   policy_options=policy_options, prefetch_options=prefetch_options, engine_options=engine_options,
+                   expert_quant=expert_quant, capacity_bytes=capacity_bytes)

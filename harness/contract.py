@@ -119,7 +119,6 @@ CHECK_METRICS = ("max_abs_logit_diff", "token_agreement")
 # profiler=quality: a pass of its own, never a speed row.
 QUALITY_METRICS = ("kl_div_mean", "kl_div_max", "top1_agreement", "ppl_ratio", "max_abs_logit_diff",
                    "token_agreement", "quality_positions")
-EXPERT_QUANT_NONE = "none"          # the expert_quant factor of an unquantised run
 
 
 # --- which rows form a speed table (rule 7.5) ------------------------------------------------------

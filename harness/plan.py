@@ -82,12 +82,13 @@ def plan_of(spec: RunSpec, placement: str | None = None, options: dict[str, Any]
     opts = spec.placement_options if placement is None else (options or {})
     uses = PLACEMENTS.get(name).uses_cache(opts)
     cap = (spec.capacity if placement is None else capacity) if uses else None
-    if uses and cap is None:
+    cap_bytes = spec.capacity_bytes if uses and placement is None and cap is None else None
+    if uses and cap is None and cap_bytes is None:
         cap = "auto"
     w, m = spec.workload, spec.model_config
     dt = m.torch_dtype if spec.model.dtype == "auto" else spec.model.dtype
     return plan_memory(m, name, cap, budget_of(spec), session_tokens(w.context_tokens, w.gen_tokens, w.turn_tokens),
-                       w.batch, w.ubatch, dtype_bytes(dt), opts, device_kind=_device_kind(spec),
+                       w.batch, w.ubatch, dtype_bytes(dt), opts, device_kind=_device_kind(spec), capacity_bytes=cap_bytes,
                        kv_dtype=spec.kv_dtype if spec.engine == "moebench" else None)
 
 
@@ -110,10 +111,13 @@ def verdict(spec: RunSpec, **kw: Any) -> Verdict:
 
 def _header(spec: RunSpec) -> str:
     w, m, b = spec.workload, spec.model_config, budget_of(spec)
+    # CPU attention keeps a flash-attention buffer per torch thread: the plan depends on the count
+    import torch
+    threads = f" ({torch.get_num_threads()} torch threads)" if _device_kind(spec) == "cpu" else ""
     return (f"{spec.model_label} ({m.family}, {m.n_moe_layers} MoE layers x {m.n_experts} experts, top-{m.top_k}), "
             f"dtype {spec.model.dtype}, {spec.placement}, context {w.context_tokens} (+{w.gen_tokens} generated, "
-            f"+2 turns of {w.turn_tokens}) x batch {w.batch}, ubatch {w.ubatch}, device {_device_kind(spec)}, "
-            f"budget {fmt_bytes(b) if b is not None else 'unlimited'}")
+            f"+2 turns of {w.turn_tokens}) x batch {w.batch}, ubatch {w.ubatch}, device {_device_kind(spec)}"
+            f"{threads}, budget {fmt_bytes(b) if b is not None else 'unlimited'}")
 
 
 def report(spec: RunSpec) -> tuple[bool, str]:
@@ -133,10 +137,11 @@ def report(spec: RunSpec) -> tuple[bool, str]:
 
 def sweep_report(jobs: list[list[str]]) -> tuple[bool, str]:
     """One line per job of a sweep: its overrides, the plan total, and whether it fits."""
-    rows, ok = [], True
+    rows, ok, on_cpu = [], True, False
     for job in jobs:
         try:
             spec = spec_of(job)
+            on_cpu |= _device_kind(spec) == "cpu"
         except ConfigError as exc:
             rows.append((" ".join(job), "invalid", str(exc)))
             ok = False
@@ -147,7 +152,10 @@ def sweep_report(jobs: list[list[str]]) -> tuple[bool, str]:
                   if v.plan else v.message.splitlines()[0])
         rows.append((" ".join(job), "fits" if v.fits else "does not fit", detail))
     width = max(len(r[0]) for r in rows)
-    return ok, "\n".join(f"{a:<{width}}  {b:<12}  {c}" for a, b, c in rows)
+    import torch
+    note = f"planned for {torch.get_num_threads()} torch threads (CPU attention keeps a buffer per thread)\n" \
+        if on_cpu else ""
+    return ok, note + "\n".join(f"{a:<{width}}  {b:<12}  {c}" for a, b, c in rows)
 
 
 # --- fit: the largest setting that fits -------------------------------------------------------------

@@ -34,6 +34,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from harness.contract import METRIC_UNITS
+from harness.order import missing as _missing, natural_key, number as _number  # noqa: F401 (natural_key re-exported)
 
 __all__ = ["Style", "Series", "STYLE_TABLE", "PLACEMENT_STYLES", "ENGINE_STYLES", "POLICY_STYLES", "style",
            "series_style", "natural_key", "ordered", "fmt", "configs", "shade", "numeric_positions", "set_ticks", "legend",
@@ -147,28 +148,6 @@ def series_style(engine: object, placement: object) -> tuple[str, str, Style]:
 
 
 # --- order of values ----------------------------------------------------------------------------
-def _missing(v: object) -> bool:
-    return v is None or (not isinstance(v, str) and bool(pd.isna(v)))
-
-
-def _number(v: object) -> float | None:
-    if _missing(v) or isinstance(v, bool):
-        return None
-    try:
-        x = float(v)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None
-    return x if np.isfinite(x) else None
-
-
-def natural_key(v: object) -> tuple:
-    """Sort key of a factor value: numbers (also "1024") numerically, then text ("auto"), then missing."""
-    if _missing(v):
-        return (2, 0.0, "")
-    x = _number(v)
-    return (0, x, "") if x is not None else (1, 0.0, str(v))
-
-
 def ordered(values: Iterable) -> list:
     """The distinct values in natural order (see `natural_key`), missing ones dropped."""
     seen = {v: None for v in values if not _missing(v)}

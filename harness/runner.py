@@ -35,8 +35,8 @@ from engine.placements import needs_cache
 from engine.planner import PlanError, plan_memory
 from harness import results
 from harness.ablation import Ablation, ablation_metrics
-from harness.config import RunSpec, validate
-from harness.contract import EXPERT_QUANT_NONE, MEASURED_PHASES, PREFIX_CACHE, QUALITY_METRICS, QUALITY_PHASE
+from harness.config import DEFAULT_CAPACITY, RunSpec, validate
+from harness.contract import MEASURED_PHASES, PREFIX_CACHE, QUALITY_METRICS, QUALITY_PHASE
 from harness.dtype_speed import dtype_speed
 from harness.engines import EngineAdapter as Adapter, get_adapter, release_cached, session_tokens_of
 from harness.engines.moebench import MoebenchAdapter
@@ -93,25 +93,33 @@ def factors_of(cfg: DictConfig) -> dict[str, Any]:
         ours = True
     if not ours:                                  # the engine's own knobs are its columns
         placement, uses_cache = None, False
+    quant = g("experts.quant", "none") if ours else None     # another engine's weights are its own knobs
+    capacity, capacity_bytes = g("cache.capacity"), g("cache.capacity_bytes")
+    capacity = "bytes" if capacity_bytes is not None and capacity is None else (capacity or DEFAULT_CAPACITY)
     kv_dtype = g("kv.dtype", DEFAULT_KV_DTYPE)
     return {"engine": g("engine.name"), "model": g("model.name"), "placement": placement,
-            "cache_capacity": str(g("cache.capacity")) if uses_cache else None,
+            "cache_capacity": str(capacity) if uses_cache else None,
+            "cache_capacity_bytes": str(capacity_bytes) if uses_cache and capacity_bytes is not None else None,
+            "expert_quant": quant,
             "cache_policy": g("cache.policy") if uses_cache else None,
             "prefetch": g("prefetch.name") if ours else None,
             "workload": g("workload.name"), "context_tokens": g("workload.context_tokens"),
             "gen_tokens": g("workload.gen_tokens"), "batch": g("workload.batch"), "dtype": g("model.dtype"),
-            "kv_dtype": kv_dtype, "expert_quant": EXPERT_QUANT_NONE, "lossy": _lossy(kv_dtype, g("model.dtype"))}
+            "kv_dtype": kv_dtype, "lossy": _lossy(kv_dtype, g("model.dtype"), quant)}
 
 
-def _lossy(kv_dtype: Any, dtype: Any) -> bool | None:
-    """Whether the job runs a lossy treatment (None when its config is too broken to say; "auto"
-    dtype: the checkpoint's, which only a lossless kv_dtype leaves exact whatever it is)."""
+def _lossy(kv_dtype: Any, dtype: Any, quant: Any) -> bool | None:
+    """Whether the job runs a lossy treatment: quantised experts or a KV format that loses
+    precision ("auto" dtype: the checkpoint's, which only a lossless kv_dtype leaves exact
+    whatever it is); None when its config is too broken to say. Corrected once the engine is
+    built (Job._load)."""
+    if quant is not None and quant != "none":
+        return True
     try:
-        if dtype == "auto":
-            return kv_dtype != DEFAULT_KV_DTYPE
-        return is_lossy(kv_dtype, dtype)
+        kv = kv_dtype != DEFAULT_KV_DTYPE if dtype == "auto" else is_lossy(kv_dtype, dtype)
     except ValueError:
         return None
+    return kv if quant is not None or kv else None
 
 
 def _resolved_kind(device: str) -> str:
@@ -254,7 +262,8 @@ class Job:
                 eng, loaded = get_adapter(spec, prefetch_options=prefetch_options, key_extra=key_extra,
                                           progress=self.reporter.progress)
         self.adapter = eng
-        self.factors["lossy"] = spec.lossy or bool(eng.lossy)      # what this engine runs (llama.cpp's defaults too)
+        if spec.lossy or eng.lossy:                                 # what this engine runs (llama.cpp's defaults too)
+            self.factors["lossy"] = True
         eng.set_progress(self.reporter.progress)
         self.device = {"device_kind": eng.device_kind, "device_name": eng.device_name, "emulated": eng.emulated}
         load = {"time_s": probe.time_s if loaded else None,

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from harness.contract import speed_rows
+from harness.order import natural_key
 from harness.llamacpp.flags import KNOB_COLUMNS
 from harness.results import FACTOR_COLUMNS
 
@@ -92,6 +93,15 @@ def sweep_table(df: pd.DataFrame, columns: Sequence[Column] = COLUMNS) -> pd.Dat
             row[f"{col.label} n"] = int(len(vals))
             row[f"{col.label} source"] = source if len(vals) else None
         out.append(row)
+    # numeric factors in their natural order (contexts 512 < 1024, not as text, whatever order
+    # the jobs' files were read in); text factors (placements) keep the sweep's order
+    first_seen = {c: {v: i for i, v in enumerate(dict.fromkeys(str(r[c]) for r in out))} for c in factors}
+
+    def key(r: dict) -> tuple:
+        return tuple(natural_key(r[c])[:2] if natural_key(r[c])[0] != 1 else (1, first_seen[c][str(r[c])])
+                     for c in factors)
+
+    out.sort(key=key)
     return pd.DataFrame(out)
 
 

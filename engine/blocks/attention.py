@@ -18,6 +18,7 @@ h=head dim, N=B*T rows.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +32,17 @@ from engine.layers import attention, causal_mask, rms_norm
 
 QK_NORMS = ("none", "head", "full")
 FLASH_CPU_Q_BLOCK, FLASH_CPU_KV_BLOCK = 256, 512                      # torch's CPU flash-attention blocking
+
+
+@dataclass(frozen=True)
+class KernelCost:
+    """The attention kernel's work in one pass (projections apart: they are weights, counted by
+    their parameters): `flops`, the `bytes` it reads and writes (the layer's state, its queries
+    and output), and `scores`, the score elements it computes (0 for a recurrence)."""
+
+    flops: float
+    bytes: float
+    scores: float = 0.0
 
 
 class AttentionBlock(Block, ABC):
@@ -73,6 +85,11 @@ class AttentionBlock(Block, ABC):
     @abstractmethod
     def workspace_bytes(self, batch: int, tokens: int, context: int, dtype_bytes: int, device_kind: str) -> int:
         """Worst-case attention-kernel workspace (engine.planner's docstring says which kernel and why)."""
+
+    @abstractmethod
+    def kernel_cost(self, batch: int, tokens: int, past: int, dtype_bytes: int) -> KernelCost:
+        """The kernel's work for `tokens` new tokens of `batch` sequences after `past` (the cost
+        model's and the roofline's attention term)."""
 
     def __call__(self, x: torch.Tensor, state: LayerState, p: Pass) -> torch.Tensor:
         return self.forward(x, state, p)
@@ -192,9 +209,23 @@ class GQAAttention(AttentionBlock):
                 + 3 * N * H * hd * db                         # rotary temporaries (x*cos, rotated, *sin)
                 + 2 * N * H * hd * db + N * self.D * db)     # attention output, its [N, H*h] copy, o-proj
 
+    def held_keys(self, tokens: int, past: int) -> int:
+        """Keys a pass over `tokens` new tokens after `past` attends: the whole context, or the
+        window's held tokens and the new ones (the mask covers that whole rectangle)."""
+        return past + tokens if self.window is None else min(past + tokens, self.window - 1 + tokens)
+
+    def kernel_cost(self, batch: int, tokens: int, past: int, dtype_bytes: int) -> KernelCost:
+        # one SDPA call on q [B, H, T, h] and the state's k/v [B, K, S, h] with enable_gqa: the
+        # full T x S rectangle of scores and weighted sums; K/V read once at K heads, q read and
+        # the output written at H heads
+        B, T, S, H, hd = batch, tokens, self.held_keys(tokens, past), self.H, self.hd
+        state = self.state_term(dtype_bytes).per_token * S * B
+        return KernelCost(flops=4.0 * B * H * hd * T * S, bytes=float(state + 2 * B * T * H * hd * dtype_bytes),
+                          scores=float(B * H * T * S))
+
     def workspace_bytes(self, batch: int, tokens: int, context: int, dtype_bytes: int, device_kind: str) -> int:
         if self.window is None:
             return sdpa_workspace_bytes(batch, self.H, self.hd, tokens, context, dtype_bytes, device_kind)
-        S = min(context, self.window - 1 + tokens)                        # held keys and the new ones
+        S = self.held_keys(tokens, context - tokens)                      # held keys and the new ones
         window_copy = 2 * batch * self.K * S * self.hd * dtype_bytes      # their concatenation (SlidingKV.append)
         return sdpa_workspace_bytes(batch, self.H, self.hd, tokens, S, dtype_bytes, device_kind) + window_copy

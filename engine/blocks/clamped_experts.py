@@ -95,6 +95,9 @@ class ClampedSwiGLUExperts(ExpertLayout):
         return {n["gate_up_proj"]: interleave(gu).t().contiguous(), n["gate_up_proj_bias"]: interleave(gub),
                 n["down_proj"]: dn.t().contiguous(), n["down_proj_bias"]: dnb.clone()}
 
+    def matrices(self) -> tuple[tuple[int, int], ...]:
+        return ((2 * self.I, self.D), (self.D, self.I))                                # gate|up, down; biases kept
+
     def run(self, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
         gu, dn, gub, dnb = self._views(packed)
         return clamped_swiglu(x, gu, gub, dn, dnb, self.limit)
@@ -131,6 +134,11 @@ class MXFP4Experts(ClampedSwiGLUExperts):
 
     def nbytes(self, dtype_bytes: int) -> int:
         return self.numel                                             # the stored bytes, whatever the compute dtype
+
+    def matrices(self) -> tuple[tuple[int, int], ...]:
+        raise ValueError("GPT-OSS experts kept in MXFP4 (expert_format 'mxfp4') are quantised already; "
+                         "experts.quant=int8|int4|mixed needs them dense: model_overrides={'expert_format': "
+                         "'dense'}; allowed with mxfp4: experts.quant=none")
 
     def _parts(self, out: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """(biases fp32 [2I + D], gate_up blocks, gate_up scales, down blocks, down scales) views."""

@@ -25,9 +25,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.blocks.attention import AttentionBlock
+from engine.blocks.attention import AttentionBlock, KernelCost
 from engine.blocks.base import Pass, TensorSpec, Transient
-from engine.blocks.delta_rule import causal_conv, chunk_workspace_bytes, chunked_delta_rule, recurrent_delta_rule
+from engine.blocks.delta_rule import CHUNK, causal_conv, chunk_workspace_bytes, chunked_delta_rule, recurrent_delta_rule
 from engine.devices import Device
 from engine.kv import LayerState, StateTerm
 from engine.layers import ACT
@@ -147,6 +147,17 @@ class GatedDeltaNet(AttentionBlock):
 
     def workspace_bytes(self, batch: int, tokens: int, context: int, dtype_bytes: int, device_kind: str) -> int:
         return chunk_workspace_bytes(batch, self.H, self.dk, self.dv, tokens)
+
+    def kernel_cost(self, batch: int, tokens: int, past: int, dtype_bytes: int) -> KernelCost:
+        # per token and value head the step form decays the [dk, dv] state, reads it with k,
+        # adds the outer-product update and reads it with q (7 dk dv); the chunked form adds a
+        # chunk's [c, c] products (2 c (dk + dv) per token); the causal conv 2 K per channel.
+        # The fixed state is read and written once per pass, whatever the context.
+        B, T, H, dk, dv = batch, tokens, self.H, self.dk, self.dv
+        c = min(CHUNK, T) if T > 1 else 0
+        flops = B * T * (H * (7 * dk * dv + 2 * c * (dk + dv)) + 2 * self.C * self.K)
+        state = 2 * self.state_term(dtype_bytes).bytes(past + T, B)
+        return KernelCost(flops=float(flops), bytes=float(state + 2 * B * T * self.C * dtype_bytes))
 
 
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

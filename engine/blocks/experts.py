@@ -29,6 +29,7 @@ RandomTensor = Callable[[str, tuple[int, ...]], torch.Tensor]   # name, shape ->
 
 class ExpertLayout(ABC):
     fused_on_hub: bool = False   # the Hub stacks a layer's experts ([E, ...] tensors), not one set each
+    quant: str = "none"          # the lossy treatment it stores (engine.blocks.quant_experts), "none": exact
 
     @property
     @abstractmethod
@@ -47,6 +48,22 @@ class ExpertLayout(ABC):
     def nbytes(self, dtype_bytes: int) -> int:
         """Bytes of one packed expert when the model runs at `dtype_bytes` per element."""
         return self.numel * dtype_bytes
+
+    def expert_numel(self, layer: int, e: int) -> int:
+        """Elements expert (layer, e) really stores: `numel`, unless experts differ in size (a mixed
+        treatment), when a store row or cache slot holds `numel` and the expert its first ones."""
+        return self.numel
+
+    def mean_nbytes(self, dtype_bytes: int, n_experts: int, layers: Iterable[int]) -> float:
+        """Mean stored bytes of one expert over `layers` (what an average copy moves)."""
+        return float(self.nbytes(dtype_bytes))
+
+    def matrices(self) -> tuple[tuple[int, int], ...]:
+        """The weight matrices a quantised treatment quantises: ((rows=outputs, cols=inputs), ...),
+        laid row-major one after another at the start of the packed buffer; the rest of it (biases)
+        is kept as it is. A layout that cannot be quantised raises ValueError."""
+        raise ValueError(f"expert layout {type(self).__name__} does not declare its weight matrices, so "
+                         f"experts.quant cannot quantise it; allowed for it: experts.quant=none")
 
     @abstractmethod
     def read_into(self, ckpt: Checkpoint, layer: int, e: int, out: torch.Tensor) -> None:
@@ -129,6 +146,9 @@ class SwiGLUExperts(ExpertLayout):
             return {p + "gate_up_proj": gu.clone(), p + "down_proj": dn.clone()}
         gate, up, down = self.expert_names(layer, e)
         return {gate: gu[: self.I].clone(), up: gu[self.I:].clone(), down: dn.clone()}
+
+    def matrices(self) -> tuple[tuple[int, int], ...]:
+        return ((2 * self.I, self.D), (self.D, self.I))                                # gate|up, down
 
     def run(self, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
         return expert_ffn(x, packed, self.D, self.I, self.act)

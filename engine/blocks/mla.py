@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.blocks.attention import AttentionBlock, sdpa_workspace_bytes
+from engine.blocks.attention import AttentionBlock, KernelCost, sdpa_workspace_bytes
 from engine.blocks.base import Block, Pass, TensorSpec, Transient
 from engine.blocks.norms import RMSNorm, norm_temp_bytes
 from engine.blocks.rope import Rope
@@ -209,6 +209,21 @@ class MLAAttention(AttentionBlock):
         else:
             heads = N * H * (2 * (n + d) + 3 * v) * db      # query cat (and a copy); output, transpose, reshape
         return Transient(q_path + kv_path + rope + heads + N * D * db)                  # + o_proj
+
+    def kernel_cost(self, batch: int, tokens: int, past: int, dtype_bytes: int) -> KernelCost:
+        # absorbed: multi-query attention in latent space, scores over r + d dims, the weighted
+        # sum over the r latent dims, the latent read once (the up-projections are weights,
+        # applied per query token); expanded: every pass re-expands the whole latent to per-head
+        # keys and values (written and read) before attention at n + d / v dims
+        B, T, S, H, r, d, n, v, db = batch, tokens, past + tokens, self.H, self.r, self.d, self.n, self.v, dtype_bytes
+        latent = self.state_term(db).per_token * S * B
+        if self.kernel == "absorbed":
+            return KernelCost(flops=2.0 * B * H * T * S * (2 * r + d), bytes=float(latent + B * T * H * (2 * r + d) * db),
+                              scores=float(B * H * T * S))
+        expand_flops = 2.0 * B * S * r * H * (n + v)
+        expanded = 2 * B * S * H * (n + d + v) * db
+        return KernelCost(flops=expand_flops + 2.0 * B * H * T * S * (n + d + v),
+                          bytes=float(latent + expanded + B * T * H * (n + d + v) * db), scores=float(B * H * T * S))
 
     def workspace_bytes(self, batch: int, tokens: int, context: int, dtype_bytes: int, device_kind: str) -> int:
         B, S, H, db = batch, context, self.H, dtype_bytes

@@ -60,6 +60,13 @@ class Family(ABC):
         """The routed experts' packed layout, reading, writing and kernel."""
 
     @classmethod
+    def routed_experts(cls, cfg: ModelConfig) -> ExpertLayout:
+        """`experts(cfg)` as stored under cfg.expert_quant (engine.blocks.quant_experts): what every
+        MoE block and the architecture use."""
+        from engine.blocks.quant_experts import quantized_layout
+        return quantized_layout(cls.experts(cfg), cfg.expert_quant)
+
+    @classmethod
     @abstractmethod
     def norm(cls, cfg: ModelConfig, name: str) -> RMSNorm:
         """The family's hidden-size norm for tensor `name`."""
@@ -70,7 +77,7 @@ class Family(ABC):
         family's `router`, `experts` and the MLPs `beside` them."""
         if not cfg.is_moe_layer(i):
             return cls.dense_mlp(cfg, i)
-        return MoEBlock(i, cls.router(cfg, i), cls.experts(cfg), cls.beside(cfg, i))
+        return MoEBlock(i, cls.router(cfg, i), cls.routed_experts(cfg), cls.beside(cfg, i))
 
     @classmethod
     def dense_mlp(cls, cfg: ModelConfig, i: int) -> Block:
@@ -105,7 +112,7 @@ class Family(ABC):
     @classmethod
     def architecture(cls, cfg: ModelConfig) -> Architecture:
         return Architecture(cls.embedding(cfg), [cls.layer(cfg, i) for i in range(cfg.num_layers)], cls.head(cfg),
-                            cls.experts(cfg))
+                            cls.routed_experts(cfg))
 
     @classmethod
     def presets(cls) -> dict[str, ModelConfig]:

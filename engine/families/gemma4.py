@@ -211,7 +211,7 @@ class Gemma4(Family):
                                   cls.norm(cfg, p + "post_per_layer_input_norm.weight")) \
             if a.hidden_size_per_layer_input else None
         return Gemma4Layer(i, p, attention, DenseMLP(p + "mlp.", D, a.intermediate_size, a.hidden_act),
-                           MoEBlock(i, router, cls.experts(cfg)), D, a.rms_norm_eps, per_layer)
+                           MoEBlock(i, router, cls.routed_experts(cfg)), D, a.rms_norm_eps, per_layer)
 
     @classmethod
     def experts(cls, cfg: ModelConfig) -> SwiGLUExperts:

@@ -129,7 +129,7 @@ class GptOss(Family):
         attention = SinkAttention(i, p + "self_attn.", cfg.hidden_size, a.num_heads, a.num_kv_heads, a.head_dim, rope,
                                   a.rms_norm_eps, qkv_bias=a.attention_bias, o_bias=a.attention_bias, window=window)
         router = TopKThenSoftmax(p + "mlp.router.", cfg.hidden_size, cfg.n_experts, cfg.top_k)
-        return cls.pre_norm_layer(cfg, i, attention, MoEBlock(i, router, cls.experts(cfg)))
+        return cls.pre_norm_layer(cfg, i, attention, MoEBlock(i, router, cls.routed_experts(cfg)))
 
     @classmethod
     def experts(cls, cfg: ModelConfig) -> ClampedSwiGLUExperts:

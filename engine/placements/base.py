@@ -157,8 +157,9 @@ class Placement(ABC):
         return out
 
     def run_resident(self, layer: int, h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        rows = self.ctx.store.rows[layer]
-        return self.combine(layer, h, group_by_expert(ids, self.ctx.cfg.n_experts), weights, lambda e: rows[e])
+        store = self.ctx.store
+        return self.combine(layer, h, group_by_expert(ids, self.ctx.cfg.n_experts), weights,
+                            lambda e: store.expert(layer, e))
 
     def run_on_cpu(self, layer: int, h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """Ship activations to the CPU, run the experts from host RAM, ship the result back.
@@ -168,8 +169,9 @@ class Placement(ABC):
         with self.ctx.instrument.idle("host", layer=layer):
             h_c, ids_c, w_c = dev.to_host(h, info), dev.to_host(ids, info), dev.to_host(weights, info)
             counters.transfer("d2h", "activation", sum(t.numel() * t.element_size() for t in (h_c, ids_c, w_c)), layer)
-            rows = self.ctx.store.rows[layer]
-            out = self.combine(layer, h_c, group_by_expert(ids_c, self.ctx.cfg.n_experts), w_c, lambda e: rows[e])
+            store = self.ctx.store
+            out = self.combine(layer, h_c, group_by_expert(ids_c, self.ctx.cfg.n_experts), w_c,
+                               lambda e: store.expert(layer, e))
             out_d = dev.to_device(out, info)
             counters.transfer("h2d", "activation", out.numel() * out.element_size(), layer)
         return out_d

@@ -90,9 +90,10 @@ class Stream(Placement):
 
         def issue(i: int) -> None:  # copy expert i into buffer i % nb once that buffer's last reader is done
             b = i % nb
-            ready[experts[i]] = dev.copy_h2d(self.buffers[b], store.expert(layer, experts[i]), after=self.last_use[b],
-                                             info={"layer": layer, "expert": experts[i], "stream": True})
-            self.ctx.counters.transfer("h2d", "expert", store.expert_bytes, layer)
+            e = experts[i]
+            ready[e] = dev.copy_h2d(store.view(self.buffers[b], layer, e), store.expert(layer, e),
+                                    after=self.last_use[b], info={"layer": layer, "expert": e, "stream": True})
+            self.ctx.counters.transfer("h2d", "expert", store.expert_nbytes(layer, e), layer)
 
         for i in range(min(nb, len(experts))):
             issue(i)
@@ -100,7 +101,7 @@ class Stream(Placement):
 
         def weights_of(e: int) -> torch.Tensor:
             dev.wait(ready.pop(e))
-            return self.buffers[order[e] % nb]
+            return store.view(self.buffers[order[e] % nb], layer, e)
 
         def release(e: int) -> None:
             i = order[e]

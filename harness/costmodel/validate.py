@@ -47,7 +47,7 @@ import pandas as pd
 from engine.config import PRESETS, ModelConfig
 from engine.dtypes import DTYPE_NAMES, dtype_bytes
 from engine.trace import load_trace
-from harness.config import ModelConf, _model_config
+from harness.config import ModelConf, _expert_quant, _model_config
 from harness.costmodel.timemodel import predict
 from harness.costmodel.profiles import HardwareProfile
 from harness.costmodel.work import PHASES, PlacementSpec, Routing, WorkloadShape, expert_bytes
@@ -95,7 +95,11 @@ def job_inputs(root: str | Path) -> dict[tuple[str, str], JobInputs]:
             continue
         try:
             cfg = _model_config(ModelConf(**{k: v for k, v in model.items() if k in fields}))
-        except ValueError as exc:              # a checkpoint that moved since the run
+            experts = (m.get("config") or {}).get("experts")
+            quant = _expert_quant(experts, cfg) if experts else None      # the stored bytes the job moved
+            if quant is not None:
+                cfg = cfg.replace(expert_quant=quant)
+        except ValueError as exc:              # a checkpoint (or popularity file) that moved since the run
             log.warning("%s: cannot resolve the job's model (%s); it is predicted from its name if a preset", job_dir, exc)
             continue
         trace = job_dir / TRACE_FILE

@@ -7,7 +7,13 @@ routed experts come from (`Routing`: synthetic, or a recorded `RoutingTrace`), t
 replay that turns them into hits, misses and streamed experts (the engine's own policy
 classes through `engine.policies.simulate.simulate`, in the engine's lookup order), the
 FLOP/byte arithmetic of one pass (`pass_flops`), and the event counts the fitted software
-overheads multiply (`pass_events`). Does not own: time, profiles, rows.
+overheads multiply (`pass_events`). Does not own: time, profiles, rows, or any architecture's
+shape: every figure is asked of the blocks the model's family builds (`cfg.architecture()`):
+the dense weights are its non-expert tensors (shared experts, dense first layers, routers, MLA
+projections included; `dense_weights`), each layer's attention kernel reports its own FLOPs and
+bytes (`AttentionBlock.kernel_cost`: GQA over the held keys, a sliding window's bounded keys,
+MLA's latent, a DeltaNet's fixed state; `attention_cost`), an expert costs its stored bytes
+(`expert_bytes`: MXFP4's packed bytes) and a restore the planner's state bytes (`kv_bytes`).
 
     shape = WorkloadShape(context_tokens=4096, gen_tokens=64)
     work = scenario_work(preset("mixtral-8x7b"), PlacementSpec("fetch", capacity=4), shape)
@@ -31,12 +37,15 @@ capacity/E; real routers are skewed and reuse experts, so measured hit rates are
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from engine.architecture import Architecture
+from engine.blocks.attention import KernelCost
 from engine.config import ModelConfig
 from engine.placements import PlacementTraits, needs_cache
 from engine.placements import traits as placement_traits
@@ -326,37 +335,64 @@ class PassFlops:
     stream_bytes: np.ndarray    # [M] expert copies through stream buffers
 
 
+@functools.lru_cache(maxsize=64)
+def _architecture(cfg: ModelConfig) -> Architecture:
+    """The model's blocks (no weights), built once per config: every shape below is asked of them."""
+    return cfg.architecture()
+
+
 def expert_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
-    return cfg.expert_params * dtype_bytes
+    """The stored bytes of one expert (ModelConfig.expert_bytes: a quantised or MXFP4 expert's packed
+    buffer, not params x dtype), what a copy moves and a device GEMM reads."""
+    return cfg.expert_bytes(dtype_bytes)
+
+
+@dataclass(frozen=True)
+class DenseWeights:
+    """The non-expert weights one pass reads and the parameters it multiplies per token: every
+    layer's attention projections, norms, routers, dense and shared MLPs, and the head (a tied
+    head reads the embedding); the embedding table itself is only looked up."""
+
+    per_token_params: int       # multiplied by every token of the pass (2 FLOPs each)
+    head_params: int            # the vocabulary projection, at the last position only
+    bytes: int                  # read once per pass
+
+
+@functools.lru_cache(maxsize=256)
+def dense_weights(cfg: ModelConfig, dtype_bytes: int) -> DenseWeights:
+    arch = _architecture(cfg)
+    layer_specs = [spec for layer in arch.layers for _, _, spec in layer.walk()]
+    head = arch.head.vocab * arch.head.hidden
+    norm_specs = [spec for _, _, spec in arch.head.norm.walk()]
+    return DenseWeights(per_token_params=sum(s.numel for s in layer_specs + norm_specs), head_params=head,
+                        bytes=sum(s.nbytes(dtype_bytes) for s in layer_specs + norm_specs) + head * dtype_bytes)
+
+
+def attention_cost(cfg: ModelConfig, batch: int, tokens: int, past: int, dtype_bytes: int) -> KernelCost:
+    """Every layer's attention kernel, summed (each block's own arithmetic: GQA, a window, MLA's
+    latent, a recurrence)."""
+    costs = [layer.attention.kernel_cost(batch, tokens, past, dtype_bytes) for layer in _architecture(cfg).layers]
+    return KernelCost(flops=sum(c.flops for c in costs), bytes=sum(c.bytes for c in costs),
+                      scores=sum(c.scores for c in costs))
 
 
 def pass_flops(cfg: ModelConfig, p: PassWork, dtype_bytes: int) -> PassFlops:
-    D, H, K, hd, E, k = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.n_experts, cfg.top_k
-    L, V, I = cfg.num_layers, cfg.vocab_size, cfg.moe_intermediate_size
+    D, k, L = cfg.hidden_size, cfg.top_k, cfg.num_layers
     B, T = p.batch, p.new
-    N, S = B * T, p.past + T
+    N = B * T
     dt = dtype_bytes
-    n_moe = cfg.n_moe_layers
-    n_dense = L - n_moe
-    proj = D * H * hd + 2 * D * K * hd + H * hd * D                          # q, k, v, o weights
-    shared = 3 * D * cfg.shared_expert_intermediate_size + (D if cfg.shared_expert_intermediate_size else 0)
-    dense_w = L * proj + n_moe * (E * D + shared) + n_dense * 3 * D * cfg.intermediate_size + V * D
-    dense_flops = 2.0 * N * (L * proj + n_moe * (E * D + shared) + n_dense * 3 * D * cfg.intermediate_size) \
-        + 2.0 * B * D * V                                                     # lm_head: last position only
-    dense_bytes = float(dense_w * dt + L * 6 * N * D * dt)                    # weights + activations in/out
-    attn_flops = 4.0 * L * B * H * hd * T * S                                 # QK^T and PV
-    # engine.layers.attention: one SDPA call per layer on q [B, H, T, h] and the cache's k/v
-    # [B, K, S, h] with enable_gqa, so K/V are read once at K heads (no repeated copy at H
-    # heads), q is read and the output [B, H, T, h] written at H heads
-    attn_bytes = float(L * (2 * B * K * hd * S + 2 * N * H * hd) * dt)
-    ex_flops = 2.0 * N * k * 3 * D * I                                         # per MoE layer
-    ex_bytes = p.unique * expert_bytes(cfg, dt)                               # [M]
-    ex_f = np.full(n_moe, ex_flops)
+    w = dense_weights(cfg, dt)
+    dense_flops = 2.0 * N * w.per_token_params + 2.0 * B * w.head_params         # lm_head: last position only
+    dense_bytes = float(w.bytes + L * 6 * N * D * dt)                            # weights + activations in/out
+    attn = attention_cost(cfg, B, T, p.past, dt)
+    ex_flops = 2.0 * N * k * _architecture(cfg).experts.params                  # per MoE layer
+    ex_bytes = p.unique * expert_bytes(cfg, dt)                                  # [M]
+    ex_f = np.full(cfg.n_moe_layers, ex_flops)
     on_cpu = p.on_cpu
     id_bytes = 8 + (4 if cfg.family == "mixtral" else dt)                     # int64 ids + routing weights per slot
     n_cpu = int(on_cpu.sum())
     return PassFlops(
-        dense_flops=dense_flops, dense_bytes=dense_bytes, attn_flops=attn_flops, attn_bytes=attn_bytes,
+        dense_flops=dense_flops, dense_bytes=dense_bytes, attn_flops=attn.flops, attn_bytes=attn.bytes,
         dev_expert_flops=np.where(on_cpu, 0.0, ex_f), dev_expert_bytes=np.where(on_cpu, 0.0, ex_bytes),
         cpu_expert_flops=np.where(on_cpu, ex_f, 0.0), cpu_expert_bytes=np.where(on_cpu, ex_bytes, 0.0),
         act_d2h_bytes=float(n_cpu * N * (D * dt + k * id_bytes)), act_h2d_bytes=float(n_cpu * N * D * dt),
@@ -370,15 +406,16 @@ EVENTS = ("pass_s", "layer_s", "expert_s", "row_s", "slot_s", "score_s", "lookup
 
 def pass_events(cfg: ModelConfig, p: PassWork) -> dict[str, float]:
     """How many times each fitted overhead (harness.costmodel.profiles.Overheads) is paid in one pass."""
-    L, H = cfg.num_layers, cfg.num_heads
+    L = cfg.num_layers
     return {"pass_s": 1.0, "layer_s": float(L), "expert_s": float(p.unique.sum()), "row_s": float(p.rows * L),
             "slot_s": float(p.rows * cfg.top_k * cfg.n_moe_layers),
-            "score_s": float(L * p.batch * H * p.new * (p.past + p.new)),
+            "score_s": attention_cost(cfg, p.batch, p.new, p.past, 4).scores,
             "lookup_s": float((p.hits + p.misses).sum()), "miss_s": float(p.misses.sum() + p.streamed.sum()),
             "cpu_layer_s": float(p.on_cpu.sum()), "restore_s": 0.0}
 
 
 def kv_bytes(cfg: ModelConfig, tokens: int, batch: int, dtype_bytes: int, kv_dtype: str | None = None) -> int:
-    """Stored bytes of `tokens` tokens' KV for `batch` sequences in `kv_dtype` (payload + scales:
-    the planner's per-token term, engine.config.ModelConfig.kv_bytes_per_token -- one formula)."""
-    return cfg.kv_bytes_per_token(dtype_bytes, kv_dtype) * tokens * batch
+    """The session state of `batch` sequences of `tokens` (what a restore copies back): every
+    layer's term as the planner counts it (per token, a window, a fixed recurrent state), its KV
+    stored in `kv_dtype` (payload + scales) -- one formula, ModelConfig.state_bytes."""
+    return cfg.state_bytes(tokens, batch, dtype_bytes, kv_dtype)

@@ -2,8 +2,9 @@
 
 Owns: building the engine for a RunSpec -- the job's placement held to the job's device budget,
 or (`placement="resident"`) the same model with every expert resident: on the job's device for
-the ablation, or unbudgeted on `device="cpu"` for the reference in host RAM (always exact:
-`kv_dtype="model"`, whatever the job's treatment) -- and forwarding
+the ablation (under the job's experts.quant and kv.dtype), or unbudgeted on `device="cpu"` with
+the exact model (`exact=True`: exact experts, KV in the model's dtype) for the reference in host
+RAM -- and forwarding
 sessions, passes, KV displacement, counters, instrumentation and the emulated device's ledger.
 """
 from __future__ import annotations
@@ -21,10 +22,9 @@ class MoebenchAdapter(EngineAdapter):
     name = "moebench"
 
     def __init__(self, spec: Any, placement: str | None = None, device: str | None = None,
-                 prefetch_options: dict[str, Any] | None = None, progress: Any = None,
-                 kv_dtype: str | None = None) -> None:
-        """kv_dtype: how sessions store their KV; None: the job's treatment (`spec.kv_dtype`) --
-        the reference passes "model", so it is always the exact model."""
+                 prefetch_options: dict[str, Any] | None = None, progress: Any = None, exact: bool = False) -> None:
+        """exact: the exact model whatever the job's treatments (experts.quant, kv.dtype): the
+        numerical reference."""
         from harness.engines import session_tokens_of
 
         w = spec.workload
@@ -35,13 +35,15 @@ class MoebenchAdapter(EngineAdapter):
         self.engine = Engine.from_pretrained(
             src, placement="resident" if resident else spec.placement,
             cache_capacity=None if resident else spec.capacity, cache_policy=spec.policy or "lru",
+            cache_capacity_bytes=None if resident else getattr(spec, "capacity_bytes", None),
+            expert_quant=None if exact else getattr(spec, "expert_quant", None),
             policy_options=None if resident else spec.policy_options,
             device=device or spec.hardware.device, dtype=spec.model.dtype, ubatch=w.ubatch,
             max_context=session_tokens_of(spec), batch=w.batch, seed=spec.model.seed,
             device_memory=None if device == "cpu" else spec.hardware.device_memory,
             model_overrides=overrides, prefetch="none" if resident else spec.prefetch,
             prefetch_options=None if resident else prefetch_options, progress=progress,
-            kv_dtype=kv_dtype or getattr(spec, "kv_dtype", DEFAULT_KV_DTYPE),
+            kv_dtype=DEFAULT_KV_DTYPE if exact else getattr(spec, "kv_dtype", DEFAULT_KV_DTYPE),
             **({} if resident else spec.placement_options))
         dev = self.engine.device
         self.device_kind, self.device_name, self.emulated = dev.kind, dev.name, dev.emulated

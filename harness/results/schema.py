@@ -27,11 +27,13 @@ SCHEMA_VERSION = 1
 
 ROW_COLUMNS = ["sweep_id", "job_id", "repeat", "phase", "metric", "value", "unit", "source", "status"]
 FACTOR_COLUMNS = ["engine", "model", "placement", "cache_capacity", "cache_policy", "prefetch",
-                  "workload", "context_tokens", "gen_tokens", "batch", "dtype", "kv_dtype", "expert_quant"]
-# the lossy treatments (DESIGN §3, §6): factors like any other, so a lossy row is never averaged
-# with an exact one; a row (or a file written before these columns existed) that does not say
-# ran the exact model: KV in the model's dtype (engine.kvquant), experts unquantised
-FACTOR_DEFAULTS = {"kv_dtype": "model", "expert_quant": "none"}
+                  "workload", "context_tokens", "gen_tokens", "batch", "dtype", "expert_quant", "kv_dtype"]
+# factor columns added after schema v1 was first written, with what each engine always did before
+# the column existed: a file without one reads that value for those engines' rows and null for any
+# other (moebench ran exact experts only until experts.quant, and kept its KV in the model's dtype
+# until kv.dtype; other engines' weights and caches are their knobs), so old baselines stay
+# comparable with new runs of the same configuration
+ADDED_COLUMNS: dict[str, dict[str, str]] = {"expert_quant": {"moebench": "none"}, "kv_dtype": {"moebench": "model"}}
 DEVICE_COLUMNS = ["device_kind", "device_name", "emulated"]
 REQUIRED_COLUMNS = ROW_COLUMNS + FACTOR_COLUMNS + DEVICE_COLUMNS
 
@@ -130,7 +132,7 @@ def _base_row(factors: Mapping[str, Any], device: Mapping[str, Any], sweep_id: s
         if key in FACTOR_COLUMNS:
             continue
         extras[key] = value
-    row.update((c, _factor(c, factors.get(c, FACTOR_DEFAULTS.get(c)))) for c in FACTOR_COLUMNS)
+    row.update((c, _factor(c, factors.get(c))) for c in FACTOR_COLUMNS)
     for key, value in device.items():
         if key not in DEVICE_COLUMNS:
             extras[key] = value

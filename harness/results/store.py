@@ -46,7 +46,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from harness.results.schema import (_BOOL_COLUMNS, _INT_COLUMNS, _META_KEY, _NOT_NULL, COLUMN_TYPES,
-                                    DONE_FILE, FACTOR_DEFAULTS, MANIFEST_FILE, REQUIRED_COLUMNS, ROWS_FILE, SCHEMA_VERSION,
+                                    ADDED_COLUMNS, DONE_FILE, MANIFEST_FILE, REQUIRED_COLUMNS, ROWS_FILE, SCHEMA_VERSION,
                                     STATUSES, STEPS_FILE, SUMMARY_FILE, SWEEP_STEPS, SWEEP_TABLE,
                                     ResultsError, frame_to_table, rows_to_table)
 from harness.results.summary import spread_table
@@ -276,6 +276,9 @@ def _read_one(file: Path) -> tuple[pd.DataFrame | None, str | None]:
         table = pq.read_table(file)
     except (pa.ArrowException, OSError) as exc:
         return None, f"unreadable Parquet ({type(exc).__name__}: {exc})"
+    for name, before in ADDED_COLUMNS.items():
+        if name not in table.schema.names:
+            table = table.append_column(pa.field(name, pa.string()), _legacy_column(table, before))
     why = _schema_problems(table.schema)
     if why:
         return None, why
@@ -285,9 +288,6 @@ def _read_one(file: Path) -> tuple[pd.DataFrame | None, str | None]:
             return None, (f"holds {table.num_rows} rows but its {DONE_FILE} records {done.get('rows')}: "
                           "the job dir was changed after the job finished")
     df = table.to_pandas(types_mapper=_pandas_type)
-    for col, default in FACTOR_DEFAULTS.items():      # written before the treatment columns existed: exact
-        if col not in df.columns:
-            df[col] = pd.Series([default] * len(df), index=df.index, dtype=df["engine"].dtype)
     bad_status = sorted(set(df["status"].dropna()) - set(STATUSES))
     if bad_status:
         return None, f"column 'status' must be one of {list(STATUSES)}; got {bad_status}"
@@ -297,9 +297,15 @@ def _read_one(file: Path) -> tuple[pd.DataFrame | None, str | None]:
     return df, None
 
 
+def _legacy_column(table: pa.Table, before: dict[str, str]) -> pa.Array:
+    """A column a file predates: per row, what its engine always did then (`before`), else null."""
+    engines = table.column("engine").to_pylist() if "engine" in table.schema.names else [None] * table.num_rows
+    return pa.array([before.get(e) for e in engines], type=pa.string())
+
+
 def _schema_problems(schema: pa.Schema) -> str | None:
     problems = []
-    missing = [c for c in REQUIRED_COLUMNS if c not in schema.names and c not in FACTOR_DEFAULTS]
+    missing = [c for c in REQUIRED_COLUMNS if c not in schema.names]
     if missing:
         problems.append(f"missing columns {missing} (required: {REQUIRED_COLUMNS})")
     version = (schema.metadata or {}).get(_META_KEY)

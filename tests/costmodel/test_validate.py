@@ -177,3 +177,17 @@ def test_job_inputs_give_the_jobs_model_and_its_recorded_trace(tmp_path):
     # without the job's inputs a truncated run would be predicted for the whole preset
     whole = predict_for(meas, load_profile("rtx4090-pcie4-x16"))
     assert whole[whole["metric"] == "expert_hits"]["value"].sum() > pred[pred["metric"] == "expert_hits"]["value"].sum()
+
+
+def test_job_inputs_carry_the_jobs_expert_treatment(tmp_path):
+    """An int4 job is predicted at int4's stored bytes (its manifest's experts group), not the exact model's."""
+    from engine.blocks.quant_experts import ExpertQuant
+    from harness.costmodel.work import expert_bytes
+    meas = _fetch_job(context=40)
+    model = {"name": "tiny-mixtral", "path": None, "dtype": "float32", "num_layers": None, "seed": 0}
+    manifest = {"sweep_id": "sweep", "job_id": "job-fetch",
+                "config": {"model": model, "experts": {"quant": "int4", "group_size": 32}}}
+    results.write_job(tmp_path / "sweep" / "a", meas.to_dict("records"), manifest)
+    got = job_inputs(tmp_path)[("sweep", "job-fetch")]
+    assert got.cfg.expert_quant == ExpertQuant("int4", 32)
+    assert expert_bytes(got.cfg, 4) == 16128 < expert_bytes(preset("tiny-mixtral"), 4)

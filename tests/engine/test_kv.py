@@ -150,7 +150,7 @@ def test_windowed_model_plans_its_bounded_state():
     sess = eng.new_session(1)
     eng.prefill(sess, [list(range(100))])
     assert sess.nbytes == eng.plan.kv == 4 * 63 * 2 * 2 * 16 * 4
-    assert eng.plan.states[0][0] == "sliding-window KV (64-token window) (4 layers, 1 x 300 tokens)"
+    assert eng.plan.states[0][0] == "sliding-window KV (64-token window) (4 layers, 1 x 63 tokens)"
 
 
 def test_bounded_and_fixed_terms():
@@ -191,17 +191,17 @@ def test_real_shapes_state_terms():
 
     # gpt-oss-20b: 12 sliding layers hold the last 127 tokens, 12 full ones all; K=8, h=64 -> 2048 B per token
     got = states("gpt-oss-20b", 131072)
-    assert got == {"sliding-window KV (128-token window) (12 layers, 1 x 131072 tokens)": 12 * 127 * 2048,
+    assert got == {"sliding-window KV (128-token window) (12 layers, 1 x 127 tokens)": 12 * 127 * 2048,
                    "KV cache (12 layers, 1 x 131072 tokens)": 12 * 131072 * 2048}
     assert preset("gpt-oss-20b").kv_bytes_per_token(2) == 12 * 2048
     # qwen3-next-80b-a3b: 36 DeltaNet layers, each conv inputs 3 x (2*16*128 + 32*128) bf16 + a 32x128x128 fp32 state
     fixed = 3 * 8192 * 2 + 32 * 128 * 128 * 4
     got = states("qwen3-next-80b-a3b", 262144)
-    assert got == {f"{RECURRENT} (36 layers, 1 x 262144 tokens)": 36 * fixed,
+    assert got == {f"{RECURRENT} (36 layers, 1 sequence)": 36 * fixed,
                    "KV cache (12 layers, 1 x 262144 tokens)": 12 * 262144 * 2 * 2 * 256 * 2}
-    assert states("qwen3-next-80b-a3b", 1024)[f"{RECURRENT} (36 layers, 1 x 1024 tokens)"] == 36 * fixed
+    assert states("qwen3-next-80b-a3b", 1024)[f"{RECURRENT} (36 layers, 1 sequence)"] == 36 * fixed
     assert preset("qwen3-next-80b-a3b").kv_bytes_per_token(2) == 12 * 2048
     # gemma-4-26b-a4b: 25 sliding layers (K=8, h=256) hold 1023 tokens, 5 global ones (K=2, h=512) all
     got = states("gemma-4-26b-a4b", 262144)
-    assert got == {"sliding-window KV (1024-token window) (25 layers, 1 x 262144 tokens)": 25 * 1023 * 2 * 8 * 256 * 2,
+    assert got == {"sliding-window KV (1024-token window) (25 layers, 1 x 1023 tokens)": 25 * 1023 * 2 * 8 * 256 * 2,
                    "KV cache (5 layers, 1 x 262144 tokens)": 5 * 262144 * 2 * 2 * 512 * 2}

@@ -21,6 +21,9 @@ CASES = [  # tokens, batch, dtype, placement options, model overrides
     (128, 2, "float32", {}, {"family": "qwen2_moe", "shared_expert_intermediate_size": 96}),
     (200, 1, "float32", {}, {"family": "qwen3_moe", "qk_norm": "head"}),
     (256, 2, "float32", {}, {"sliding_window": 32}),              # bounded state: held + new keys concatenated
+    (1, 2, "float32", {"expert_quant": "int4"}, None),            # quantised experts: dequantised in the kernel
+    (64, 2, "float32", {"placement": "fetch", "cache_capacity": 2, "expert_quant": "int4"}, None),
+    (8, 1, "bfloat16", {"expert_quant": "int8"}, None),
 ]
 
 

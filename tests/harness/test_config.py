@@ -17,7 +17,7 @@ from harness.config import ConfigError, validate
 from harness.report import Reporter
 from harness.runner import JobContext, run_job
 
-GROUPS = ("model", "placement", "cache", "prefetch", "workload", "hardware", "run", "engine")
+GROUPS = ("model", "placement", "cache", "experts", "prefetch", "workload", "hardware", "run", "engine")
 
 
 def options(group: str) -> list[str]:

@@ -138,3 +138,18 @@ def test_default_threads_are_the_physical_cores_unless_the_environment_says(monk
     assert default_threads() == physical_cores_available() >= 1
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert default_threads() == 1
+
+
+def test_table_lists_numeric_factors_in_numeric_order(tmp_path):
+    """Jobs read 1024 before 512 (as their files sort as text) still list 512 first; text
+    factors keep the sweep's order."""
+    factors = {"engine": "moebench", "model": "tiny-mixtral", "cache_policy": "lru", "prefetch": "none",
+               "workload": "chat", "gen_tokens": 8, "batch": 1, "dtype": "float32", "cache_capacity": "2"}
+    dev = {"device_kind": "cpu", "device_name": "cpu (emulated device)", "emulated": True}
+    for i, (placement, ctx) in enumerate((("resident", 1024), ("resident", 512), ("fetch", 1024), ("fetch", 512))):
+        f = {**factors, "placement": placement, "context_tokens": ctx}
+        R.write_job(tmp_path / "s" / str(i), R.make_rows(f, dev, "s", str(i), 0, "decode", {"tok_per_s": float(ctx)},
+                                                         "client", extra={"profiler": "none"}), {"t": 1})
+    t = sweep_table(R.load(tmp_path / "s"))
+    assert list(zip(t["placement"], t["context_tokens"])) == [("resident", 512), ("resident", 1024),
+                                                              ("fetch", 512), ("fetch", 1024)]
