@@ -18,6 +18,7 @@ from engine.blocks.base import Block, TensorSpec
 from engine.blocks.decoder import DecoderLayer, Embedding, LMHead
 from engine.blocks.experts import ExpertLayout
 from engine.kv import StateTerm
+from engine.kvquant import kv_format
 
 STATE_TENSORS_PER_LAYER = 2     # the most device tensors one layer's state holds (K and V; latent and rope key; ...)
 
@@ -49,9 +50,9 @@ class Architecture:
         """Their device bytes at `dtype_bytes` per element (a tensor kept in fp32 at 4)."""
         return sum(spec.nbytes(dtype_bytes) for _, _, spec in self.walk())
 
-    def state_terms(self, dtype_bytes: int) -> list[StateTerm]:
-        """Each layer's state term, in layer order."""
-        return [layer.attention.state_term(dtype_bytes) for layer in self.layers]
+    def state_terms(self, dtype_bytes: int, kv_dtype: str | None = None) -> list[StateTerm]:
+        """Each layer's state term, in layer order, its KV stored in `kv_dtype` (engine.kvquant)."""
+        return [layer.attention.state_term(dtype_bytes, kv_dtype) for layer in self.layers]
 
     def activation_bytes(self, rows: int, batch: int, dtype_bytes: int) -> int:
         """Peak transient bytes of one forward pass over `rows` rows (B*T) of `batch` sequences,
@@ -59,12 +60,17 @@ class Architecture:
         return max(max(layer.activation_bytes(rows, dtype_bytes) for layer in self.layers),
                    self.head.activation_bytes(rows, batch, dtype_bytes))
 
-    def workspace_bytes(self, batch: int, tokens: int, context: int, dtype_bytes: int, device_kind: str) -> int:
+    def workspace_bytes(self, batch: int, tokens: int, context: int, dtype_bytes: int, device_kind: str,
+                        kv_dtype: str | None = None) -> int:
+        """The largest layer's attention workspace, with reading back a KV stored in another
+        format than the model's (`kv_read_bytes`)."""
         return max(layer.attention.workspace_bytes(batch, tokens, context, dtype_bytes, device_kind)
+                   + layer.attention.kv_read_bytes(batch, tokens, context, dtype_bytes, kv_dtype)
                    for layer in self.layers)
 
-    def n_device_tensors(self) -> int:
-        """Device tensors the engine allocates: the non-expert weights, each layer's state and
-        each MoE layer's expert rows or slots."""
-        return (sum(1 for _ in self.walk()) + len(self.layers) * STATE_TENSORS_PER_LAYER
+    def n_device_tensors(self, kv_dtype: str | None = None) -> int:
+        """Device tensors the engine allocates: the non-expert weights, each layer's state (a
+        block-quantised KV holds a scale tensor beside each payload) and each MoE layer's
+        expert rows or slots."""
+        return (sum(1 for _ in self.walk()) + len(self.layers) * STATE_TENSORS_PER_LAYER * kv_format(kv_dtype).n_parts
                 + len(self.moe_layers))

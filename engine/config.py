@@ -122,16 +122,17 @@ class ModelConfig:
         `architecture().experts.nbytes`, the largest expert."""
         return _expert_bytes(self, dtype_bytes)
 
-    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+    def kv_bytes_per_token(self, dtype_bytes: int, kv_dtype: str | None = None) -> int:
         """State bytes per token of one sequence over the layers whose state grows with the whole
-        context (full KV, a latent); a sliding window's bounded KV and a recurrent layer's fixed
-        state are not per token: `state_bytes` counts every layer's term."""
-        return sum(t.per_token for t in self.architecture().state_terms(dtype_bytes) if t.max_tokens is None)
+        context (full KV, a latent), stored in `kv_dtype` (engine.kvquant: payload + scales); a
+        sliding window's bounded KV and a recurrent layer's fixed state are not per token:
+        `state_bytes` counts every layer's term."""
+        return sum(t.per_token for t in self.architecture().state_terms(dtype_bytes, kv_dtype) if t.max_tokens is None)
 
-    def state_bytes(self, context: int, batch: int, dtype_bytes: int) -> int:
+    def state_bytes(self, context: int, batch: int, dtype_bytes: int, kv_dtype: str | None = None) -> int:
         """Every layer's session state for `batch` sequences of `context` tokens, as the planner
         counts it (per token, bounded by a window, or fixed per sequence)."""
-        return sum(t.bytes(context, batch) for t in self.architecture().state_terms(dtype_bytes))
+        return sum(t.bytes(context, batch) for t in self.architecture().state_terms(dtype_bytes, kv_dtype))
 
     @property
     def n_moe_layers(self) -> int:

@@ -33,6 +33,7 @@ from engine.devices import Device, fmt_bytes, parse_bytes
 from engine.hostmem import host_alloc_bytes
 from engine.hooks import NULL, Instrument, Progress
 from engine.kv import Session
+from engine.kvquant import DEFAULT_KV_DTYPE, is_lossy, kv_format
 from engine.model import MoEModel, TensorSource
 from engine.placements.base import PlacementContext
 from engine.planner import MemoryPlan, plan_memory
@@ -66,7 +67,7 @@ class Engine:
                         dtype: str = "float32", ubatch: int = 512, max_context: int | None = None,
                         batch: int = 1, device_memory: int | str | None = None, reserve_bytes: int | None = None,
                         seed: int = 0, instrument: Instrument | None = None, record_lookups: bool = False,
-                        progress: Progress | None = None,
+                        progress: Progress | None = None, kv_dtype: str = DEFAULT_KV_DTYPE,
                         model_overrides: dict[str, Any] | None = None, expert_quant: Any = "none",
                         quant_options: dict[str, Any] | None = None, cache_capacity_bytes: int | str | None = None,
                         **placement_options: Any) -> "Engine":
@@ -81,6 +82,8 @@ class Engine:
         popularity | trace; engine.blocks.quant_experts), or a resolved ExpertQuant -- quantised at
         load. cache_capacity_bytes: the fetch cache as bytes over all MoE layers ("256MiB" or an
         int) instead of cache_capacity slots (not both).
+        close() (engine.devices). kv_dtype: how sessions store their KV (model | f16 | bf16 | q8 | q4 | fp8; engine.kvquant):
+        'model' (the default) is exact, the others are lossy treatments (`engine.lossy`).
         """
         # 1. what model
         ckpt_dir = Path(source)
@@ -111,6 +114,7 @@ class Engine:
             raise ValueError(f"prefetch {prefetch!r} needs a placement with a device expert cache "
                              f"(fetch, or stream with stream_fallback='fetch'); got placement {placement!r}")
         dt = cfg_dtype(cfg, dtype)
+        kv_format(kv_dtype)                                   # a bad name is refused before anything else
         if ubatch < 1:
             raise ValueError(f"ubatch must be >= 1, got {ubatch}")
         if batch < 1:
@@ -123,7 +127,9 @@ class Engine:
         try:
             plan = plan_memory(cfg, placement, cache_capacity if placement_cls.uses_cache(placement_options) else None,
                                dev.ledger.budget, context, batch, ubatch, dt.itemsize, placement_options,
-                               reserve_bytes, device_kind=dev.kind, capacity_bytes=cache_capacity_bytes)
+                               reserve_bytes, device_kind=dev.kind, capacity_bytes=cache_capacity_bytes,
+                               kv_dtype=kv_dtype)
+            kv_format(kv_dtype).check_device(dev.torch_device)
         except BaseException:
             dev.close()
             raise
@@ -167,7 +173,7 @@ class Engine:
                        cache_policy=cache_policy if plan.capacity is not None else None, dtype=str(dt).split(".")[-1],
                        device=dev.kind, emulated=dev.emulated, ubatch=ubatch, max_context=context, batch=batch,
                        expert_quant=cfg.expert_quant.mode if cfg.expert_quant is not None else "none",
-                       **placement_options)
+                       kv_dtype=kv_dtype, **placement_options)
         counters.reset()
         return cls(cfg, model, strategy, dev, plan, counters, ubatch, options)
 
@@ -213,7 +219,19 @@ class Engine:
     # --- sessions and generation -----------------------------------------------------------
     def new_session(self, batch: int = 1) -> Session:
         """A session of `batch` sequences; each layer's state is allocated for the planned context."""
-        return self.model.new_session(self._counters, batch, max_tokens=self.plan.context)
+        return self.model.new_session(self._counters, batch, max_tokens=self.plan.context,
+                                      kv_dtype=self.options["kv_dtype"])
+
+    @property
+    def kv_dtype(self) -> str:
+        """How sessions store their KV (engine.kvquant)."""
+        return self.options["kv_dtype"]
+
+    @property
+    def lossy(self) -> bool:
+        """Whether this engine runs a lossy treatment (a KV format that loses precision for the
+        model's dtype): its outputs differ from the exact model's by design, and are labelled."""
+        return is_lossy(self.kv_dtype, self.model.dtype)
 
     def _ids(self, rows: list[list[int]], sess: Session) -> torch.Tensor:
         if not rows or any(not isinstance(r, (list, tuple)) for r in rows):

@@ -9,7 +9,9 @@ Owns:
   their bytes are `nbytes`), makes room for a number of tokens (`reserve`; allocated once for
   the planned context), and names the views that carry the session (`snapshot`) -- which is
   all displacement to host RAM needs, so `Session.offload/restore` work for every kind.
-- `FullKV`: the [B, K, S, h] key/value pair of grouped-query attention.
+- `FullKV`: the [B, K, S, h] key/value pair of grouped-query attention, stored in a
+  `kv_dtype` format (engine.kvquant: exact by default; a cast or block-quantised codes +
+  scales, quantised on write, dequantised on read).
 - `SlidingKV`: the same for a sliding-window layer, bounded: only the last window - 1 tokens
   (all a later query can see) are kept, as transformers' sliding-window cache does.
 - `Session`: one batch of sequences that advance together, its states, its token count, and
@@ -48,6 +50,7 @@ import torch
 
 from engine.counters import Counters
 from engine.devices import Device
+from engine.kvquant import KVFormat, dequantise_reference, kv_format
 
 MIN_CAPACITY = 256          # unplanned full KV starts here and doubles
 _labels = itertools.count()
@@ -124,31 +127,62 @@ class LayerState(ABC):
 
 
 class KVState(LayerState):
-    """A key/value pair [B, K, capacity, h] (the common part of full and sliding-window KV)."""
+    """A key/value pair [B, K, capacity, h] (the common part of full and sliding-window KV),
+    stored in a `kv_dtype` format (engine.kvquant): the model's dtype (exact, the default), a
+    cast, or block-quantised codes with their scales -- then each of K and V is two tensors,
+    [B, K, capacity, codes] and [B, K, capacity, h/32], both indexed by position on dim 2, so
+    growing, windowing and displacement treat every part alike. Writes quantise; reads
+    dequantise only the positions a pass attends to (`reference=True`: the whole buffer, by the
+    slow per-value reference dequantiser, then sliced -- tests hold both equal)."""
+
+    reference = False
 
     def __init__(self, device: Device, label: str, batch: int, kv_heads: int, head_dim: int,
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, kv_dtype: str | KVFormat | None = None) -> None:
         super().__init__(device, label)
         self.batch, self.kv_heads, self.head_dim, self.dtype = batch, kv_heads, head_dim, dtype
+        self.fmt = kv_format(kv_dtype)
+        self.fmt.check(head_dim, device.torch_device)
         self.capacity = 0
-        self._k: torch.Tensor | None = None
-        self._v: torch.Tensor | None = None
+        self._parts: list[torch.Tensor] = []          # K's parts, then V's
 
     @property
     def k(self) -> torch.Tensor | None:
-        """The key buffer (its host copy while displaced)."""
-        return self.host[0] if self.host is not None else self._k
+        """The key buffer, its payload when quantised (its host copy while displaced)."""
+        parts = self.host if self.host is not None else self._parts
+        return parts[0] if parts else None
 
     @property
     def v(self) -> torch.Tensor | None:
-        return self.host[1] if self.host is not None else self._v
+        parts = self.host if self.host is not None else self._parts
+        return parts[self.fmt.n_parts] if parts else None
 
     def tensors(self) -> list[torch.Tensor]:
-        return [] if self._k is None else [self._k, self._v]
+        return list(self._parts)
 
     def _allocate(self, cap: int) -> list[torch.Tensor]:
-        shape = (self.batch, self.kv_heads, cap, self.head_dim)
-        return [self.device.empty(shape, self.dtype, self.label) for _ in range(2)]
+        lead = (self.batch, self.kv_heads, cap)
+        return [self.device.empty((*lead, n), dt, self.label) for _ in range(2)      # K's parts, then V's
+                for dt, n in self.fmt.parts(self.head_dim, self.dtype)]
+
+    def _encode(self, k: torch.Tensor, v: torch.Tensor) -> list[torch.Tensor]:
+        """k/v [B, K, T, h] -> their stored parts (K's, then V's)."""
+        return [*self.fmt.quantise(k), *self.fmt.quantise(v)]
+
+    def _decode(self, parts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stored parts -> k/v [B, K, S, h] in the compute dtype (a view when stored exactly)."""
+        n = self.fmt.n_parts
+        if self.fmt.cast is None and not self.fmt.blocked:
+            return parts[0], parts[1]
+        return self.fmt.dequantise(parts[:n], self.dtype), self.fmt.dequantise(parts[n:], self.dtype)
+
+    def _read(self, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first `end` positions' keys and values, dequantised (module docstring: both paths)."""
+        if not self.reference:
+            return self._decode([t[:, :, :end] for t in self._parts])
+        n = self.fmt.n_parts
+        k, v = (dequantise_reference(self.fmt, ps, self.dtype) for ps in (self._parts[:n], self._parts[n:]))
+        return k[:, :, :end], v[:, :, :end]
 
     @abstractmethod
     def append(self, k: torch.Tensor, v: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -156,7 +190,7 @@ class KVState(LayerState):
         queries may see [B, K, S, h] and the position of the first of them."""
 
     def _forget(self) -> None:
-        self._k = self._v = None
+        self._parts = []
         self.capacity = 0
 
 
@@ -167,13 +201,14 @@ class FullKV(KVState):
     KIND = "KV cache"
 
     def __init__(self, device: Device, label: str, batch: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
-                 max_tokens: int | None) -> None:
-        super().__init__(device, label, batch, kv_heads, head_dim, dtype)
+                 max_tokens: int | None, kv_dtype: str | KVFormat | None = None) -> None:
+        super().__init__(device, label, batch, kv_heads, head_dim, dtype, kv_dtype)
         self.max_tokens = max_tokens          # the planned context: never grows past it
 
     @classmethod
-    def term(cls, kv_heads: int, head_dim: int, dtype_bytes: int) -> StateTerm:
-        return StateTerm(cls.KIND, per_token=2 * kv_heads * head_dim * dtype_bytes)
+    def term(cls, kv_heads: int, head_dim: int, dtype_bytes: int, kv_dtype: str | KVFormat | None = None) -> StateTerm:
+        fmt = kv_format(kv_dtype)
+        return StateTerm(kind_name(cls.KIND, fmt), per_token=2 * kv_heads * fmt.row_bytes(head_dim, dtype_bytes))
 
     def reserve(self, tokens: int, filled: int) -> None:
         cap = grown_capacity(tokens, self.capacity, self.max_tokens)
@@ -183,14 +218,15 @@ class FullKV(KVState):
         for old, fresh in zip(self.tensors(), new):
             fresh[:, :, :filled].copy_(old[:, :, :filled])
             self.device.release(self.label, old)
-        (self._k, self._v), self.capacity = new, cap
+        self._parts, self.capacity = new, cap
 
     def append(self, k: torch.Tensor, v: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor, int]:
         end = start + k.shape[2]
         self.reserve(end, start)
-        self._k[:, :, start:end].copy_(k)
-        self._v[:, :, start:end].copy_(v)
-        return self._k[:, :, :end], self._v[:, :, :end], 0
+        for buf, part in zip(self._parts, self._encode(k, v)):
+            buf[:, :, start:end].copy_(part)
+        k_all, v_all = self._read(end)
+        return k_all, v_all, 0
 
     def snapshot(self, length: int) -> list[torch.Tensor]:
         return [t[:, :, :length] for t in self.tensors()]
@@ -201,15 +237,17 @@ class SlidingKV(KVState):
     position order: [B, K, min(window - 1, max_tokens), h] each, allocated once."""
 
     def __init__(self, device: Device, label: str, batch: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
-                 max_tokens: int | None, window: int) -> None:
-        super().__init__(device, label, batch, kv_heads, head_dim, dtype)
+                 max_tokens: int | None, window: int, kv_dtype: str | KVFormat | None = None) -> None:
+        super().__init__(device, label, batch, kv_heads, head_dim, dtype, kv_dtype)
         self.window = window
         self.keep = window - 1 if max_tokens is None else min(window - 1, max_tokens)
 
     @classmethod
-    def term(cls, kv_heads: int, head_dim: int, dtype_bytes: int, window: int) -> StateTerm:
-        return StateTerm(f"sliding-window KV ({window}-token window)", per_token=2 * kv_heads * head_dim * dtype_bytes,
-                         max_tokens=window - 1)
+    def term(cls, kv_heads: int, head_dim: int, dtype_bytes: int, window: int,
+             kv_dtype: str | KVFormat | None = None) -> StateTerm:
+        fmt = kv_format(kv_dtype)
+        return StateTerm(kind_name(f"sliding-window KV ({window}-token window)", fmt),
+                         per_token=2 * kv_heads * fmt.row_bytes(head_dim, dtype_bytes), max_tokens=window - 1)
 
     def held(self, length: int) -> int:
         """Tokens held after `length` tokens went by."""
@@ -217,24 +255,34 @@ class SlidingKV(KVState):
 
     def reserve(self, tokens: int, filled: int) -> None:
         if self.capacity == 0 and self.keep > 0:     # bounded: one allocation whatever the context
-            (self._k, self._v), self.capacity = self._allocate(self.keep), self.keep
+            self._parts, self.capacity = self._allocate(self.keep), self.keep
 
     def append(self, k: torch.Tensor, v: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor, int]:
         self.reserve(1, 0)
         held = self.held(start)
-        if held:
-            k_all = torch.cat((self._k[:, :, :held], k), dim=2)               # new tensors: the buffer is free
-            v_all = torch.cat((self._v[:, :, :held], v), dim=2)
+        new = self._encode(k, v)
+        if held:   # new tensors: the buffer is free to overwrite below
+            every = [torch.cat((buf[:, :, :held], part), dim=2) for buf, part in zip(self._parts, new)]
         else:
-            k_all, v_all = k, v
-        n = min(self.keep, k_all.shape[2])
+            every = new
+        n = min(self.keep, every[0].shape[2])
         if n:
-            self._k[:, :, :n].copy_(k_all[:, :, -n:])
-            self._v[:, :, :n].copy_(v_all[:, :, -n:])
+            for buf, part in zip(self._parts, every):
+                buf[:, :, :n].copy_(part[:, :, -n:])
+        if self.reference:
+            k_all, v_all = (dequantise_reference(self.fmt, ps, self.dtype)
+                            for ps in (every[:self.fmt.n_parts], every[self.fmt.n_parts:]))
+        else:
+            k_all, v_all = self._decode(every)
         return k_all, v_all, start - held
 
     def snapshot(self, length: int) -> list[torch.Tensor]:
         return [t[:, :, : self.held(length)] for t in self.tensors()]
+
+
+def kind_name(kind: str, fmt: KVFormat) -> str:
+    """The plan printout name of a KV kind, with its storage format when it is not the model's."""
+    return kind if fmt.name == "model" else f"{kind} [{fmt.name}]"
 
 
 def _carve(buf: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -127,9 +127,12 @@ class MoEModel:
                 progress("load", self.cfg.moe_layers.index(i) + 1, len(self.cfg.moe_layers))
 
     # --- sessions and the forward pass ------------------------------------------------------
-    def new_session(self, counters: Counters, batch: int, max_tokens: int | None) -> Session:
+    def new_session(self, counters: Counters, batch: int, max_tokens: int | None,
+                    kv_dtype: str | None = None) -> Session:
+        """A session whose layers store their KV in `kv_dtype` (engine.kvquant; None: exact)."""
         label = Session.new_label()
-        states = [layer.attention.new_state(batch, max_tokens, self.device, self.dtype, label) for layer in self.layers]
+        states = [layer.attention.new_state(batch, max_tokens, self.device, self.dtype, label, kv_dtype)
+                  for layer in self.layers]
         return Session(self.device, counters, batch, states, max_tokens)
 
     def forward(self, ids: torch.Tensor, sess: Session, all_logits: bool = False) -> torch.Tensor:

@@ -163,8 +163,11 @@ def capacity_from_bytes(cfg: ModelConfig, capacity: int | str | None, capacity_b
 def plan_memory(cfg: ModelConfig, placement: str, capacity: int | str | None, budget: int | None,
                 context: int, batch: int, ubatch: int, dtype_bytes: int,
                 placement_options: dict[str, Any] | None = None, reserve: int | None = None,
-                device_kind: str = "cuda", capacity_bytes: int | None = None) -> MemoryPlan:
-    """The plan for `device_kind` ('cuda': a real card, the default; 'cpu': the emulated device).
+                device_kind: str = "cuda", capacity_bytes: int | None = None,
+                kv_dtype: str | None = None) -> MemoryPlan:
+    """The plan for `device_kind` ('cuda': a real card, the default; 'cpu': the emulated device),
+    each layer's KV stored in `kv_dtype` (engine.kvquant; None: the model's dtype) at its real
+    stored bytes, payload + scales.
 
     Expert bytes are the stored bytes of the model's treatment (cfg.expert_quant: a quantised
     expert is smaller, so `auto` and `capacity_bytes` leave more slots); under a mixed treatment a
@@ -178,12 +181,12 @@ def plan_memory(cfg: ModelConfig, placement: str, capacity: int | str | None, bu
     if capacity_bytes is not None and cls.uses_cache(options):
         capacity = capacity_from_bytes(cfg, capacity, capacity_bytes, expert_bytes)
     non_expert = arch.non_expert_bytes(dtype_bytes)
-    states = state_lines(arch.state_terms(dtype_bytes), context, batch)
+    states = state_lines(arch.state_terms(dtype_bytes, kv_dtype), context, batch)
     kv = sum(b for _, b in states)
     chunk = min(ubatch, context)
     act = arch.activation_bytes(chunk * batch, batch, dtype_bytes)
-    attn = arch.workspace_bytes(batch, chunk, context, dtype_bytes, device_kind)
-    slack = allocator_slack(arch.n_device_tensors(), device_kind)
+    attn = arch.workspace_bytes(batch, chunk, context, dtype_bytes, device_kind, kv_dtype)
+    slack = allocator_slack(arch.n_device_tensors(kv_dtype), device_kind)
     if reserve is None:
         reserve = int(DEFAULT_RESERVE_FRACTION * budget) if budget is not None else 0
     uses_cache = cls.uses_cache(options)

@@ -2,7 +2,7 @@
 the strict checks Hydra alone does not make.
 
 Owns: the shape of a moebench run's configuration (groups model, placement, cache, experts,
-prefetch, workload, hardware, run, engine, experiment) and `validate(cfg)`, which turns a
+prefetch, workload, hardware, run, engine, kv, experiment) and `validate(cfg)`, which turns a
 composed DictConfig into a plain `RunSpec` -- or raises `ConfigError` naming the key, the
 allowed values and the value given -- *before* any model weights are read.
 Does not own: running anything (harness.runner).
@@ -11,7 +11,7 @@ Canonical overrides: model=tiny-mixtral, model.path=DIR, placement=fetch, cache.
 cache.capacity=auto, cache.capacity_bytes=256MiB, cache.policy=lru, experts.quant=int4,
 experts.group_size=32, prefetch=none, workload=coding_agent,
 workload.context_tokens=4096, workload.gen_tokens=64, workload.batch=1, workload.ubatch=512,
-run.repeats=3, run.warmup=1, engine=hf.
+run.repeats=3, run.warmup=1, engine=hf, kv.dtype=q8 (kv=q8).
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from engine.config import PRESETS, ModelConfig, preset
 from engine.devices import parse_bytes
 from engine.dtypes import DTYPE_NAMES
+from engine.kvquant import DEFAULT_KV_DTYPE, KV_DTYPES, KVFormatError, is_lossy
 from engine.placements import needs_cache
 from engine.registry import PLACEMENTS, POLICIES, PREFETCHERS, UnknownPluginError
 from harness import plugins
@@ -37,6 +38,7 @@ TOKEN_SOURCES = ("text", "random")
 PROFILERS = ("none", "torch", "nsys")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = (*DTYPE_NAMES, "auto")       # "auto": the dtype the checkpoint was saved in
+KV_ENGINES = ("moebench", "llamacpp")  # the engines that apply kv.dtype (llama.cpp: as -ctk/-ctv)
 
 
 class ConfigError(ValueError):
@@ -80,6 +82,15 @@ class ExpertsConf:
     mixed_high: str = "int8"                # mixed: the higher precision
     popularity: Optional[str] = None        # mixed: [moe layers][experts] counts (.json/.csv/.npy) ...
     trace: Optional[str] = None             # ... or a routing trace recorded on this model (.npz)
+
+
+@dataclass
+class KVConf:
+    """How sessions store their KV cache (engine.kvquant): `model` (the default) is the model's
+    dtype, exact; f16 | bf16 | q8 | q4 | fp8 are lossy treatments (labelled `lossy=true`, with
+    their quality measured against the exact reference)."""
+
+    dtype: str = DEFAULT_KV_DTYPE
 
 
 @dataclass
@@ -152,6 +163,7 @@ class Config:
     hardware: HardwareConf = field(default_factory=HardwareConf)
     run: RunConf = field(default_factory=RunConf)
     engine: PluginConf = field(default_factory=PluginConf)
+    kv: KVConf = field(default_factory=KVConf)
 
 
 GROUP_SCHEMAS: dict[str, type] = {f.name: f.type if isinstance(f.type, type) else globals()[f.type]
@@ -172,6 +184,9 @@ def register_configs() -> None:
         cs.store(group="workload", name=w, node=WorkloadConf(name=w))
     cs.store(group="hardware", name="local", node=HardwareConf())
     cs.store(group="run", name="default", node=RunConf())
+    cs.store(group="kv", name="default", node=KVConf())
+    for name in KV_DTYPES:                # kv=q8 as a group option; kv.dtype=q8 the same
+        cs.store(group="kv", name=name, node=KVConf(dtype=name))
 
 
 # --- validation -----------------------------------------------------------------------------
@@ -195,6 +210,15 @@ class RunSpec:
     engine_options: Any = None                                       # the engine adapter's parsed Options
     expert_quant: Any = None          # engine.blocks.quant_experts.ExpertQuant, resolved; None: exact experts
     capacity_bytes: int | None = None  # the cache in bytes (capacity is None then)
+    kv_dtype: str = DEFAULT_KV_DTYPE                                 # how the KV is stored (engine.kvquant)
+
+    @property
+    def lossy(self) -> bool:
+        """A lossy treatment runs (its outputs differ from the exact model's by design): quantised
+        experts, or a KV format that loses precision for the model's dtype."""
+        if self.expert_quant is not None and getattr(self.expert_quant, "mode", "none") != "none":
+            return True
+        return is_lossy(self.kv_dtype, self.model_config.torch_dtype if self.model.dtype == "auto" else self.model.dtype)
 
     @property
     def model_label(self) -> str:
@@ -346,6 +370,29 @@ def _plugin(registry: Any, key: str, name: str, options: dict[str, Any]) -> Any:
         raise ConfigError(str(exc)) from None
 
 
+def _kv_dtype(kv: dict[str, Any], mcfg: ModelConfig, engine: str, engine_options: Any) -> str:
+    """kv.dtype, checked against the model's state kinds and head_dim (before any weight is read)."""
+    name = kv.get("dtype", DEFAULT_KV_DTYPE)
+    if name not in KV_DTYPES:
+        raise _allowed("kv.dtype", list(KV_DTYPES), name)
+    if name != DEFAULT_KV_DTYPE and engine not in KV_ENGINES:
+        raise ConfigError(f"kv.dtype={name}: engine={engine} has no KV storage treatments; allowed with "
+                          f"engine={engine}: kv.dtype={DEFAULT_KV_DTYPE} (kv.dtype applies to engine="
+                          f"{' | '.join(KV_ENGINES)})")
+    if engine == "llamacpp":
+        from harness.llamacpp.flags import FlagError
+        try:
+            engine_options.flags(None, None, None, name)          # -ctk/-ctv, checked with engine.* knobs
+        except FlagError as exc:
+            raise ConfigError(str(exc)) from None
+        return name
+    try:
+        mcfg.architecture().state_terms(4, name)
+    except KVFormatError as exc:
+        raise ConfigError(f"kv.dtype: {exc}") from None
+    return name
+
+
 def validate(cfg: DictConfig) -> RunSpec:
     check_keys(cfg)
     c = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "hydra"}
@@ -420,7 +467,8 @@ def validate(cfg: DictConfig) -> RunSpec:
         raise ConfigError(f"prefetch={prefetch}: needs a placement with a device expert cache "
                           f"(fetch, or stream with stream_fallback=fetch); got placement={pname}")
     policy_options = _policy_options(c["cache"], mcfg, run) if uses_cache else {}
-    return RunSpec(model=model, placement=pname, placement_options=placement, capacity=capacity,
+    kv_dtype = _kv_dtype(c.get("kv") or {}, mcfg, engine, engine_options)
+    return RunSpec(kv_dtype=kv_dtype, model=model, placement=pname, placement_options=placement, capacity=capacity,
                    policy=c["cache"]["policy"] if uses_cache else None, prefetch=prefetch,
                    workload=workload, hardware=hardware, run=run, engine=engine, model_config=mcfg,
                    policy_options=policy_options, prefetch_options=prefetch_options, engine_options=engine_options,

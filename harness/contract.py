@@ -24,7 +24,8 @@ PREFILL_PHASES = ("prefill_fresh", "prefill_continuation", "prefill_restored")
 # restored turn; its own phase, so its d2h bytes and time are recorded but are no prefill's
 OFFLOAD_PHASE = "kv_offload"
 FAILED_PHASE = "job"                              # the phase of the row a failed job records
-ALL_PHASES = (*PHASES, OFFLOAD_PHASE)
+QUALITY_PHASE = "quality"                         # a treatment's quality vs the exact reference (harness.quality)
+ALL_PHASES = (*PHASES, OFFLOAD_PHASE, QUALITY_PHASE)
 
 # the KV state each phase starts from (rule 7.2: a prefix-cache hit is never a fresh prefill)
 PREFIX_CACHE = {"load": "none", "prefill_fresh": "none", "decode": "device", "prefill_continuation": "device",
@@ -93,6 +94,12 @@ METRIC_UNITS: dict[str, str] = {
     "saved_state_bytes": "B",
     "device_used_bytes": "B",          # device memory a process holds at the end of a phase (NVML; not a peak)
     "max_abs_logprob_diff": "-",
+    # quality of a lossy treatment vs the exact reference (QUALITY_PHASE; §5's kl_div as mean and max)
+    "kl_div_mean": "nat",              # mean over positions of KL(reference || treatment), full vocabulary
+    "kl_div_max": "nat",               # the largest position's
+    "top1_agreement": "ratio",         # positions whose argmax equals the reference's
+    "ppl_ratio": "ratio",              # perplexity of the prompt text, treatment / reference
+    "quality_positions": "count",      # positions the quality metrics are over
 }
 
 # how copy/compute overlap measured on the emulated device is labelled wherever it is shown (rule 7.8):
@@ -102,6 +109,16 @@ EMULATED_OVERLAP_NOTE = ("emulated device: copies are memcpys on a worker thread
 
 # the numerical check of every measured phase against the exact reference (§5)
 CHECK_METRICS = ("max_abs_logit_diff", "token_agreement")
+
+# --- lossy treatments and their quality (§3, §5) ---------------------------------------------------
+# A treatment is a factor column (kv_dtype, expert_quant); a job running one is `lossy=true`
+# (row column and manifest). Its quality is measured against the exact reference on the same
+# prompt in its own phase, `quality` (harness.quality): teacher-forced over the prompt's
+# positions and the reference's greedy continuation, so every position compares the same
+# prefix. Exact runs report it too and read kl 0, agreement 1, ratio 1. Its rows say
+# profiler=quality: a pass of its own, never a speed row.
+QUALITY_METRICS = ("kl_div_mean", "kl_div_max", "top1_agreement", "ppl_ratio", "max_abs_logit_diff",
+                   "token_agreement", "quality_positions")
 
 
 # --- which rows form a speed table (rule 7.5) ------------------------------------------------------

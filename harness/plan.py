@@ -88,7 +88,8 @@ def plan_of(spec: RunSpec, placement: str | None = None, options: dict[str, Any]
     w, m = spec.workload, spec.model_config
     dt = m.torch_dtype if spec.model.dtype == "auto" else spec.model.dtype
     return plan_memory(m, name, cap, budget_of(spec), session_tokens(w.context_tokens, w.gen_tokens, w.turn_tokens),
-                       w.batch, w.ubatch, dtype_bytes(dt), opts, device_kind=_device_kind(spec), capacity_bytes=cap_bytes)
+                       w.batch, w.ubatch, dtype_bytes(dt), opts, device_kind=_device_kind(spec), capacity_bytes=cap_bytes,
+                       kv_dtype=spec.kv_dtype if spec.engine == "moebench" else None)
 
 
 @dataclass

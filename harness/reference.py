@@ -2,8 +2,11 @@
 `token_agreement`), computed where it fits and never on the measured device.
 
 Owns: the reference of one prompt -- per phase, the logits that chose each token and the
-tokens, plus the per-pass expert sets a `trace_oracle` prefetcher replays -- computed by our
-engine with every expert resident *on the CPU, in host RAM*, in the run's dtype; cached per
+tokens, the per-pass expert sets a `trace_oracle` prefetcher replays, and the quality pass
+every job's `quality` phase compares with (harness.quality) -- computed by our
+engine with every expert resident *on the CPU, in host RAM*, in the run's dtype, with the KV in
+the model's dtype whatever the job's `kv.dtype` (the reference is the exact model, never the
+treatment: `reference_key` leaves the treatment out, so exact and lossy jobs share it); cached per
 process and in a file under the results root keyed by (model identity, dtype, prompt,
 lengths), so a later job or sweep loads it instead of recomputing. The engine that computed it
 is freed before the measured engine is built; if the full copy does not fit host RAM the
@@ -28,13 +31,14 @@ import torch
 from harness.config import RunSpec
 from harness.engines import release_cached
 from harness.engines.moebench import MoebenchAdapter
+from harness.quality import QualityPass, quality_pass
 from harness.scenario import PhaseResult, RepeatResult, run_repeat
 from harness.sweep import model_identity
 from workloads.base import WorkloadSample
 
 log = logging.getLogger(__name__)
 REFERENCE_DIR = ".reference"
-FORMAT = 1
+FORMAT = 2                                   # 2: with the quality pass (harness.quality)
 _MEMO: dict[str, "Reference"] = {}
 
 
@@ -44,6 +48,7 @@ class Reference:
     result: RepeatResult                        # phases with logits and tokens; no timings used
     steps: dict[int, list[list[int]]]           # per MoE layer, the sorted experts of each forward pass
     origin: str                                 # "computed" | "file" | "memory"
+    quality: QualityPass | None = None          # every kept position's logits, the prompt's NLL (harness.quality)
 
 
 def reference_key(spec: RunSpec, sample: WorkloadSample) -> str:
@@ -64,7 +69,10 @@ def _save(path: Path, ref: Reference) -> None:
 
     phases = {p.phase: {"logits": p.logits, "tokens": p.tokens} for p in ref.result.phases}
     buf = io.BytesIO()
-    torch.save({"format": FORMAT, "key": ref.key, "phases": phases, "steps": ref.steps}, buf)
+    q = ref.quality
+    quality = None if q is None else {"logits": q.logits, "nll": q.nll, "nll_count": q.nll_count,
+                                      "continuation": q.continuation}
+    torch.save({"format": FORMAT, "key": ref.key, "phases": phases, "steps": ref.steps, "quality": quality}, buf)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(path, buf.getvalue())
 
@@ -79,7 +87,9 @@ def _load(path: Path, key: str) -> Reference | None:
         log.warning("reference file %s is for another prompt or format; recomputing it", path)
         return None
     phases = [PhaseResult(name, logits=v["logits"], tokens=v["tokens"]) for name, v in data["phases"].items()]
-    return Reference(key, RepeatResult(phases), {int(k): v for k, v in data["steps"].items()}, "file")
+    q = data.get("quality")
+    quality = None if q is None else QualityPass(q["logits"], q["nll"], q["nll_count"], q["continuation"])
+    return Reference(key, RepeatResult(phases), {int(k): v for k, v in data["steps"].items()}, "file", quality)
 
 
 def reference_for(spec: RunSpec, sample: WorkloadSample, root: Path) -> Reference:
@@ -87,7 +97,7 @@ def reference_for(spec: RunSpec, sample: WorkloadSample, root: Path) -> Referenc
     key = reference_key(spec, sample)
     if key in _MEMO:
         ref = _MEMO[key]
-        return Reference(ref.key, ref.result, ref.steps, "memory")
+        return Reference(ref.key, ref.result, ref.steps, "memory", ref.quality)
     path = _path(root, key)
     ref = _load(path, key) if path.is_file() else None
     if ref is None:
@@ -118,10 +128,12 @@ def _compute(spec: RunSpec, sample: WorkloadSample, key: str) -> Reference:
         adapter.engine.model.step_log = {}
         res = run_repeat(adapter, sample, spec.workload.gen_tokens, keep_logits=True)
         steps = adapter.engine.model.step_log
+        adapter.engine.model.step_log = None
+        quality = quality_pass(adapter.engine, sample.contexts, spec.workload.gen_tokens)
     finally:
         adapter.close()
         del adapter
         gc.collect()
     for p in res.phases:      # a reference holds what was computed, never how long it took
         p.client, p.engine = {}, {}
-    return Reference(key, RepeatResult(res.phases), steps, "computed")
+    return Reference(key, RepeatResult(res.phases), steps, "computed", quality)

@@ -35,6 +35,10 @@ TRANSFER_METRICS = (("copy_busy_s", "copy busy s", "{:.4f}", 1), ("overlap_s", "
                     ("link_gbps", "link GB/s", "{:.1f}", 1), ("prefetch_issued", "pf issued", "{:.0f}", 1),
                     ("prefetch_used", "pf used", "{:.0f}", 1),
                     ("prefetch_wasted_bytes", "pf wasted MiB", "{:.2f}", 2**20))
+QUALITY_TABLE = (("kl_div_mean", "KL mean nat", "{:.2e}", 1), ("kl_div_max", "KL max nat", "{:.2e}", 1),
+                 ("top1_agreement", "top-1 agr.", "{:.3f}", 1), ("ppl_ratio", "ppl ratio", "{:.5f}", 1),
+                 ("max_abs_logit_diff", "max|Δlogit|", "{:.1e}", 1), ("token_agreement", "token agr.", "{:.3f}", 1),
+                 ("quality_positions", "positions", "{:.0f}", 1))
 ABLATION_METRICS = (("exposed_copy_ablation_s", "ablation s", "{:.4f}", 1),
                     ("exposed_copy_ablation_ci_low_s", "95% low", "{:.4f}", 1),
                     ("exposed_copy_ablation_ci_high_s", "95% high", "{:.4f}", 1))
@@ -120,7 +124,7 @@ class Reporter:
     def summary(self, df: pd.DataFrame, title: str) -> None:
         """Per job: the speed table (median, min-max, n over un-instrumented repeats, per phase),
         the transfer table from the instrumented timeline pass when present, the paired ablation,
-        and every failed job or pass with its error."""
+        the quality pass against the exact reference, and every failed job or pass with its error."""
         if self.quiet or df.empty:
             return
         spread = spread_table(df)
@@ -131,6 +135,7 @@ class Reporter:
             head = (f"{title} job {job_id}: {first['engine']} {first['model']} placement={first['placement']} "
                     f"capacity={cap} prefetch={first['prefetch']} {first['workload']}@"
                     f"{first['context_tokens']} batch={first['batch']} "
+                    f"{'kv=' + str(first['kv_dtype']) + ' (lossy) ' if first.get('lossy') == True else ''}"  # noqa: E712 (a numpy bool)
                     f"({'emulated ' if first['emulated'] else ''}{first['device_name']})")
             self.console.print(self._table(head, job, KEY_METRICS))
             abl = job[job["metric"].isin([m for m, *_ in ABLATION_METRICS])]
@@ -145,6 +150,12 @@ class Reporter:
                 caption += f" -- {EMULATED_OVERLAP_NOTE}"
             tl = spread_table(job.assign(profiler="none"))
             self.console.print(self._table(f"job {job_id} {caption}", tl, TRANSFER_METRICS, spread=False))
+        quality = df[(df["status"] == "ok") & (df.get("profiler", pd.Series(index=df.index)) == "quality")]
+        for job_id, job in quality.groupby("job_id", sort=False):
+            q = spread_table(job.assign(profiler="none"))
+            if q["median"].notna().any():
+                self.console.print(self._table(f"job {job_id} quality vs the exact reference (kv_dtype="
+                                               f"{job['kv_dtype'].iloc[0]})", q, QUALITY_TABLE, spread=False))
         failed = df[df["status"] == "failed"]
         for _, row in failed.iterrows():
             self.console.print(Text(f"job {row['job_id']} failed ({row['phase']}): {row.get('error')}", style="red"))

@@ -61,7 +61,7 @@ def roofline(spec: RunSpec, counts: dict[str, dict[str, float]], capacity: int |
                                      "(writes conf/hardware/measured.yaml) or give hardware=<a measured profile>")
     w = spec.workload
     shape = WorkloadShape(context_tokens=w.context_tokens, gen_tokens=w.gen_tokens, batch=w.batch,
-                          turn_tokens=w.turn_tokens, ubatch=w.ubatch)
+                          turn_tokens=w.turn_tokens, ubatch=w.ubatch, kv_dtype=spec.kv_dtype)
     dtype = spec.model_config.torch_dtype if spec.model.dtype == "auto" else spec.model.dtype
     try:
         p = predict(spec.model_config, spec.placement, shape, profile, capacity=capacity, policy=spec.policy or "lru",

@@ -1,6 +1,6 @@
 """One job, end to end: validate -> reference (CPU) -> measured engine (cached per process) ->
-warm-up and repeats, each phase checked -> instrumented passes -> paired ablation -> tidy rows
-+ manifest, written atomically into the job dir.
+warm-up and repeats, each phase checked -> quality vs the exact reference -> instrumented
+passes -> paired ablation -> tidy rows + manifest, written atomically into the job dir.
 
 Owns: the job lifecycle (`Job`), skipping a job only when its recorded config hash matches
 (`harness.sweep.resume_decision`), and turning any failure into rows: a job that fails becomes
@@ -29,13 +29,14 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from engine.kvquant import DEFAULT_KV_DTYPE, is_lossy
 from engine.nvtx_ranges import NvtxRanges
 from engine.placements import needs_cache
 from engine.planner import PlanError, plan_memory
 from harness import results
 from harness.ablation import Ablation, ablation_metrics
 from harness.config import DEFAULT_CAPACITY, RunSpec, validate
-from harness.contract import MEASURED_PHASES, PREFIX_CACHE
+from harness.contract import MEASURED_PHASES, PREFIX_CACHE, QUALITY_METRICS, QUALITY_PHASE
 from harness.dtype_speed import dtype_speed
 from harness.engines import EngineAdapter as Adapter, get_adapter, release_cached, session_tokens_of
 from harness.engines.moebench import MoebenchAdapter
@@ -45,6 +46,7 @@ from harness.measure import PhaseProbe
 from harness.passes import (CudaProfilerRange, relaunch_under_nsys, timeline_pass, torch_profile_pass, trace_pass,
                             under_nsys)
 from harness.profiling.torchprof import PROFILER_UNITS
+from harness.quality import compare as quality_compare, quality_pass
 from harness.reference import Reference, reference_for
 from harness.roofline import BASIS, Roofline, frac, roofline
 from harness.report import Reporter
@@ -94,14 +96,30 @@ def factors_of(cfg: DictConfig) -> dict[str, Any]:
     quant = g("experts.quant", "none") if ours else None     # another engine's weights are its own knobs
     capacity, capacity_bytes = g("cache.capacity"), g("cache.capacity_bytes")
     capacity = "bytes" if capacity_bytes is not None and capacity is None else (capacity or DEFAULT_CAPACITY)
+    kv_dtype = g("kv.dtype", DEFAULT_KV_DTYPE)
     return {"engine": g("engine.name"), "model": g("model.name"), "placement": placement,
             "cache_capacity": str(capacity) if uses_cache else None,
             "cache_capacity_bytes": str(capacity_bytes) if uses_cache and capacity_bytes is not None else None,
-            "expert_quant": quant, "lossy": None if quant is None else quant != "none",
+            "expert_quant": quant,
             "cache_policy": g("cache.policy") if uses_cache else None,
             "prefetch": g("prefetch.name") if ours else None,
             "workload": g("workload.name"), "context_tokens": g("workload.context_tokens"),
-            "gen_tokens": g("workload.gen_tokens"), "batch": g("workload.batch"), "dtype": g("model.dtype")}
+            "gen_tokens": g("workload.gen_tokens"), "batch": g("workload.batch"), "dtype": g("model.dtype"),
+            "kv_dtype": kv_dtype, "lossy": _lossy(kv_dtype, g("model.dtype"), quant)}
+
+
+def _lossy(kv_dtype: Any, dtype: Any, quant: Any) -> bool | None:
+    """Whether the job runs a lossy treatment: quantised experts or a KV format that loses
+    precision ("auto" dtype: the checkpoint's, which only a lossless kv_dtype leaves exact
+    whatever it is); None when its config is too broken to say. Corrected once the engine is
+    built (Job._load)."""
+    if quant is not None and quant != "none":
+        return True
+    try:
+        kv = kv_dtype != DEFAULT_KV_DTYPE if dtype == "auto" else is_lossy(kv_dtype, dtype)
+    except ValueError:
+        return None
+    return kv if quant is not None or kv else None
 
 
 def _resolved_kind(device: str) -> str:
@@ -195,7 +213,9 @@ class Job:
         self.extra.update(ubatch=spec.workload.ubatch, token_source=sample.token_source,
                           resolved_capacity=eng.resolved_capacity, placement_options=repr(spec.placement_options),
                           expert_cache_mode=spec.run.expert_cache)
-        self.extra.update(eng.knobs())              # an engine's own knobs (llama.cpp's -ngl, -ub, -t ...)
+        knobs = dict(eng.knobs())                   # an engine's own knobs (llama.cpp's -ngl, -ub, -t ...)
+        knobs.pop("kv_dtype", None)                 # the factor column names the kv.dtype treatment; llama.cpp's
+        self.extra.update(knobs)                    # own cache types stay in cache_type_k / cache_type_v
         if eng.compute_dtype is not None:           # a dtype this machine runs slower than float32 (16.4)
             speed = dtype_speed(eng.compute_dtype, eng.device_kind)
             self.extra.update(speed.as_extra())
@@ -218,6 +238,7 @@ class Job:
             eng.set_instrument(None)
         for r, res in enumerate(measured):
             self.emit_repeat(r, res, "nsys" if nvtx_child else "none", check=run_cfg.check_reference)
+        self._quality(spec, eng, sample)
         self._roofline(spec, eng, measured)
         self._passes(spec, eng, sample, warm)
         eng.set_progress(None)                     # the adapter may serve the next job, with its own reporter
@@ -241,6 +262,8 @@ class Job:
                 eng, loaded = get_adapter(spec, prefetch_options=prefetch_options, key_extra=key_extra,
                                           progress=self.reporter.progress)
         self.adapter = eng
+        if spec.lossy or eng.lossy:                                 # what this engine runs (llama.cpp's defaults too)
+            self.factors["lossy"] = True
         eng.set_progress(self.reporter.progress)
         self.device = {"device_kind": eng.device_kind, "device_name": eng.device_name, "emulated": eng.emulated}
         load = {"time_s": probe.time_s if loaded else None,
@@ -250,6 +273,30 @@ class Job:
                 "emulated_device_peak_bytes": eng.device_peak() if loaded else None}
         self.emit(0, "load", load, "client", model_load="cold" if loaded else "reused", expert_cache="cold")
         return eng, loaded
+
+    # --- quality against the exact reference (exact runs too: 0 / 1 there) -------------------------
+    def _quality(self, spec: RunSpec, eng: Adapter, sample: WorkloadSample) -> None:
+        """The `quality` phase (harness.quality): null with the reason where it is not measured."""
+        ref = self.reference.quality if (spec.run.check_reference and self.reference is not None) else None
+        reason = None
+        metrics: dict[str, float | None] = dict.fromkeys(QUALITY_METRICS)
+        if ref is None:
+            reason = "no exact reference (run.check_reference=false)"
+        elif getattr(eng, "engine", None) is None or spec.engine != "moebench":
+            reason = f"engine={spec.engine} gives no full-vocabulary logits per position"
+        else:
+            try:
+                with self.reporter.step("quality pass (teacher-forced and greedy, vs the exact reference)"):
+                    gen = spec.workload.gen_tokens
+                    forced = quality_pass(eng.engine, sample.contexts, gen, forced=ref.continuation)
+                    free = quality_pass(eng.engine, sample.contexts, gen)
+                metrics = quality_compare(forced, ref, free.continuation)
+            except Exception as exc:  # noqa: BLE001 -- a failed quality pass keeps the job's measured rows
+                self.failed_part(QUALITY_PHASE, exc)
+                return
+        # its own pass, like the timeline's: profiler=quality keeps it out of speed rows and out of the
+        # per-phase checks, which read profiler=none
+        self.emit(0, QUALITY_PHASE, metrics, "engine", QUALITY_PHASE, quality_reason=reason)
 
     # --- the physical limit beside every speed ---------------------------------------------------
     def _roofline(self, spec: RunSpec, eng: Adapter, measured: list[RepeatResult]) -> None:
@@ -351,7 +398,7 @@ class Job:
         w, mcfg = spec.workload, engine.cfg
         try:
             resident = plan_memory(mcfg, "resident", None, budget, session_tokens_of(spec), w.batch, w.ubatch,
-                                   engine.model.dtype.itemsize, device_kind=engine.device.kind)
+                                   engine.model.dtype.itemsize, device_kind=engine.device.kind, kv_dtype=engine.kv_dtype)
         except PlanError as exc:
             reason = f"the resident plan does not fit the device budget: {str(exc).splitlines()[0]}"
             return Ablation("skipped", reason)
@@ -397,7 +444,8 @@ def run(cfg: DictConfig, ctx: JobContext, reporter: Reporter) -> JobOutcome:
     manifest = collect_manifest(resolved, extra={
         "sweep_id": ctx.sweep_id, "job_id": ctx.job_id, "status": "failed" if outcome.error else "ok",
         "config_hash": fingerprint, "command": ctx.command, "overrides": ctx.overrides, "harness_wall_s": time.perf_counter() - t0,
-        "threads": job.extra.get("threads"), "device": job.device,
+        "threads": job.extra.get("threads"), "device": job.device, "lossy": job.factors.get("lossy"),
+        "treatment": {"kv_dtype": job.factors.get("kv_dtype"), "expert_quant": job.factors.get("expert_quant")},
         "machine_load": {"start": job.load_start and job.load_start.as_dict(),
                          "end": job.load_end and job.load_end.as_dict()}})
     try:

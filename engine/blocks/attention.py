@@ -40,6 +40,7 @@ from engine.blocks.base import Block, Pass, TensorSpec, Transient
 from engine.blocks.rope import Rope
 from engine.devices import Device
 from engine.kv import FullKV, KVState, LayerState, SlidingKV, StateTerm
+from engine.kvquant import DEFAULT_KV_DTYPE, KVFormatError, kv_format
 from engine.layers import attention, causal_mask, rms_norm
 
 QK_NORMS = ("none", "head", "full")
@@ -69,12 +70,25 @@ class AttentionBlock(Block, ABC):
 
     @abstractmethod
     def new_state(self, batch: int, max_tokens: int | None, device: Device, dtype: torch.dtype,
-                  label: str) -> LayerState:
-        """This layer's empty state for a session (allocated on first use; planned: at max_tokens)."""
+                  label: str, kv_dtype: str | None = None) -> LayerState:
+        """This layer's empty state for a session (allocated on first use; planned: at max_tokens),
+        stored in `kv_dtype` (engine.kvquant; None: the model's dtype). A kind that cannot store
+        that format refuses it (`require_exact_state`), never ignores it."""
 
     @abstractmethod
-    def state_term(self, dtype_bytes: int) -> StateTerm:
+    def state_term(self, dtype_bytes: int, kv_dtype: str | None = None) -> StateTerm:
         """What `new_state`'s state costs in the plan; bytes(max_tokens, batch) == its allocation."""
+
+    def kv_read_bytes(self, batch: int, tokens: int, context: int, dtype_bytes: int, kv_dtype: str | None) -> int:
+        """Transient bytes of reading the state back in the compute dtype (0: read in place)."""
+        return 0
+
+    def require_exact_state(self, kv_dtype: str | None, kind: str) -> None:
+        """Refuse a kv_dtype other than the model's for a state kind stored only exactly."""
+        if kv_dtype not in (None, DEFAULT_KV_DTYPE):
+            raise KVFormatError(f"kv_dtype={kv_dtype!r} applies to the KV cache of grouped-query attention (full "
+                                f"and sliding-window KV); layer {self.layer} keeps {kind}, which is stored only in "
+                                f"the model's dtype; allowed for this model: kv_dtype={DEFAULT_KV_DTYPE!r}")
 
     @abstractmethod
     def activation_bytes(self, rows: int, dtype_bytes: int) -> Transient:
@@ -177,15 +191,30 @@ class GQAAttention(AttentionBlock):
         return attention(q, k, v, mask, self.scale)
 
     def new_state(self, batch: int, max_tokens: int | None, device: Device, dtype: torch.dtype,
-                  label: str) -> KVState:
+                  label: str, kv_dtype: str | None = None) -> KVState:
         if self.window is not None:
-            return SlidingKV(device, label, batch, self.K, self.hd, dtype, max_tokens, self.window)
-        return FullKV(device, label, batch, self.K, self.hd, dtype, max_tokens)
+            return SlidingKV(device, label, batch, self.K, self.hd, dtype, max_tokens, self.window, kv_dtype)
+        return FullKV(device, label, batch, self.K, self.hd, dtype, max_tokens, kv_dtype)
 
-    def state_term(self, dtype_bytes: int) -> StateTerm:
+    def state_term(self, dtype_bytes: int, kv_dtype: str | None = None) -> StateTerm:
+        kv_format(kv_dtype).check(self.hd)
         if self.window is not None:
-            return SlidingKV.term(self.K, self.hd, dtype_bytes, self.window)
-        return FullKV.term(self.K, self.hd, dtype_bytes)
+            return SlidingKV.term(self.K, self.hd, dtype_bytes, self.window, kv_dtype)
+        return FullKV.term(self.K, self.hd, dtype_bytes, kv_dtype)
+
+    def kv_read_bytes(self, batch: int, tokens: int, context: int, dtype_bytes: int, kv_dtype: str | None) -> int:
+        """A stored format other than the model's is read back as new k/v [B, K, S, h] (the
+        attended positions), dequantised through fp32 one buffer at a time (values and their
+        product with the scales, 4 + 4 bytes, and q4's unpacked codes, 2), after the new tokens'
+        fp32 quantisation temporaries (x, its scaled form, its codes: 12 bytes per value)."""
+        fmt = kv_format(kv_dtype)
+        if fmt.cast is None and not fmt.blocked:
+            return 0
+        S = context if self.window is None else min(context, self.window - 1 + tokens)
+        n, new = batch * self.K * S * self.hd, batch * self.K * tokens * self.hd
+        if not fmt.blocked:
+            return 2 * n * dtype_bytes
+        return 2 * n * dtype_bytes + 10 * n + 12 * new
 
     def activation_bytes(self, rows: int, dtype_bytes: int) -> Transient:
         N, db, H, K, hd = rows, dtype_bytes, self.H, self.K, self.hd

@@ -128,10 +128,12 @@ class GatedDeltaNet(AttentionBlock):
         return F.linear(o.view(B, T, H * dv), w["out"])                                   # [B, T, D]
 
     def new_state(self, batch: int, max_tokens: int | None, device: Device, dtype: torch.dtype,
-                  label: str) -> RecurrentState:
+                  label: str, kv_dtype: str | None = None) -> RecurrentState:
+        self.require_exact_state(kv_dtype, "a recurrent DeltaNet state (RecurrentState)")
         return RecurrentState(device, label, batch, self.C, self.K, self.H, self.dk, self.dv, dtype)
 
-    def state_term(self, dtype_bytes: int) -> StateTerm:
+    def state_term(self, dtype_bytes: int, kv_dtype: str | None = None) -> StateTerm:
+        self.require_exact_state(kv_dtype, "a recurrent DeltaNet state (RecurrentState)")
         return RecurrentState.term(self.C, self.K, self.H, self.dk, self.dv, dtype_bytes)
 
     def activation_bytes(self, rows: int, dtype_bytes: int) -> Transient:

@@ -189,10 +189,12 @@ class MLAAttention(AttentionBlock):
 
     # --- state and plan ----------------------------------------------------------------------
     def new_state(self, batch: int, max_tokens: int | None, device: Device, dtype: torch.dtype,
-                  label: str) -> LatentKV:
+                  label: str, kv_dtype: str | None = None) -> LatentKV:
+        self.require_exact_state(kv_dtype, "an MLA latent (LatentKV)")
         return LatentKV(device, label, batch, self.r, self.d, dtype, max_tokens)
 
-    def state_term(self, dtype_bytes: int) -> StateTerm:
+    def state_term(self, dtype_bytes: int, kv_dtype: str | None = None) -> StateTerm:
+        self.require_exact_state(kv_dtype, "an MLA latent (LatentKV)")
         return LatentKV.term(self.r, self.d, dtype_bytes)
 
     def activation_bytes(self, rows: int, dtype_bytes: int) -> Transient:

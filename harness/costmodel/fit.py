@@ -186,7 +186,7 @@ def _restore_task(label: str, eng: Engine, placement: PlacementSpec, tokens: int
         sync(kind)
         elapsed = time.perf_counter() - t0
         sess.close()
-        return elapsed, PhaseWork("prefill_restored", [], 0, tokens, restore_tokens=tokens)
+        return elapsed, PhaseWork("prefill_restored", [], 0, tokens, restore_tokens=tokens, kv_dtype=eng.kv_dtype)
     return _Task(label, eng, placement, once)
 
 

@@ -214,7 +214,7 @@ def planned_bytes(cfg: ModelConfig, spec: PlacementSpec, shape: WorkloadShape, d
     """Device bytes the engine's planner would reserve for this run (no budget, no reserve)."""
     context = session_tokens(shape.context_tokens, shape.gen_tokens, shape.turn_tokens)
     plan = plan_memory(cfg, spec.name, spec.capacity if spec.uses_cache else None, None, context, shape.batch,
-                       shape.ubatch, dtype_bytes, dict(spec.options))
+                       shape.ubatch, dtype_bytes, dict(spec.options), kv_dtype=shape.kv_dtype)
     return plan.total
 
 
@@ -343,7 +343,7 @@ def physical_terms(cfg: ModelConfig, work: PhaseWork, hw: HardwareProfile, dtype
         d2h_bytes += f.act_d2h_bytes
     restore_copy = 0.0
     if work.restore_tokens:
-        kv = kv_bytes(cfg, work.restore_tokens, work.passes[0].batch if work.passes else 1, dtype_b)
+        kv = kv_bytes(cfg, work.restore_tokens, work.passes[0].batch if work.passes else 1, dtype_b, work.kv_dtype)
         restore_copy = kv / r.h2d
         copy_busy += restore_copy
         exposed += restore_copy          # the restore finishes before the turn's prefill starts

@@ -51,6 +51,7 @@ from harness.config import ModelConf, _expert_quant, _model_config
 from harness.costmodel.timemodel import predict
 from harness.costmodel.profiles import HardwareProfile
 from harness.costmodel.work import PHASES, PlacementSpec, Routing, WorkloadShape, expert_bytes
+from engine.kvquant import KV_DTYPES
 from harness.results import FACTOR_COLUMNS, MANIFEST_FILE, job_complete
 
 log = logging.getLogger(__name__)
@@ -156,7 +157,8 @@ def predict_for(measured: pd.DataFrame, profile: HardwareProfile, *, counts: str
         cont = _median(job, "prefill_continuation", "tokens")
         shape = WorkloadShape(int(key["context_tokens"]), int(key["gen_tokens"]), batch,
                               turn_tokens=int(cont // batch) - 1 if cont else 64,
-                              ubatch=int(key.get("ubatch") or 512))
+                              ubatch=int(key.get("ubatch") or 512),
+                              kv_dtype=key["kv_dtype"] if key.get("kv_dtype") in KV_DTYPES else "model")
         options = ast.literal_eval(key["placement_options"]) if key.get("placement_options") else {}
         capacity = _capacity(key, job)
         spec = PlacementSpec.from_options(key["placement"], capacity, key["cache_policy"], options)

@@ -66,6 +66,7 @@ class WorkloadShape:
     batch: int = 1
     turn_tokens: int = 64
     ubatch: int = 512
+    kv_dtype: str = "model"            # how the KV is stored (engine.kvquant): its bytes are what a restore moves
 
     def __post_init__(self) -> None:
         for name in ("context_tokens", "gen_tokens", "batch", "turn_tokens", "ubatch"):
@@ -186,6 +187,7 @@ class PhaseWork:
     tokens: int                        # as harness.scenario counts them
     reused_tokens: int
     restore_tokens: int = 0            # KV tokens per sequence restored host->device before the phase
+    kv_dtype: str = "model"            # their storage format (engine.kvquant)
 
     def total(self, attr: str) -> float:
         return float(sum(getattr(p, attr).sum() for p in self.passes))
@@ -245,7 +247,8 @@ def scenario_work(cfg: ModelConfig, placement: PlacementSpec, shape: WorkloadSha
         if phase == "decode" and not ps:
             continue
         out[phase] = PhaseWork(phase, ps, tokens[phase], reused[phase],
-                               restore_tokens=reused[phase] if phase == "prefill_restored" else 0)
+                               restore_tokens=reused[phase] if phase == "prefill_restored" else 0,
+                               kv_dtype=shape.kv_dtype)
     return out
 
 
@@ -411,7 +414,8 @@ def pass_events(cfg: ModelConfig, p: PassWork) -> dict[str, float]:
             "cpu_layer_s": float(p.on_cpu.sum()), "restore_s": 0.0}
 
 
-def kv_bytes(cfg: ModelConfig, tokens: int, batch: int, dtype_bytes: int) -> int:
+def kv_bytes(cfg: ModelConfig, tokens: int, batch: int, dtype_bytes: int, kv_dtype: str | None = None) -> int:
     """The session state of `batch` sequences of `tokens` (what a restore copies back): every
-    layer's term as the planner counts it (per token, a window, a fixed recurrent state)."""
-    return cfg.state_bytes(tokens, batch, dtype_bytes)
+    layer's term as the planner counts it (per token, a window, a fixed recurrent state), its KV
+    stored in `kv_dtype` (payload + scales) -- one formula, ModelConfig.state_bytes."""
+    return cfg.state_bytes(tokens, batch, dtype_bytes, kv_dtype)

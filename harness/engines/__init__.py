@@ -44,7 +44,8 @@ def engine_key(spec: Any) -> tuple:
     return (spec.engine, repr(spec.engine_options), m.name, m.path, m.dtype, m.num_layers, m.seed, h.device,
             h.device_memory, spec.placement, tuple(sorted(spec.placement_options.items())), spec.capacity,
             spec.policy, repr(spec.policy_options), spec.prefetch, w.batch, w.ubatch, session_tokens_of(spec),
-            getattr(spec, "capacity_bytes", None), repr(getattr(spec, "expert_quant", None)))
+            getattr(spec, "capacity_bytes", None), repr(getattr(spec, "expert_quant", None)),
+            getattr(spec, "kv_dtype", "model"))          # a KV treatment is another engine, never a reused one
 
 
 def release_cached() -> None:

@@ -47,6 +47,7 @@ class EngineAdapter(ABC):
     instrument: Instrument = NULL
     uses_placement: ClassVar[bool] = True   # moebench's placement/cache/prefetch factors apply to it
     compute_dtype: str | None = None   # the torch dtype its matmuls run in; None: the engine picks per tensor
+    lossy: bool = False                # it runs a lossy treatment (a KV format that loses precision, ...)
 
     @classmethod
     @abstractmethod

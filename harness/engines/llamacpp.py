@@ -69,8 +69,9 @@ class LlamaCppOptions:
             raise ValueError(f"n_gpu_layers: allowed an integer >= 0, 'auto' or 'all', got {self.n_gpu_layers!r}")
         self.flags(ubatch=None, ctx=None, threads=None)        # the knob checks of LlamaFlags, before any launch
 
-    def flags(self, ubatch: int | None, ctx: int | None, threads: int | None):
-        from harness.llamacpp.flags import DEFAULTS, EXACT
+    def flags(self, ubatch: int | None, ctx: int | None, threads: int | None, kv_dtype: str = "model"):
+        """The knobs as LlamaFlags, with the job's kv.dtype treatment as -ctk/-ctv (`kv_treatment`)."""
+        from harness.llamacpp.flags import DEFAULTS, EXACT, kv_treatment
         base = EXACT if self.config == "exact" else DEFAULTS
         ngl = int(self.n_gpu_layers) if self.n_gpu_layers is not None and str(self.n_gpu_layers).isdigit() \
             else self.n_gpu_layers
@@ -80,7 +81,8 @@ class LlamaCppOptions:
         for knob in ("cache_type_k", "cache_type_v", "flash_attn"):
             if getattr(self, knob) is not None:
                 changes[knob] = getattr(self, knob)
-        return base.replace(**changes)
+        explicit = {k: getattr(self, k) for k in ("cache_type_k", "cache_type_v", "flash_attn")}
+        return kv_treatment(base.replace(**changes), kv_dtype, explicit)
 
 
 @dataclass
@@ -106,7 +108,11 @@ class LlamaCppAdapter(EngineAdapter):
         self.options = options
         self.binaries = find_binaries()        # a clear error saying how to build when missing
         threads = spec.run.threads or default_threads()
-        self.flags = options.flags(spec.workload.ubatch, session_tokens_of(spec) + 1, threads)
+        self.flags = options.flags(spec.workload.ubatch, session_tokens_of(spec) + 1, threads,
+                                   getattr(spec, "kv_dtype", "model"))
+        # lossy KV: a cache type other than the model dtype's own (expert/weight quantisation apart)
+        own = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}.get(spec.model.dtype)
+        self.lossy = getattr(spec, "lossy", False) or not (self.flags.cache_type_k == self.flags.cache_type_v == own)
         self.flags.server_argv(self.binaries.server)           # validated against this build before launch
         self.gguf = (convert(spec.model.path, options.weights) if spec.model.path else
                      convert_preset(spec.model.name, spec.model.seed, options.weights, cfg=spec.model_config))

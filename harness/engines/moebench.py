@@ -2,8 +2,9 @@
 
 Owns: building the engine for a RunSpec -- the job's placement held to the job's device budget,
 or (`placement="resident"`) the same model with every expert resident: on the job's device for
-the ablation (under the job's experts.quant), or unbudgeted on `device="cpu"` with the exact
-experts (`exact=True`) for the reference in host RAM -- and forwarding
+the ablation (under the job's experts.quant and kv.dtype), or unbudgeted on `device="cpu"` with
+the exact model (`exact=True`: exact experts, KV in the model's dtype) for the reference in host
+RAM -- and forwarding
 sessions, passes, KV displacement, counters, instrumentation and the emulated device's ledger.
 """
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from engine import Engine
 from engine.hooks import NULL, Instrument
+from engine.kvquant import DEFAULT_KV_DTYPE
 from harness.engines.base import EngineAdapter, Produced, argmax
 
 
@@ -21,7 +23,8 @@ class MoebenchAdapter(EngineAdapter):
 
     def __init__(self, spec: Any, placement: str | None = None, device: str | None = None,
                  prefetch_options: dict[str, Any] | None = None, progress: Any = None, exact: bool = False) -> None:
-        """exact: the exact experts whatever the job's experts.quant (the numerical reference)."""
+        """exact: the exact model whatever the job's treatments (experts.quant, kv.dtype): the
+        numerical reference."""
         from harness.engines import session_tokens_of
 
         w = spec.workload
@@ -40,12 +43,14 @@ class MoebenchAdapter(EngineAdapter):
             device_memory=None if device == "cpu" else spec.hardware.device_memory,
             model_overrides=overrides, prefetch="none" if resident else spec.prefetch,
             prefetch_options=None if resident else prefetch_options, progress=progress,
+            kv_dtype=DEFAULT_KV_DTYPE if exact else getattr(spec, "kv_dtype", DEFAULT_KV_DTYPE),
             **({} if resident else spec.placement_options))
         dev = self.engine.device
         self.device_kind, self.device_name, self.emulated = dev.kind, dev.name, dev.emulated
         self.resolved_capacity = self.engine.plan.capacity
         self.has_expert_cache = self.engine.placement.cache is not None
         self.compute_dtype = self.engine.options["dtype"]
+        self.lossy = self.engine.lossy
 
     @classmethod
     def build(cls, spec: Any, options: Any, **kw: Any) -> "MoebenchAdapter":

@@ -157,6 +157,35 @@ CPU_MOE_OVERRIDE = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps=CPU"
 EXACT = LlamaFlags(cache_type_k="f32", cache_type_v="f32", flash_attn="off")
 DEFAULTS = LlamaFlags()
 
+# kv.dtype (engine.kvquant) -> llama.cpp's -ctk/-ctv cache type. Its q8_0/q4_0 are the formats
+# ours follow (one float16 scale per 32 values); llama.cpp has no fp8 cache type.
+KV_CACHE_TYPES = {"f16": "f16", "bf16": "bf16", "q8": "q8_0", "q4": "q4_0"}
+QUANTISED_CACHE_TYPES = ("q8_0", "q4_0")
+
+
+def kv_treatment(flags: LlamaFlags, kv_dtype: str, explicit: dict[str, str | None]) -> LlamaFlags:
+    """`flags` with the kv.dtype treatment applied as -ctk/-ctv ("model": unchanged). `explicit`:
+    the cache_type_k / cache_type_v / flash_attn the user set under engine.*, which a treatment may
+    not silently override. llama.cpp quantises the V cache only with flash attention, so a
+    quantised treatment turns it on, and refuses an explicit flash_attn=off."""
+    if kv_dtype == "model":
+        return flags
+    if kv_dtype not in KV_CACHE_TYPES:
+        raise FlagError(f"kv.dtype={kv_dtype}: llama.cpp has no such KV cache type; allowed with engine=llamacpp: "
+                        f"kv.dtype=model | {' | '.join(KV_CACHE_TYPES)}")
+    ctype = KV_CACHE_TYPES[kv_dtype]
+    for knob in ("cache_type_k", "cache_type_v"):
+        if explicit.get(knob) is not None and explicit[knob] != ctype:
+            raise FlagError(f"kv.dtype={kv_dtype} sets {knob}={ctype}, but engine.{knob}={explicit[knob]} was given; "
+                            f"set one of them")
+    fa = flags.flash_attn
+    if ctype in QUANTISED_CACHE_TYPES:
+        if explicit.get("flash_attn") == "off":
+            raise FlagError(f"kv.dtype={kv_dtype}: llama.cpp quantises the V cache ({ctype}) only with flash attention; "
+                            "engine.flash_attn=off was given; allowed: engine.flash_attn=on | auto")
+        fa = explicit.get("flash_attn") or "on"
+    return flags.replace(cache_type_k=ctype, cache_type_v=ctype, flash_attn=fa)
+
 
 # ---------------------------------------------------------------- what the build accepts
 

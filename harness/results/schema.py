@@ -27,12 +27,13 @@ SCHEMA_VERSION = 1
 
 ROW_COLUMNS = ["sweep_id", "job_id", "repeat", "phase", "metric", "value", "unit", "source", "status"]
 FACTOR_COLUMNS = ["engine", "model", "placement", "cache_capacity", "cache_policy", "prefetch",
-                  "workload", "context_tokens", "gen_tokens", "batch", "dtype", "expert_quant"]
+                  "workload", "context_tokens", "gen_tokens", "batch", "dtype", "expert_quant", "kv_dtype"]
 # factor columns added after schema v1 was first written, with what each engine always did before
 # the column existed: a file without one reads that value for those engines' rows and null for any
-# other (moebench ran exact experts only until experts.quant; other engines' weights are their knobs),
-# so old baselines stay comparable with new runs of the same configuration
-ADDED_COLUMNS: dict[str, dict[str, str]] = {"expert_quant": {"moebench": "none"}}
+# other (moebench ran exact experts only until experts.quant, and kept its KV in the model's dtype
+# until kv.dtype; other engines' weights and caches are their knobs), so old baselines stay
+# comparable with new runs of the same configuration
+ADDED_COLUMNS: dict[str, dict[str, str]] = {"expert_quant": {"moebench": "none"}, "kv_dtype": {"moebench": "model"}}
 DEVICE_COLUMNS = ["device_kind", "device_name", "emulated"]
 REQUIRED_COLUMNS = ROW_COLUMNS + FACTOR_COLUMNS + DEVICE_COLUMNS
 

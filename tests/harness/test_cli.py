@@ -59,7 +59,7 @@ def test_multirun_table(tmp_path):
     everything = results.load(sd / "results.parquet")
     assert (sd / "summary.csv").is_file()
     assert everything.job_id.nunique() == 6 and (everything.status == "ok").all()
-    assert set(everything.profiler) == {"none", "timeline", "ablation"}   # instrumented/ablation rows labelled
+    assert set(everything.profiler) == {"none", "timeline", "ablation", "quality"}   # passes beside the speed rows labelled
     df = everything[everything.profiler == "none"]               # the speed table
     # every job x phase x metric that applies
     per_job = df.groupby("job_id").apply(lambda j: set(zip(j.phase, j.metric)), include_groups=False)
@@ -132,8 +132,10 @@ def test_engines_side_by_side(tmp_path):
     moebench(["-m", "engine=moebench,hf", "placement=resident", "run.repeats=1", *SMALL], tmp_path)
     df = results.load(sweep_dir(tmp_path) / "results.parquet")
     assert set(df.engine) == {"moebench", "hf"} and (df.status == "ok").all()
-    hf = df[df.engine == "hf"]
+    hf = df[(df.engine == "hf") & (df.profiler == "none")]      # the per-phase checks (not the quality pass)
     assert hf[hf.metric == "h2d_bytes"]["value"].isna().all()   # transformers cannot count: null, not 0
+    quality = df[(df.engine == "hf") & (df.phase == "quality")]
+    assert quality["value"].isna().all() and quality["quality_reason"].str.contains("engine=hf").all()
     assert set(hf[hf.metric == "token_agreement"].phase) == {"prefill_fresh", "decode", "prefill_continuation",
                                                             "prefill_restored"}
     assert (hf[hf.metric == "token_agreement"]["value"] == 1.0).all()

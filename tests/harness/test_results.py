@@ -23,7 +23,7 @@ UPDATE_GOLDEN = os.environ.get("MOEBENCH_UPDATE_GOLDEN") == "1"
 FACTORS = {"engine": "moebench", "model": "tiny-mixtral", "placement": "fetch",
            "cache_capacity": 4, "cache_policy": "lru", "prefetch": "none",
            "workload": "coding_agent", "context_tokens": 256, "gen_tokens": 8, "batch": 1,
-           "dtype": "float32", "expert_quant": "none"}
+           "dtype": "float32", "expert_quant": "none", "kv_dtype": "model"}
 DEVICE = {"device_kind": "cpu", "device_name": "emulated-cpu", "emulated": True}
 MANIFEST = {"schema_version": 1, "config": {"placement": "fetch"}}
 
