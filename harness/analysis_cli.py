@@ -67,10 +67,11 @@ def plot_main(argv: Sequence[str] | None = None) -> int:
     from harness import plots, results
     from harness.compare import read_manifests
 
-    names = args.only or list(plots.STANDARD)
-    unknown = sorted(set(names) - set(plots.STANDARD))
+    known = {**plots.STANDARD, **plots.EXPERIMENT_FIGURES}
+    names = args.only or [*plots.STANDARD, *plots.EXPERIMENT_FIGURES]
+    unknown = sorted(set(names) - set(known))
     if unknown:
-        print(f"moebench-plot: unknown figure(s) {unknown}; known: {list(plots.STANDARD)}", file=sys.stderr)
+        print(f"moebench-plot: unknown figure(s) {unknown}; known: {list(known)}", file=sys.stderr)
         return 2
     src = Path(args.results)
     out = Path(args.out) if args.out else default_out(src)
@@ -88,8 +89,10 @@ def plot_main(argv: Sequence[str] | None = None) -> int:
     written, skipped = [], {}
     for name in names:
         try:
-            fig = plots.STANDARD[name](df)
+            fig = known[name](df)
         except plots.MissingData as exc:
+            if name in plots.EXPERIMENT_FIGURES and not args.only:
+                continue            # another experiment's figure: not this results dir's
             skipped[name] = str(exc)
             print(f"skipped {name}: {exc}")
             continue

@@ -37,9 +37,9 @@ from harness.plotstyle import (STYLE_TABLE, Series, configs, fmt, from_zero, is_
                                ordered, set_ticks, shade, style, suptitle, wrap)
 from harness.results import FACTOR_COLUMNS
 
-__all__ = ["MissingData", "STANDARD", "STYLE_TABLE", "style", "capacity_sweep", "ttft_by_prefix_state",
+__all__ = ["MissingData", "STANDARD", "EXPERIMENT_FIGURES", "STYLE_TABLE", "style", "capacity_sweep", "ttft_by_prefix_state",
            "bytes_per_token", "overlap", "memory_peaks", "hit_rate_curves", "measured_hit_rates", "speed_rows",
-           "what_if"]
+           "what_if", "treatment_frontier"]
 
 PHASE_LABELS = {"load": "load", "prefill_fresh": "fresh prefill", "decode": "decode",
                 "prefill_continuation": "continuation (KV on device)", "prefill_restored": "restored (KV from host)",
@@ -497,10 +497,91 @@ def what_if(predicted: pd.DataFrame, panels: Sequence[tuple[str, str]] = (("deco
     return fig
 
 
+_TREATMENTS = ("kv_dtype", "expert_quant")
+
+
+def _treatment(row: pd.Series) -> str:
+    kv = row.get("kv_dtype")
+    ex = row.get("expert_quant")
+    return f"KV {kv if isinstance(kv, str) else 'model'} · experts {ex if isinstance(ex, str) else 'none'}"
+
+
+def _frontier(points: pd.DataFrame) -> pd.DataFrame:
+    """The points no other point beats on both axes (lower KL and higher tok/s), by KL."""
+    pts = points.sort_values(["kl", "tok_s"], ascending=[True, False])
+    best, keep = -np.inf, []
+    for i, r in pts.iterrows():
+        if r["tok_s"] > best:
+            keep.append(i)
+            best = r["tok_s"]
+    return pts.loc[keep]
+
+
+def treatment_frontier(df: pd.DataFrame) -> Figure:
+    """Decode tok/s vs quality lost (mean KL(reference || treatment), nats/token, from the
+    `quality` pass) for every treatment (`kv_dtype` x `expert_quant`), one panel per context
+    length at the sweep's device budget; each point names the expert slots per layer its
+    treatment left, and a line joins the frontier (no other treatment is both faster and
+    closer to the exact model). Exact runs sit at KL 0 (a symmetric-log axis)."""
+    if "profiler" not in df.columns or not (df["profiler"] == contract.QUALITY_PHASE).any():
+        raise MissingData("treatment frontier: no quality rows (profiler=quality: kl_div_mean of each treatment "
+                          "against the exact reference)")
+    speed = speed_rows(df)
+    speed = speed[(speed["phase"] == "decode") & (speed["metric"] == "tok_per_s") & (speed["source"] == "client")]
+    ok = df[df["status"] == "ok"]
+    quality = ok[(ok["profiler"] == contract.QUALITY_PHASE) & (ok["metric"] == "kl_div_mean")]
+    if speed.empty or quality.empty:
+        raise MissingData("treatment frontier: needs decode tok_per_s speed rows and kl_div_mean quality rows")
+    kl = quality.groupby("job_id")["value"].median()
+    first = df.groupby("job_id").first()
+    points = speed.groupby("job_id")["value"].agg(tok_s="median", lo="min", hi="max").join(kl.rename("kl"),
+                                                                                          how="inner")
+    points = points.join(first[[c for c in ("context_tokens", "resolved_capacity", *_TREATMENTS)
+                                if c in first.columns]])
+    points["treatment"] = [_treatment(r) for _, r in points.iterrows()]
+    contexts = ordered(points["context_tokens"]) if "context_tokens" in points else [None]
+    labels = sorted(points["treatment"].unique(), key=lambda t: (t != "KV model · experts none", t))
+    colors = {t: f"C{i % 10}" for i, t in enumerate(labels)}
+    fig = Figure(figsize=(4.4 * len(contexts) + 1.0, 4.8), layout="constrained")
+    axes = fig.subplots(1, len(contexts), squeeze=False)[0]
+    for ax, ctx in zip(axes, contexts):
+        here = points if ctx is None else points[points["context_tokens"] == ctx]
+        for t in labels:
+            g = here[here["treatment"] == t]
+            if g.empty:
+                continue
+            ax.errorbar(g["kl"], g["tok_s"], yerr=[g["tok_s"] - g["lo"], g["hi"] - g["tok_s"]], fmt="o",
+                        color=colors[t], capsize=3, label=t)
+            for _, r in g.iterrows():
+                slots = r.get("resolved_capacity")
+                if pd.notna(slots):
+                    ax.annotate(f"{int(slots)} slots", (r["kl"], r["tok_s"]), textcoords="offset points",
+                                xytext=(4, 4), fontsize=7)
+        front = _frontier(here)
+        ax.plot(front["kl"], front["tok_s"], color="0.4", linestyle="--", linewidth=1, label="frontier")
+        positive = here["kl"][here["kl"] > 0]
+        ax.set_xscale("symlog", linthresh=float(positive.min()) if len(positive) else 1e-6)
+        ax.set_xlabel("quality lost: mean KL(reference || treatment), nats\n(lower is better)")
+        ax.set_ylabel("decode tok/s (higher is better)")
+        ax.set_title(f"context {fmt(ctx)} tokens" if ctx is not None else "")
+        ax.grid(alpha=0.3)
+        from_zero(ax)
+    legend(fig, axes)
+    budget = sorted({str(v) for v in first.get("device_memory", pd.Series(dtype=object)).dropna()})
+    _mark_emulated(fig, df[df["job_id"].isin(points.index)],
+                   "Speed vs quality of each KV / expert treatment" + (f" at {', '.join(budget)}" if budget else ""))
+    return fig
+
+
 STANDARD: dict[str, Callable[[pd.DataFrame], Figure]] = {
     "capacity_sweep": capacity_sweep,
     "ttft_by_prefix_state": ttft_by_prefix_state,
     "bytes_per_token": bytes_per_token,
     "overlap": overlap,
     "memory_peaks": memory_peaks,
+}
+# figures of one experiment's rows (experiment=kv_vs_residency): moebench-plot draws them when a
+# results dir holds their rows and says nothing otherwise (unless asked for with --only)
+EXPERIMENT_FIGURES: dict[str, Callable[[pd.DataFrame], Figure]] = {
+    "treatment_frontier": treatment_frontier,
 }

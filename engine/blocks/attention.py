@@ -100,7 +100,8 @@ class AttentionBlock(Block, ABC):
         """Worst-case attention-kernel workspace (engine.planner's docstring says which kernel and why)."""
 
     @abstractmethod
-    def kernel_cost(self, batch: int, tokens: int, past: int, dtype_bytes: int) -> KernelCost:
+    def kernel_cost(self, batch: int, tokens: int, past: int, dtype_bytes: int,
+                    kv_dtype: str | None = None) -> KernelCost:
         """The kernel's work for `tokens` new tokens of `batch` sequences after `past` (the cost
         model's and the roofline's attention term)."""
 
@@ -227,12 +228,13 @@ class GQAAttention(AttentionBlock):
         window's held tokens and the new ones (the mask covers that whole rectangle)."""
         return past + tokens if self.window is None else min(past + tokens, self.window - 1 + tokens)
 
-    def kernel_cost(self, batch: int, tokens: int, past: int, dtype_bytes: int) -> KernelCost:
+    def kernel_cost(self, batch: int, tokens: int, past: int, dtype_bytes: int,
+                    kv_dtype: str | None = None) -> KernelCost:
         # one SDPA call on q [B, H, T, h] and the state's k/v [B, K, S, h] with enable_gqa: the
         # full T x S rectangle of scores and weighted sums; K/V read once at K heads, q read and
         # the output written at H heads
         B, T, S, H, hd = batch, tokens, self.held_keys(tokens, past), self.H, self.hd
-        state = self.state_term(dtype_bytes).per_token * S * B
+        state = self.state_term(dtype_bytes, kv_dtype).per_token * S * B
         return KernelCost(flops=4.0 * B * H * hd * T * S, bytes=float(state + 2 * B * T * H * hd * dtype_bytes),
                           scores=float(B * H * T * S))
 

@@ -148,7 +148,8 @@ class GatedDeltaNet(AttentionBlock):
     def workspace_bytes(self, batch: int, tokens: int, context: int, dtype_bytes: int, device_kind: str) -> int:
         return chunk_workspace_bytes(batch, self.H, self.dk, self.dv, tokens)
 
-    def kernel_cost(self, batch: int, tokens: int, past: int, dtype_bytes: int) -> KernelCost:
+    def kernel_cost(self, batch: int, tokens: int, past: int, dtype_bytes: int,
+                    kv_dtype: str | None = None) -> KernelCost:
         # per token and value head the step form decays the [dk, dv] state, reads it with k,
         # adds the outer-product update and reads it with q (7 dk dv); the chunked form adds a
         # chunk's [c, c] products (2 c (dk + dv) per token); the causal conv 2 K per channel.
@@ -156,7 +157,7 @@ class GatedDeltaNet(AttentionBlock):
         B, T, H, dk, dv = batch, tokens, self.H, self.dk, self.dv
         c = min(CHUNK, T) if T > 1 else 0
         flops = B * T * (H * (7 * dk * dv + 2 * c * (dk + dv)) + 2 * self.C * self.K)
-        state = 2 * self.state_term(dtype_bytes).bytes(past + T, B)
+        state = 2 * self.state_term(dtype_bytes, kv_dtype).bytes(past + T, B)
         return KernelCost(flops=float(flops), bytes=float(state + 2 * B * T * self.C * dtype_bytes))
 
 

@@ -210,13 +210,14 @@ class MLAAttention(AttentionBlock):
             heads = N * H * (2 * (n + d) + 3 * v) * db      # query cat (and a copy); output, transpose, reshape
         return Transient(q_path + kv_path + rope + heads + N * D * db)                  # + o_proj
 
-    def kernel_cost(self, batch: int, tokens: int, past: int, dtype_bytes: int) -> KernelCost:
+    def kernel_cost(self, batch: int, tokens: int, past: int, dtype_bytes: int,
+                    kv_dtype: str | None = None) -> KernelCost:
         # absorbed: multi-query attention in latent space, scores over r + d dims, the weighted
         # sum over the r latent dims, the latent read once (the up-projections are weights,
         # applied per query token); expanded: every pass re-expands the whole latent to per-head
         # keys and values (written and read) before attention at n + d / v dims
         B, T, S, H, r, d, n, v, db = batch, tokens, past + tokens, self.H, self.r, self.d, self.n, self.v, dtype_bytes
-        latent = self.state_term(db).per_token * S * B
+        latent = self.state_term(db, kv_dtype).per_token * S * B
         if self.kernel == "absorbed":
             return KernelCost(flops=2.0 * B * H * T * S * (2 * r + d), bytes=float(latent + B * T * H * (2 * r + d) * db),
                               scores=float(B * H * T * S))

@@ -314,7 +314,7 @@ def physical_terms(cfg: ModelConfig, work: PhaseWork, hw: HardwareProfile, dtype
         flop_bound += float(np.sum(np.where(by_flops, t_f, 0.0)))
         return np.where(by_flops, s * t_f, t_b)
     for p in work.passes:
-        f = pass_flops(cfg, p, dtype_b)
+        f = pass_flops(cfg, p, dtype_b, work.kv_dtype)
         dev_experts = roof(f.dev_expert_flops, f.dev_expert_bytes, r.dev_flops, r.dev_weights)       # [M]
         cpu_experts = roof(f.cpu_expert_flops, f.cpu_expert_bytes, r.cpu_flops, r.cpu_weights)       # [M]
         comp = float(roof(f.dense_flops, f.dense_bytes, r.dev_flops, r.dev_weights)

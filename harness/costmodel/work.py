@@ -368,15 +368,17 @@ def dense_weights(cfg: ModelConfig, dtype_bytes: int) -> DenseWeights:
                         bytes=sum(s.nbytes(dtype_bytes) for s in layer_specs + norm_specs) + head * dtype_bytes)
 
 
-def attention_cost(cfg: ModelConfig, batch: int, tokens: int, past: int, dtype_bytes: int) -> KernelCost:
+def attention_cost(cfg: ModelConfig, batch: int, tokens: int, past: int, dtype_bytes: int,
+                   kv_dtype: str | None = None) -> KernelCost:
     """Every layer's attention kernel, summed (each block's own arithmetic: GQA, a window, MLA's
-    latent, a recurrence)."""
-    costs = [layer.attention.kernel_cost(batch, tokens, past, dtype_bytes) for layer in _architecture(cfg).layers]
+    latent, a recurrence), its state read in the stored `kv_dtype` (payload + scales)."""
+    costs = [layer.attention.kernel_cost(batch, tokens, past, dtype_bytes, kv_dtype)
+             for layer in _architecture(cfg).layers]
     return KernelCost(flops=sum(c.flops for c in costs), bytes=sum(c.bytes for c in costs),
                       scores=sum(c.scores for c in costs))
 
 
-def pass_flops(cfg: ModelConfig, p: PassWork, dtype_bytes: int) -> PassFlops:
+def pass_flops(cfg: ModelConfig, p: PassWork, dtype_bytes: int, kv_dtype: str | None = None) -> PassFlops:
     D, k, L = cfg.hidden_size, cfg.top_k, cfg.num_layers
     B, T = p.batch, p.new
     N = B * T
@@ -384,7 +386,7 @@ def pass_flops(cfg: ModelConfig, p: PassWork, dtype_bytes: int) -> PassFlops:
     w = dense_weights(cfg, dt)
     dense_flops = 2.0 * N * w.per_token_params + 2.0 * B * w.head_params         # lm_head: last position only
     dense_bytes = float(w.bytes + L * 6 * N * D * dt)                            # weights + activations in/out
-    attn = attention_cost(cfg, B, T, p.past, dt)
+    attn = attention_cost(cfg, B, T, p.past, dt, kv_dtype)
     ex_flops = 2.0 * N * k * _architecture(cfg).experts.params                  # per MoE layer
     ex_bytes = p.unique * expert_bytes(cfg, dt)                                  # [M]
     ex_f = np.full(cfg.n_moe_layers, ex_flops)

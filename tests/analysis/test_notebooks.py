@@ -14,9 +14,9 @@ REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 
 
-def test_the_three_notebooks_exist() -> None:
+def test_the_four_notebooks_exist() -> None:
     assert [p.name for p in NOTEBOOKS] == ["01_placement_sweep.ipynb", "02_cache_policies.ipynb",
-                                           "03_what_if.ipynb"]
+                                           "03_what_if.ipynb", "04_kv_vs_residency.ipynb"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
