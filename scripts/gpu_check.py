@@ -16,7 +16,9 @@ wait removed they must go wrong, which proves the amplifier bites), link (event-
 copies in the timeline vs a raw pinned torch -- and CuPy -- copy of the same size),
 overlap (fetch decode with the cache below the working set: issue_ahead off/on, prefetch
 none/next_layer_gate; overlap_frac and time per token), memory (planned transient vs the
-CUDA allocator's measured peak; PhaseProbe's allocated and reserved peaks).
+CUDA allocator's measured peak; PhaseProbe's allocated and reserved peaks), grouped
+(resident_grouped in bf16: resident's tokens, and no host sync in a decode step under
+torch.cuda.set_sync_debug_mode("error")), kv_dtype (q8/q4/fp8 KV stored and read on the device).
 """
 from __future__ import annotations
 
@@ -360,10 +362,52 @@ def check_memory(t: Table) -> None:
         eng.close()
 
 
+def check_grouped(t: Table) -> None:
+    """resident_grouped (routing grouped on the device, F.grouped_mm per layer) in bf16: the same
+    greedy tokens as resident bf16, logits within bf16 rounding, and no host sync in a decode step
+    (torch.cuda.set_sync_debug_mode("error") raises on one)."""
+    prompts = [list(range(1, 17)), list(range(5, 21))]
+    out = {}
+    for placement in ("resident", "resident_grouped"):
+        eng = Engine.from_pretrained("tiny-mixtral", device="cuda", placement=placement, dtype="bfloat16", ubatch=32)
+        res = eng.generate(prompts, 8)
+        out[placement] = (res.tokens, [x.float().cpu() for x in res.logits])
+        if placement == "resident_grouped":
+            sess = eng.new_session(len(prompts))
+            eng.prefill(sess, prompts)
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                eng.model.forward(torch.ones(len(prompts), 1, dtype=torch.long, device="cuda"), sess)
+                synced = None
+            except RuntimeError as exc:          # the sync debug mode's error names the op
+                synced = str(exc).splitlines()[0][:120]
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            t.add("grouped", "resident_grouped,bf16", "decode_step_host_syncs", synced or 0, synced is None, synced or "")
+            sess.close()
+        eng.close()
+    (ta, la), (tb, lb) = out["resident"], out["resident_grouped"]
+    d = max_diff(la, lb)
+    t.add("grouped", "resident_grouped,bf16", "tokens_equal_resident", ta == tb, ta == tb)
+    t.add("grouped", "resident_grouped,bf16", "max_abs_logit_diff_vs_resident", d, d <= 5e-2)
+
+
+def check_kv_dtype(t: Table) -> None:
+    """kv.dtype on CUDA: q8 and fp8 store and read back on the device; the stored bytes counted."""
+    for kv in ("q8", "q4", "fp8"):
+        try:
+            eng = Engine.from_pretrained("tiny-mixtral", device="cuda", placement="fetch", cache_capacity=4, kv_dtype=kv)
+            res = eng.generate([list(range(1, 33))], 8)
+            t.add("kv_dtype", kv, "generated_tokens", len(res.tokens[0]), len(res.tokens[0]) == 8)
+            eng.close()
+        except Exception as exc:                 # a refusal (fp8 without device support) is a finding
+            t.add("kv_dtype", kv, "error", type(exc).__name__, False, str(exc).splitlines()[0][:160])
+
+
 CHECKS: dict[str, Callable[[Table], None]] = {
     "invariant": check_invariant, "pinned": check_pinned, "allocator_cap": check_allocator_cap,
     "copy_stream": check_copy_stream, "race": check_race, "link": check_link, "overlap": check_overlap,
-    "memory": check_memory}
+    "memory": check_memory, "grouped": check_grouped, "kv_dtype": check_kv_dtype}
 
 
 def main(argv: list[str] | None = None) -> int:
