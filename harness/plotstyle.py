@@ -57,6 +57,7 @@ PLACEMENT_STYLES: dict[str, Style] = {
     "cpu": Style("#2ca02c", "^"),           # green
     "hybrid": Style("#9467bd", "D"),        # purple
     "stream": Style("#8c564b", "v"),        # brown
+    "resident_grouped": Style("#6baed6", "h"),   # light blue: resident's variant
 }
 ENGINE_STYLES: dict[str, Style | None] = {
     "moebench": None,                       # ours: drawn in its placements' styles

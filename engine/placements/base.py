@@ -207,3 +207,16 @@ class Placement(ABC):
             out_d = dev.to_device(out, info)
             counters.transfer("h2d", "activation", out.numel() * out.element_size(), layer)
         return out_d
+
+
+class AllExpertsResident(Placement, ABC):
+    """What placements that keep every expert on the device share (resident, resident_grouped):
+    the whole expert store is device memory, nothing moves after load."""
+
+    def expert_on_device(self, layer: int) -> bool:
+        return True
+
+    @classmethod
+    def device_expert_bytes(cls, cfg: ModelConfig, expert_bytes: int, capacity: int | None,
+                            options: dict[str, Any]) -> int:
+        return cfg.n_moe_layers * cfg.n_experts * expert_bytes

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import torch
 
-from engine.placements.resident import Resident
+from engine.placements.base import AllExpertsResident
 
 
-class ResidentGrouped(Resident):
+class ResidentGrouped(AllExpertsResident):
     name = "resident_grouped"
 
     def setup(self) -> None:
