@@ -14,7 +14,6 @@ Not a test: `python benchmarks/bench_vs_llamacpp.py [--repeats N] [--threads 1,2
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -29,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_roofline  # noqa: E402
-from bench_vs_transformers import SHAPE, build_checkpoint, time_ours  # noqa: E402
+from bench_vs_transformers import SHAPE, build_checkpoint, parser, summary, time_ours  # noqa: E402
 from engine import Engine  # noqa: E402
 from harness.llamacpp.build import cache_root, find_binaries  # noqa: E402
 from harness.llamacpp.convert import convert  # noqa: E402
@@ -56,19 +55,8 @@ def time_llamacpp(srv: LlamaServer, prompt: list[int], n_decode: int) -> tuple[f
     return t.prompt_ms / 1e3, t.predicted_ms / 1e3, r.tokens
 
 
-def summary(name: str, ours: list[float], ll: list[float], unit: str) -> str:
-    mo, ml = statistics.median(ours), statistics.median(ll)
-    return (f"{name:<8} ours {mo:8.1f} ({min(ours):.1f}-{max(ours):.1f})  llama.cpp {ml:8.1f} "
-            f"({min(ll):.1f}-{max(ll):.1f}) {unit}  ratio {mo / ml:.2f}x")
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--prefill", type=int, default=512)
-    ap.add_argument("--decode", type=int, default=64)
-    ap.add_argument("--threads", default="1,2", help="comma-separated thread counts")
-    args = ap.parse_args()
+    args = parser(__doc__.splitlines()[0]).parse_args()
     bins = find_binaries()
     path = checkpoint()
     gguf = convert(path, "f32")
@@ -106,8 +94,8 @@ def main() -> None:
         load = os.getloadavg()
         print(f"-- {threads} thread(s); load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
               f"llama-server peak RSS {peak / 2**30:.2f} GiB")
-        print(summary("prefill", s["ours_prefill"], s["ll_prefill"], f"tok/s on {args.prefill} tokens"))
-        print(summary("decode", s["ours_decode"], s["ll_decode"], f"tok/s over {args.decode} tokens"))
+        print(summary("prefill", s["ours_prefill"], s["ll_prefill"], "llama.cpp", f"tok/s on {args.prefill} tokens"))
+        print(summary("decode", s["ours_decode"], s["ll_decode"], "llama.cpp", f"tok/s over {args.decode} tokens"))
         rates = bench_roofline.measured_rates(rates_before)
         bound = bench_roofline.bound(ours, args.prefill, args.prefill + args.decode // 2, rates)
         print(bench_roofline.line(threads, bound, rates, {

@@ -67,13 +67,25 @@ def time_ours(eng: Engine, prompt: list[list[int]], n_decode: int) -> tuple[floa
     return t1 - t0, t3 - t2
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parser(description: str) -> argparse.ArgumentParser:
+    """The arguments every engine-vs-engine benchmark takes (the same work on both sides)."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--prefill", type=int, default=512)
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--threads", default="1,2", help="comma-separated torch thread counts")
-    args = ap.parse_args()
+    return ap
+
+
+def summary(name: str, ours: list[float], other: list[float], other_name: str, unit: str) -> str:
+    """One phase's line: each side's median (min-max) and the ratio of the medians, ours / theirs."""
+    mo, mt = statistics.median(ours), statistics.median(other)
+    return (f"{name:<8} ours {mo:8.1f} ({min(ours):.1f}-{max(ours):.1f})  {other_name} {mt:8.1f} "
+            f"({min(other):.1f}-{max(other):.1f}) {unit}  ratio {mo / mt:.2f}x")
+
+
+def main() -> None:
+    args = parser(__doc__.splitlines()[0]).parse_args()
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as d:
         hf = build_checkpoint(Path(d))
@@ -99,10 +111,8 @@ def main() -> None:
         med = {k: statistics.median(v) for k, v in samples.items()}
         for phase, unit in (("prefill", f"tok/s on {args.prefill} tokens"),
                             ("decode", f"tok/s over {args.decode} tokens")):
-            o, h = samples[f"ours_{phase}"], samples[f"hf_{phase}"]
-            print(f"{threads} thread(s) {phase:<8} ours {med[f'ours_{phase}']:8.1f} ({min(o):.1f}-{max(o):.1f})  "
-                  f"transformers {med[f'hf_{phase}']:8.1f} ({min(h):.1f}-{max(h):.1f}) {unit}  "
-                  f"ratio {med[f'ours_{phase}'] / med[f'hf_{phase}']:.2f}x")
+            print(f"{threads} thread(s) "
+                  + summary(phase, samples[f"ours_{phase}"], samples[f"hf_{phase}"], "transformers", unit))
         rates = bench_roofline.measured_rates(rates_before)
         bound = bench_roofline.bound(ours, args.prefill, args.prefill + args.decode // 2, rates)
         print(bench_roofline.line(threads, bound, rates, {(name, phase): med[f"{key}_{phase}"]
