@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.blocks.experts import ExpertLayout, RandomTensor
+from engine.blocks.experts import ByteLayout, ExpertLayout, RandomTensor
 from engine.blocks.mxfp4 import BLOCK, dequantize, quantize
 from engine.checkpoint import Checkpoint, MissingTensorError
 
@@ -107,7 +107,7 @@ class ClampedSwiGLUExperts(ExpertLayout):
         return rows * (2 * self.D + 9 * self.I) * dtype_bytes
 
 
-class MXFP4Experts(ClampedSwiGLUExperts):
+class MXFP4Experts(ByteLayout, ClampedSwiGLUExperts):
     """The same expert kept in MXFP4: one uint8 buffer [biases fp32 (2I + D) | gate/up blocks
     [2I, D/32, 16] | their scales [2I, D/32] | down blocks [D, I/32, 16] | their scales [D, I/32]]."""
 
@@ -129,11 +129,6 @@ class MXFP4Experts(ClampedSwiGLUExperts):
     def params(self) -> int:
         return 3 * self.D * self.I + 2 * self.I + self.D
 
-    def storage_dtype(self, dtype: torch.dtype) -> torch.dtype:
-        return torch.uint8
-
-    def nbytes(self, dtype_bytes: int) -> int:
-        return self.numel                                             # the stored bytes, whatever the compute dtype
 
     def matrices(self) -> tuple[tuple[int, int], ...]:
         raise ValueError("GPT-OSS experts kept in MXFP4 (expert_format 'mxfp4') are quantised already; "

@@ -105,6 +105,17 @@ class ExpertLayout(ABC):
         """Transient bytes of `run` over `rows` rows."""
 
 
+
+class ByteLayout(ExpertLayout):
+    """A layout whose packed buffer is raw bytes (MXFP4, int8, int4): stored as uint8 whatever
+    the model runs in, so an expert's bytes are its `numel` at any compute dtype."""
+
+    def storage_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        return torch.uint8
+
+    def nbytes(self, dtype_bytes: int) -> int:
+        return self.numel
+
 class SwiGLUExperts(ExpertLayout):
     """act(x @ gate^T) * (x @ up^T) @ down^T, packed as [gate (I*D) | up (I*D) | down (D*I)]."""
 

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from engine.blocks.experts import ExpertLayout, RandomTensor
+from engine.blocks.experts import ByteLayout, ExpertLayout, RandomTensor
 from engine.blocks.intquant import check_group, dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
 from engine.checkpoint import Checkpoint
 
@@ -116,7 +116,7 @@ def quantized_layout(base: ExpertLayout, spec: ExpertQuant | None) -> ExpertLayo
     return QuantExperts(base, spec.mode, spec.group_size)
 
 
-class QuantExperts(ExpertLayout):
+class QuantExperts(ByteLayout):
     """`base`'s expert quantised to `fmt` ("int8" | "int4"), one uint8 buffer (module docstring)."""
 
     def __init__(self, base: ExpertLayout, fmt: str, group_size: int = DEFAULT_GROUP) -> None:
@@ -154,11 +154,6 @@ class QuantExperts(ExpertLayout):
     def params(self) -> int:
         return self.base.params
 
-    def storage_dtype(self, dtype: torch.dtype) -> torch.dtype:
-        return torch.uint8
-
-    def nbytes(self, dtype_bytes: int) -> int:
-        return self.numel                                 # the stored bytes, whatever the compute dtype
 
     # --- packing ------------------------------------------------------------------------------
     @staticmethod
@@ -231,7 +226,7 @@ class QuantExperts(ExpertLayout):
                 + big * (2 + 4 + 4 + dtype_bytes))
 
 
-class MixedExperts(ExpertLayout):
+class MixedExperts(ByteLayout):
     """Per MoE layer, the experts in `high[layer]` stored by `hi` (int8), the rest by `lo` (int4)."""
 
     def __init__(self, base: ExpertLayout, hi: QuantExperts, lo: QuantExperts, high: dict[int, frozenset[int]]) -> None:
@@ -258,11 +253,6 @@ class MixedExperts(ExpertLayout):
     def params(self) -> int:
         return self.base.params
 
-    def storage_dtype(self, dtype: torch.dtype) -> torch.dtype:
-        return torch.uint8
-
-    def nbytes(self, dtype_bytes: int) -> int:
-        return self.numel
 
     def mean_nbytes(self, dtype_bytes: int, n_experts: int, layers: Iterable[int]) -> float:
         layers = list(layers)
