@@ -109,11 +109,16 @@ def verdict(spec: RunSpec, **kw: Any) -> Verdict:
         return Verdict(False, None, f"{type(exc).__name__}: {exc}")
 
 
+def _torch_threads() -> int:
+    """The thread count a CPU plan is for: CPU attention keeps a flash-attention buffer per torch
+    thread, so the plan (and `auto` capacity) depends on it."""
+    import torch
+    return torch.get_num_threads()
+
+
 def _header(spec: RunSpec) -> str:
     w, m, b = spec.workload, spec.model_config, budget_of(spec)
-    # CPU attention keeps a flash-attention buffer per torch thread: the plan depends on the count
-    import torch
-    threads = f" ({torch.get_num_threads()} torch threads)" if _device_kind(spec) == "cpu" else ""
+    threads = f" ({_torch_threads()} torch threads)" if _device_kind(spec) == "cpu" else ""
     return (f"{spec.model_label} ({m.family}, {m.n_moe_layers} MoE layers x {m.n_experts} experts, top-{m.top_k}), "
             f"dtype {spec.model.dtype}, {spec.placement}, context {w.context_tokens} (+{w.gen_tokens} generated, "
             f"+2 turns of {w.turn_tokens}) x batch {w.batch}, ubatch {w.ubatch}, device {_device_kind(spec)}"
@@ -153,8 +158,7 @@ def sweep_report(jobs: list[list[str]]) -> tuple[bool, str]:
                   if v.plan else v.message.splitlines()[0])
         rows.append((" ".join(job), "fits" if v.fits else "does not fit", detail))
     width = max(len(r[0]) for r in rows)
-    import torch
-    note = f"planned for {torch.get_num_threads()} torch threads (CPU attention keeps a buffer per thread)\n" \
+    note = f"planned for {_torch_threads()} torch threads (CPU attention keeps a buffer per thread)\n" \
         if on_cpu else ""
     return ok, note + "\n".join(f"{a:<{width}}  {b:<12}  {c}" for a, b, c in rows)
 

@@ -97,9 +97,12 @@ def sweep_table(df: pd.DataFrame, columns: Sequence[Column] = COLUMNS) -> pd.Dat
     # the jobs' files were read in); text factors (placements) keep the sweep's order
     first_seen = {c: {v: i for i, v in enumerate(dict.fromkeys(str(r[c]) for r in out))} for c in factors}
 
+    def rank(c: str, v: object) -> tuple:
+        k = natural_key(v)
+        return (1, first_seen[c][str(v)]) if k[0] == 1 else k[:2]        # text: its first appearance
+
     def key(r: dict) -> tuple:
-        return tuple(natural_key(r[c])[:2] if natural_key(r[c])[0] != 1 else (1, first_seen[c][str(r[c])])
-                     for c in factors)
+        return tuple(rank(c, r[c]) for c in factors)
 
     out.sort(key=key)
     return pd.DataFrame(out)
