@@ -40,6 +40,7 @@ from engine.planner import MemoryPlan, plan_memory
 from engine.policies import make_policy
 from engine.prefetch.base import PrefetchContext
 from engine.registry import PLACEMENTS, POLICIES, PREFETCHERS
+from engine.static_decode import StaticDecoder
 
 log = logging.getLogger(__name__)
 DEFAULT_CONTEXT = 4096
@@ -276,6 +277,10 @@ class Engine:
             raise ValueError(f"context {sess.length + 1} exceeds max_position_embeddings "
                              f"{self.cfg.max_position_embeddings}")
         with self.model.instrument.span("step", phase="decode", tokens=sess.batch):
+            if self.placement.static_decode:
+                if sess.static_decoder is None:
+                    sess.static_decoder = StaticDecoder(self.model, sess)
+                return sess.static_decoder.step(ids)
             return self.model.forward(ids, sess)
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int = 16,

@@ -45,12 +45,16 @@ from __future__ import annotations
 import itertools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from engine.counters import Counters
 from engine.devices import Device
 from engine.kvquant import KVFormat, dequantise_reference, kv_format
+
+if TYPE_CHECKING:
+    from engine.blocks.base import StaticStep
 
 MIN_CAPACITY = 256          # unplanned full KV starts here and doubles
 _labels = itertools.count()
@@ -228,6 +232,17 @@ class FullKV(KVState):
         k_all, v_all = self._read(end)
         return k_all, v_all, 0
 
+    def write_at(self, k: torch.Tensor, v: torch.Tensor, step: StaticStep) -> tuple[torch.Tensor, torch.Tensor]:
+        """A static decode step's append (engine.static_decode): k/v [B, K, 1, h] written at the
+        device position `step.pos`, and the first `step.keys` positions read back -- shapes and
+        arguments that do not depend on the token count. The buffers must already hold them."""
+        if self.capacity < step.keys:
+            raise RuntimeError(f"static decode step reads {step.keys} key positions of a KV cache allocated "
+                               f"for {self.capacity}; reserve them before the step")
+        for buf, part in zip(self._parts, self._encode(k, v)):
+            buf.index_copy_(2, step.pos, part)
+        return self._decode([t[:, :, :step.keys] for t in self._parts])
+
     def snapshot(self, length: int) -> list[torch.Tensor]:
         return [t[:, :, :length] for t in self.tensors()]
 
@@ -315,6 +330,7 @@ class Session:
         self.length = 0                                   # tokens whose state is held
         self.pending: list[int] | None = None             # last generated token per row, not yet in the state
         self.on_device = True
+        self.static_decoder = None                        # engine.static_decode's, built on its first step
 
     @staticmethod
     def new_label() -> str:
@@ -370,6 +386,7 @@ class Session:
                 self.counters.transfer("d2h", "kv", h.numel() * h.element_size(), layer)
             state.drop()
         self.on_device = False
+        self.static_decoder = None       # its graphs read the freed buffers
 
     def restore(self) -> None:
         """Bring an offloaded session back to the device."""
@@ -394,4 +411,4 @@ class Session:
             if self.on_device:
                 state.drop()
             state.host = None
-        self.length, self.on_device = 0, True
+        self.length, self.on_device, self.static_decoder = 0, True, None

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from engine.blocks.base import Pass, TensorSpec
+from engine.blocks.base import Pass, StaticStep, TensorSpec
 from engine.blocks.experts import ExpertLayout
 from engine.blocks.routers import Router
 from engine.cache import ExpertStore
@@ -135,8 +135,12 @@ class MoEModel:
                   for layer in self.layers]
         return Session(self.device, counters, batch, states, max_tokens)
 
-    def forward(self, ids: torch.Tensor, sess: Session, all_logits: bool = False) -> torch.Tensor:
-        """ids [B, T] -> logits [B, V] for the last position ([B, T, V] with all_logits)."""
+    def forward(self, ids: torch.Tensor, sess: Session, all_logits: bool = False,
+                static: StaticStep | None = None) -> torch.Tensor:
+        """ids [B, T] -> logits [B, V] for the last position ([B, T, V] with all_logits). A
+        `static` step (engine.static_decode: T = 1, position on the device) leaves the session's
+        token count to its caller, which advances it once per step whether the step ran or was
+        replayed."""
         span = self.instrument.span
         B, T = ids.shape
         self.placement.begin_forward(B * T)
@@ -147,12 +151,14 @@ class MoEModel:
             prefetcher.begin_forward()               # counts passes even when this one is not prefetched
             if not self.placement.prefetchable():
                 prefetcher = None
-        p = Pass(B, T, sess.length, ids.device, self.dtype, span, functools.partial(self._run_experts, prefetcher))
+        p = Pass(B, T, None if static else sess.length, ids.device, self.dtype, span,
+                 functools.partial(self._run_experts, prefetcher), static)
         x = self.arch.embedding(ids, p)                                            # [B, T, D]
         for i, layer in enumerate(self.layers):
             with span("layer", layer=i):
                 x = layer(x, sess.state(i), p)
-        sess.advance(T)
+        if static is None:
+            sess.advance(T)
         return self.arch.head(x, all_logits)                                       # [B, V] or [B, T, V]
 
     def _run_experts(self, prefetcher: Prefetcher | None, layer: int, h: torch.Tensor, ids: torch.Tensor,

@@ -450,6 +450,9 @@ def validate(cfg: DictConfig) -> RunSpec:
             f"{workload.turn_tokens}) = {needed} tokens is longer than the model allows "
             f"(max_position_embeddings {mcfg.max_position_embeddings} for {mcfg.name or model.name!r})")
     placement = _placement_options(pname, placement, mcfg)
+    if placement.get("cuda_graph") and run.record_trace:
+        raise ConfigError("run.record_trace=true: placement.cuda_graph=true keeps routing on the device, so a "
+                          "routing trace cannot be recorded; allowed with it: run.record_trace=false")
     uses_cache = needs_cache(pname, placement)
     capacity_bytes = _capacity_bytes(c["cache"])
     capacity: int | str | None = None if capacity_bytes is not None else \

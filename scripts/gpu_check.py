@@ -18,7 +18,9 @@ overlap (fetch decode with the cache below the working set: issue_ahead off/on, 
 none/next_layer_gate; overlap_frac and time per token), memory (planned transient vs the
 CUDA allocator's measured peak; PhaseProbe's allocated and reserved peaks), grouped
 (resident_grouped in bf16: resident's tokens, and no host sync in a decode step under
-torch.cuda.set_sync_debug_mode("error")), kv_dtype (q8/q4/fp8 KV stored and read on the device).
+torch.cuda.set_sync_debug_mode("error")), cuda_graph (resident_grouped decode replayed as CUDA graphs:
+the eager tokens, no sync in a replay, tok/s with and without), kv_dtype (q8/q4/fp8 KV stored and
+read on the device).
 """
 from __future__ import annotations
 
@@ -392,6 +394,62 @@ def check_grouped(t: Table) -> None:
     t.add("grouped", "resident_grouped,bf16", "max_abs_logit_diff_vs_resident", d, d <= 5e-2)
 
 
+def check_cuda_graph(t: Table) -> None:
+    """resident_grouped with cuda_graph=True (engine.static_decode) in bf16, at tiny-mixtral's and
+    BIG's shapes: the eager step's greedy tokens, logits within bf16 rounding, no host sync inside a
+    replay, the key buckets captured, and decode tok/s with and without graphs (interleaved,
+    3 rounds, medians)."""
+    prompts = [list(range(1, 250)), list(range(7, 256))]           # 249 tokens: crosses the 256-key bucket
+    for case, overrides in (("tiny-mixtral", None), ("big", BIG)):
+        engines = {g: Engine.from_pretrained(TINY, device="cuda", placement="resident_grouped", dtype="bfloat16",
+                                             max_context=600, model_overrides=overrides, cuda_graph=g)
+                   for g in (False, True)}
+        out = {g: engines[g].generate(prompts, 16) for g in (False, True)}
+        same = out[False].tokens == out[True].tokens
+        eager, graph = ([x.float().cpu() for x in out[g].logits] for g in (False, True))
+        t.add("cuda_graph", case, "tokens_equal_eager", same, same)
+        # the first decode step alone (later steps attend K/V that already differ by bf16 rounding, and drift)
+        d1, scale = max_diff(eager[1:2], graph[1:2]), float(eager[1].abs().max())
+        t.add("cuda_graph", case, "first_step_max_abs_logit_diff", d1, d1 <= 1e-2 * scale, f"max |logit| {scale:.3g}")
+        t.add("cuda_graph", case, "max_abs_logit_diff_16_steps", max_diff(eager, graph))
+        eng = engines[True]
+        sess = eng.new_session(len(prompts))
+        tok = eng.prefill(sess, prompts).argmax(-1).tolist()
+        tok = eng.decode_step(sess, tok).argmax(-1).tolist()          # captures the first bucket
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            ids = torch.tensor([[x] for x in tok], device="cuda")
+            sess.static_decoder.step(ids)
+            synced = None
+        except RuntimeError as exc:
+            synced = str(exc).splitlines()[0][:120]
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        t.add("cuda_graph", case, "replay_host_syncs", synced or 0, synced is None, synced or "")
+        t.add("cuda_graph", case, "graphs_captured", ",".join(map(str, sorted(sess.static_decoder.graphs))), True)
+        sess.close()
+        rates: dict[bool, list[float]] = {False: [], True: []}
+        for _ in range(3):
+            for g in (False, True):
+                e = engines[g]
+                s = e.new_session(1)
+                tk = e.prefill(s, prompts[:1]).argmax(-1).tolist()
+                for _ in range(3):
+                    tk = e.decode_step(s, tk).argmax(-1).tolist()
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(64):
+                    tk = e.decode_step(s, tk).argmax(-1).tolist()
+                rates[g].append(64 / (time.perf_counter() - t0))
+                s.close()
+        for g in (False, True):
+            t.add("cuda_graph", case, f"decode_tok_per_s_{'graph' if g else 'eager'}", round(statistics.median(rates[g]), 1))
+        t.add("cuda_graph", case, "graph_speedup", round(statistics.median(rates[True]) / statistics.median(rates[False]), 2))
+        for e in engines.values():
+            e.close()
+
+
 def check_kv_dtype(t: Table) -> None:
     """kv.dtype on CUDA: q8 and fp8 store and read back on the device; the stored bytes counted."""
     for kv in ("q8", "q4", "fp8"):
@@ -407,7 +465,7 @@ def check_kv_dtype(t: Table) -> None:
 CHECKS: dict[str, Callable[[Table], None]] = {
     "invariant": check_invariant, "pinned": check_pinned, "allocator_cap": check_allocator_cap,
     "copy_stream": check_copy_stream, "race": check_race, "link": check_link, "overlap": check_overlap,
-    "memory": check_memory, "grouped": check_grouped, "kv_dtype": check_kv_dtype}
+    "memory": check_memory, "grouped": check_grouped, "cuda_graph": check_cuda_graph, "kv_dtype": check_kv_dtype}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -83,6 +83,11 @@ class AttentionBlock(Block, ABC):
         """Transient bytes of reading the state back in the compute dtype (0: read in place)."""
         return 0
 
+    def static_refusal(self) -> str | None:
+        """None when a static decode step (engine.static_decode) can write and read this layer's
+        state at a device position; else the state kind that it cannot (the refusal names it)."""
+        return f"the state of {type(self).__name__}"
+
     def require_exact_state(self, kv_dtype: str | None, kind: str) -> None:
         """Refuse a kv_dtype other than the model's for a state kind stored only exactly."""
         if kv_dtype not in (None, DEFAULT_KV_DTYPE):
@@ -182,6 +187,9 @@ class GQAAttention(AttentionBlock):
         projections or an output gate reuses)."""
         cos, sin = self.rope.tables(p)
         q, k = self.rope.apply(q, cos, sin), self.rope.apply(k, cos, sin)
+        if p.static is not None:      # a fixed-shape decode step: written at a device position, keys masked on the device
+            k_all, v_all = state.write_at(k, v, p.static)                          # [B, K, keys, h]
+            return self.attend(q, k_all, v_all, p.cached("static mask", p.static.mask))
         k_all, v_all, kv_start = state.append(k, v, p.past)                        # [B, K, S, h]
         mask = p.cached(("mask", self.window, kv_start),
                         lambda: causal_mask(q.shape[2], p.past, self.window, p.device, kv_start))
@@ -196,6 +204,9 @@ class GQAAttention(AttentionBlock):
         if self.window is not None:
             return SlidingKV(device, label, batch, self.K, self.hd, dtype, max_tokens, self.window, kv_dtype)
         return FullKV(device, label, batch, self.K, self.hd, dtype, max_tokens, kv_dtype)
+
+    def static_refusal(self) -> str | None:
+        return None if self.window is None else f"a sliding-window KV ({self.window}-token window)"
 
     def state_term(self, dtype_bytes: int, kv_dtype: str | None = None) -> StateTerm:
         kv_format(kv_dtype).check(self.hd)

@@ -96,22 +96,42 @@ class Block:
 ExpertRunner = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+@dataclass(frozen=True)
+class StaticStep:
+    """A decode step whose kernels and their arguments do not depend on the host's token count
+    (engine.static_decode: what a CUDA graph replays): the position of the one new token is the
+    device tensor `pos` [1], and attention reads the first `keys` positions of the state's
+    buffers (a bucket fixed per captured graph) under a mask computed on the device."""
+
+    pos: torch.Tensor     # [1] int64 on the device: the new token's absolute position
+    keys: int             # key positions every layer attends (masked past `pos`)
+
+    def mask(self) -> torch.Tensor:
+        """[1, keys] bool: True where a key position is at or before the new token's."""
+        return (torch.arange(self.keys, device=self.pos.device) <= self.pos)[None, :]
+
+
 class Pass:
     """One forward pass over [B, T] new tokens after `past` held ones.
 
     `run_experts(layer, h, ids, weights)` is the model's hand-off of routed experts (routing
     hooks, step log, prefetcher, then the placement); `cached(key, make)` memoises what several
-    layers share (rope tables per Rope, masks per window), computed once per pass."""
+    layers share (rope tables per Rope, masks per window), computed once per pass. A static
+    step (`static`, T = 1) has no host `past` (None: a block that reads it fails instead of
+    baking a position into a captured graph); its position is `static.pos` on the device."""
 
-    def __init__(self, batch: int, tokens: int, past: int, device: torch.device, dtype: torch.dtype,
-                 span: Callable[..., AbstractContextManager], run_experts: ExpertRunner) -> None:
-        self.batch, self.tokens, self.past = batch, tokens, past
+    def __init__(self, batch: int, tokens: int, past: int | None, device: torch.device, dtype: torch.dtype,
+                 span: Callable[..., AbstractContextManager], run_experts: ExpertRunner,
+                 static: StaticStep | None = None) -> None:
+        self.batch, self.tokens, self.past, self.static = batch, tokens, past, static
         self.device, self.dtype, self.span, self.run_experts = device, dtype, span, run_experts
         self._memo: dict[Hashable, Any] = {}
 
     @property
     def positions(self) -> torch.Tensor:
         """Absolute positions of the new tokens [T]."""
+        if self.static is not None:
+            return self.static.pos
         return self.cached("positions", lambda: torch.arange(self.past, self.past + self.tokens, device=self.device))
 
     def cached(self, key: Hashable, make: Callable[[], Any]) -> Any:

@@ -127,6 +127,9 @@ class GatedDeltaNet(AttentionBlock):
         o = gated_rms_norm(o.reshape(-1, dv), z.reshape(-1, dv), w["norm"], self.eps)
         return F.linear(o.view(B, T, H * dv), w["out"])                                   # [B, T, D]
 
+    def static_refusal(self) -> str | None:
+        return "a recurrent DeltaNet state (RecurrentState)"
+
     def new_state(self, batch: int, max_tokens: int | None, device: Device, dtype: torch.dtype,
                   label: str, kv_dtype: str | None = None) -> RecurrentState:
         self.require_exact_state(kv_dtype, "a recurrent DeltaNet state (RecurrentState)")

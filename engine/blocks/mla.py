@@ -188,6 +188,9 @@ class MLAAttention(AttentionBlock):
         return o.transpose(1, 2).reshape(B, T, H * self.v)                               # [B, T, H*v]
 
     # --- state and plan ----------------------------------------------------------------------
+    def static_refusal(self) -> str | None:
+        return "an MLA latent (LatentKV)"
+
     def new_state(self, batch: int, max_tokens: int | None, device: Device, dtype: torch.dtype,
                   label: str, kv_dtype: str | None = None) -> LatentKV:
         self.require_exact_state(kv_dtype, "an MLA latent (LatentKV)")

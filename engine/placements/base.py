@@ -127,6 +127,8 @@ class Placement(ABC):
         if self.cache is not None:
             self.cache.reset()
 
+    static_decode: ClassVar[bool] = False   # decode steps run fixed-shape through engine.static_decode
+
     def prefetchable(self) -> bool:
         """Whether this forward pass looks experts up in the device cache, so copying the next
         layer's experts into it ahead can help (False: the engine skips the prefetcher)."""

@@ -10,18 +10,47 @@ output as `resident` (bitwise on the CPU: tests/engine/test_dispatch.py); writte
 unverified there (no GPU in this project's checks). Not the default: on the CPU the grouped GEMM
 is a loop of mm, so it is no faster than `resident`, and it gives one expert span per layer
 instead of one per expert.
+
+Option `cuda_graph` (default false): decode steps of fixed shape (engine.static_decode) --
+captured as a CUDA graph per key bucket on CUDA and replayed, run eagerly (the same kernels)
+elsewhere; for models whose every layer keeps a full KV cache.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 
+from engine import static_decode
+from engine.config import ModelConfig
 from engine.placements.base import AllExpertsResident
+
+
+@dataclass(frozen=True)
+class ResidentGroupedOptions:
+    cuda_graph: bool = False   # decode steps of fixed shape: a CUDA graph replayed on CUDA (engine.static_decode)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.cuda_graph, bool):
+            raise ValueError(f"cuda_graph must be true or false, got {self.cuda_graph!r}")
 
 
 class ResidentGrouped(AllExpertsResident):
     name = "resident_grouped"
+    Options = ResidentGroupedOptions
+
+    @property
+    def static_decode(self) -> bool:
+        return self.options.cuda_graph
+
+    @classmethod
+    def check_model(cls, cfg: ModelConfig, options: dict[str, Any]) -> None:
+        if cls.parse_options(options).cuda_graph:
+            static_decode.check_model(cfg.architecture())
 
     def setup(self) -> None:
+        self.check_model(self.ctx.cfg, {"cuda_graph": self.options.cuda_graph})
         store, device = self.ctx.store, self.ctx.device.torch_device
         if not store.layout.grouped_supported(store.dtype, device):
             raise ValueError(f"placement 'resident_grouped' needs a grouped expert kernel; "

@@ -102,6 +102,17 @@ def test_n_cpu_layers_beyond_the_moe_layers():
     refused("placement=hybrid", "placement.n_cpu_layers=9", match=r"placement.n_cpu_layers: allowed 0..4 .*got 9")
 
 
+def test_cuda_graph_refused_where_a_layer_keeps_another_state():
+    refused("placement=resident_grouped", "placement.cuda_graph=true", "model=tiny-deepseek",
+            match=r"placement.cuda_graph: decode steps of fixed shape need a full KV cache in every layer; .*"
+                  r"an MLA latent .*allowed for this model: cuda_graph=false")
+
+
+def test_cuda_graph_refuses_a_routing_trace():
+    refused("placement=resident_grouped", "placement.cuda_graph=true", "run.record_trace=true",
+            match=r"run.record_trace=true: placement.cuda_graph=true keeps routing on the device")
+
+
 @pytest.mark.parametrize("placement", PLACEMENTS.names())
 def test_a_wrong_capacity_is_refused_under_every_placement(placement):
     refused(f"placement={placement}", "cache.capacity=many", match=r"cache.capacity: allowed an int .* got 'many'")
