@@ -25,7 +25,9 @@ token per layer. No software overhead, copies none (CPU, resident).
 """
 from __future__ import annotations
 
-from harness.costmodel.calibrate import gemm_rates, gemv_rates
+import torch
+
+from harness.costmodel.calibrate import best_time, gemm_rates, gemv_rates
 
 GEMV_MIB, GEMM_SIZE, REPEATS = 512, 2048, 3
 
@@ -68,4 +70,24 @@ def line(threads: int, b: dict[str, float], rates: dict[str, float], measured: d
             f"{rates['gemm_gflops']:.0f} GFLOP/s); frac_of_roofline: {fr}")
 
 
-__all__ = ["bound", "line", "measured_rates"]
+def expert_shape_line(eng, prefill_tokens: int, b: dict[str, float], rates: dict[str, float],
+                      measured: dict[str, float]) -> str:
+    """What the model's own shapes allow, measured now: the expert FFN (the engine's kernel on a
+    real expert of the store) at the mean rows one expert gets in a prefill of `prefill_tokens`
+    (top_k / n_experts of them) against the square GEMM's rate, the prefill bound if expert FLOPs
+    ran at that rate, and each engine's fraction of it -- the per-expert GEMM's size, not
+    software, is what bounds a MoE prefill below the square-GEMM roofline."""
+    cfg, model = eng.cfg, eng.model
+    layout, packed = model.arch.experts, model.store.expert(cfg.moe_layers[0], 0)
+    rows = max(1, round(prefill_tokens * cfg.top_k / cfg.n_experts))
+    x = torch.randn(rows, cfg.hidden_size).to(model.dtype)
+    gflops = 2 * rows * layout.params / best_time(lambda: layout.run(x, packed), 10) / 1e9
+    expert_flops = 2 * cfg.n_moe_layers * cfg.top_k * layout.params
+    per_token = expert_flops / (gflops * 1e9) + (b["prefill_flops"] - expert_flops) / (rates["gemm_gflops"] * 1e9)
+    fr = "  ".join(f"{name} {v * per_token:.2f}" for name, v in measured.items())
+    return (f"expert FFN at {rows} rows (a {prefill_tokens}-token prefill's mean per expert): {gflops:.0f} GFLOP/s, "
+            f"{gflops / rates['gemm_gflops']:.2f} of the {GEMM_SIZE}^3 GEMM; prefill bound at that rate "
+            f"{1 / per_token:.0f} tok/s; fraction of it: {fr}")
+
+
+__all__ = ["bound", "expert_shape_line", "line", "measured_rates"]

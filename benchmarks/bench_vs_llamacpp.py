@@ -101,6 +101,8 @@ def main() -> None:
         print(bench_roofline.line(threads, bound, rates, {
             (name, phase): statistics.median(s[f"{key}_{phase}"])
             for name, key in (("ours", "ours"), ("llama.cpp", "ll")) for phase in ("prefill", "decode")}))
+        print(bench_roofline.expert_shape_line(ours, args.prefill, bound, rates, {
+            name: statistics.median(s[f"{key}_prefill"]) for name, key in (("ours", "ours"), ("llama.cpp", "ll"))}))
         print(f"token agreement (greedy, {len(ref)} tokens after the same {args.prefill}-token prompt): {agree:.3f}")
 
 

@@ -118,6 +118,8 @@ def main() -> None:
         print(bench_roofline.line(threads, bound, rates, {(name, phase): med[f"{key}_{phase}"]
                                                           for name, key in (("ours", "ours"), ("transformers", "hf"))
                                                           for phase in ("prefill", "decode")}))
+        print(bench_roofline.expert_shape_line(ours, args.prefill, bound, rates,
+                                               {"ours": med["ours_prefill"], "transformers": med["hf_prefill"]}))
     print(f"load average after {os.getloadavg()[0]:.2f}")
 
 

@@ -77,7 +77,20 @@ def causal_mask(T: int, past: int, window: int | None, device: torch.device,
     mask = kv <= q
     if window is not None:
         mask &= kv > q - window
+    # plain lower-triangular (queries and keys the same positions, no window cut): sdpa says is_causal
+    mask.plain_causal = past == kv_start and (window is None or window >= T)
     return mask
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float | None,
+         enable_gqa: bool = False) -> torch.Tensor:
+    """F.scaled_dot_product_attention under `mask`; a plain causal one (`causal_mask` marks it) is
+    passed as is_causal instead, which the CPU flash kernel computes bitwise as the masked form
+    while skipping the key blocks above the diagonal (half the work of a long fresh prefill;
+    tests/engine/test_blocks.py)."""
+    if mask is not None and getattr(mask, "plain_causal", False):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=enable_gqa)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
@@ -85,8 +98,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     """q [B, H, T, h], k/v [B, K, S, h] -> [B, T, H*h]; scores scaled by `scale` (default h^-0.5)."""
     B, H, T, hd = q.shape
     # grouped-query attention without materialising repeated K/V (a copy of the whole cache per layer per step)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=hd ** -0.5 if scale is None else scale,
-                                         enable_gqa=H != k.shape[1])                   # [B, H, T, h]
+    out = sdpa(q, k, v, mask, hd ** -0.5 if scale is None else scale, enable_gqa=H != k.shape[1])   # [B, H, T, h]
     return out.transpose(1, 2).reshape(B, T, H * hd)
 
 

@@ -40,7 +40,7 @@ from engine.blocks.norms import RMSNorm, norm_temp_bytes
 from engine.blocks.rope import Rope
 from engine.devices import Device
 from engine.kv import LayerState, StateTerm, grown_capacity
-from engine.layers import apply_rope, causal_mask
+from engine.layers import apply_rope, causal_mask, sdpa
 
 MLA_KERNELS = ("absorbed", "expanded")
 LORA_NORM_EPS = 1e-6        # transformers' DeepseekV3RMSNorm default: q_a/kv_a_layernorm ignore rms_norm_eps
@@ -171,7 +171,7 @@ class MLAAttention(AttentionBlock):
         w_uk, w_uv = self._up()
         q = torch.cat((torch.einsum("bhtn,hnr->bhtr", q_nope, w_uk), q_rot), dim=-1)      # [B, H, T, r+d]
         kv = held.unsqueeze(1)                                                           # [B, 1, S, r+d]
-        o = F.scaled_dot_product_attention(q, kv, kv, attn_mask=mask, scale=self.scale, enable_gqa=H > 1)
+        o = sdpa(q, kv, kv, mask, self.scale, enable_gqa=H > 1)
         out = torch.einsum("bhtr,hvr->bthv", o[..., : self.r], w_uv)                     # [B, T, H, v]
         return out.reshape(B, T, H * self.v)
 
@@ -184,7 +184,7 @@ class MLAAttention(AttentionBlock):
         kv = F.linear(latent, self.w["kv_b"]).view(B, S, H, self.n + self.v).transpose(1, 2)  # [B, H, S, n+v]
         k_nope, v = kv.split([self.n, self.v], dim=-1)
         k = torch.cat((k_nope, k_rot.unsqueeze(1).expand(B, H, S, self.d)), dim=-1)    # [B, H, S, n+d]
-        o = F.scaled_dot_product_attention(torch.cat((q_nope, q_rot), dim=-1), k, v, attn_mask=mask, scale=self.scale)
+        o = sdpa(torch.cat((q_nope, q_rot), dim=-1), k, v, mask, self.scale)
         return o.transpose(1, 2).reshape(B, T, H * self.v)                               # [B, T, H*v]
 
     # --- state and plan ----------------------------------------------------------------------

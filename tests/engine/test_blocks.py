@@ -177,3 +177,23 @@ def test_clamped_swiglu_expert_matches_gpt_oss():
     with torch.no_grad():
         want = ref(x, torch.ones(5, 1, dtype=torch.long), torch.ones(5, 1))
     assert (layout.run(x, packed) - want).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("T,past,kv_start,window,plain", [(100, 0, 0, None, True), (700, 0, 0, 1024, True),
+                                                          (64, 0, 0, 16, False), (8, 40, 0, None, False),
+                                                          (8, 40, 40, None, True)])
+def test_plain_causal_mask_runs_as_is_causal_bitwise(dtype, T, past, kv_start, window, plain):
+    """`sdpa` passes a plain lower-triangular mask as is_causal: the same bits as the masked kernel
+    (what keeps a fresh prefill's output unchanged), and only that mask -- a window cut or keys held
+    before the queries keep the explicit mask."""
+    from engine.layers import causal_mask, sdpa
+
+    mask = causal_mask(T, past, window, torch.device("cpu"), kv_start)
+    assert mask.plain_causal is plain
+    g = torch.Generator().manual_seed(T)
+    S = past + T - kv_start
+    q = torch.randn(2, 8, T, 64, generator=g).to(dtype)
+    k, v = (torch.randn(2, 4, S, 64, generator=g).to(dtype) for _ in range(2))
+    masked = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.125, enable_gqa=True)
+    assert torch.equal(sdpa(q, k, v, mask, 0.125, enable_gqa=True), masked)
