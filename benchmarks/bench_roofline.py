@@ -32,13 +32,22 @@ from harness.costmodel.calibrate import best_time, gemm_rates, gemv_rates
 GEMV_MIB, GEMM_SIZE, REPEATS = 512, 2048, 3
 
 
-def measured_rates(earlier: dict[str, float] | None = None) -> dict[str, float]:
-    """GEMV weight-read GB/s and GEMM GFLOP/s (fp32) at the current torch thread count; with
-    `earlier` (the same measured before the engines ran), the higher of each: a bound takes the
-    machine at its least disturbed, and on a shared machine one measurement can land in a
+def measured_rates(earlier: dict[str, float] | None = None, eng=None, prefill_tokens: int = 512) -> dict[str, float]:
+    """GEMV weight-read GB/s and GEMM GFLOP/s (fp32) at the current torch thread count, and with
+    `eng` the expert FFN's GFLOP/s at a `prefill_tokens` prefill's mean rows per expert
+    (`expert_rows`: top_k / n_experts of them; the engine's kernel on a real expert of its store);
+    with `earlier` (the same measured before the engines ran), the higher of each: a bound takes
+    the machine at its least disturbed, and on a shared machine one measurement can land in a
     moment another process took the cores (call it before and after the timed repeats)."""
     now = {"gemv_gbps": gemv_rates("cpu", ["float32"], GEMV_MIB, REPEATS)["float32"],
            "gemm_gflops": gemm_rates("cpu", ["float32"], (GEMM_SIZE,), REPEATS)[f"float32@{GEMM_SIZE}"]}
+    if eng is not None:
+        cfg, model = eng.cfg, eng.model
+        layout, packed = model.arch.experts, model.store.expert(cfg.moe_layers[0], 0)
+        rows = max(1, round(prefill_tokens * cfg.top_k / cfg.n_experts))
+        x = torch.randn(rows, cfg.hidden_size).to(model.dtype)
+        now["expert_rows"] = rows
+        now["expert_gflops"] = 2 * rows * layout.params / best_time(lambda: layout.run(x, packed), 10) / 1e9
     return now if earlier is None else {k: max(v, earlier[k]) for k, v in now.items()}
 
 
@@ -72,22 +81,18 @@ def line(threads: int, b: dict[str, float], rates: dict[str, float], measured: d
 
 def expert_shape_line(eng, prefill_tokens: int, b: dict[str, float], rates: dict[str, float],
                       measured: dict[str, float]) -> str:
-    """What the model's own shapes allow, measured now: the expert FFN (the engine's kernel on a
-    real expert of the store) at the mean rows one expert gets in a prefill of `prefill_tokens`
-    (top_k / n_experts of them) against the square GEMM's rate, the prefill bound if expert FLOPs
-    ran at that rate, and each engine's fraction of it -- the per-expert GEMM's size, not
+    """What the model's own shapes allow: the expert FFN's rate at a prefill's mean rows per
+    expert (`measured_rates(..., eng)`) against the square GEMM's, the prefill bound if expert
+    FLOPs ran at that rate, and each engine's fraction of it -- the per-expert GEMM's size, not
     software, is what bounds a MoE prefill below the square-GEMM roofline."""
-    cfg, model = eng.cfg, eng.model
-    layout, packed = model.arch.experts, model.store.expert(cfg.moe_layers[0], 0)
-    rows = max(1, round(prefill_tokens * cfg.top_k / cfg.n_experts))
-    x = torch.randn(rows, cfg.hidden_size).to(model.dtype)
-    gflops = 2 * rows * layout.params / best_time(lambda: layout.run(x, packed), 10) / 1e9
+    cfg, layout = eng.cfg, eng.model.arch.experts
     expert_flops = 2 * cfg.n_moe_layers * cfg.top_k * layout.params
-    per_token = expert_flops / (gflops * 1e9) + (b["prefill_flops"] - expert_flops) / (rates["gemm_gflops"] * 1e9)
+    per_token = (expert_flops / (rates["expert_gflops"] * 1e9)
+                 + (b["prefill_flops"] - expert_flops) / (rates["gemm_gflops"] * 1e9))
     fr = "  ".join(f"{name} {v * per_token:.2f}" for name, v in measured.items())
-    return (f"expert FFN at {rows} rows (a {prefill_tokens}-token prefill's mean per expert): {gflops:.0f} GFLOP/s, "
-            f"{gflops / rates['gemm_gflops']:.2f} of the {GEMM_SIZE}^3 GEMM; prefill bound at that rate "
-            f"{1 / per_token:.0f} tok/s; fraction of it: {fr}")
+    return (f"expert FFN at {rates['expert_rows']:.0f} rows (a {prefill_tokens}-token prefill's mean per expert): "
+            f"{rates['expert_gflops']:.0f} GFLOP/s, {rates['expert_gflops'] / rates['gemm_gflops']:.2f} of the "
+            f"{GEMM_SIZE}^3 GEMM; prefill bound at that rate {1 / per_token:.0f} tok/s; fraction of it: {fr}")
 
 
 __all__ = ["bound", "expert_shape_line", "line", "measured_rates"]

@@ -77,7 +77,7 @@ def main() -> None:
         with LlamaServer(gguf.path, flags, log_path=log, binaries=bins) as srv:
             time_ours(ours, [prompt[:32]], 2)                   # warm-up, excluded
             time_llamacpp(srv, prompt[:32], 2)
-            rates_before = bench_roofline.measured_rates()
+            rates_before = bench_roofline.measured_rates(eng=ours, prefill_tokens=args.prefill)
             s: dict[str, list[float]] = {k: [] for k in ("ours_prefill", "ours_decode", "ll_prefill", "ll_decode")}
             for r in range(args.repeats):
                 for name in (("ours", "ll") if r % 2 == 0 else ("ll", "ours")):
@@ -96,7 +96,7 @@ def main() -> None:
               f"llama-server peak RSS {peak / 2**30:.2f} GiB")
         print(summary("prefill", s["ours_prefill"], s["ll_prefill"], "llama.cpp", f"tok/s on {args.prefill} tokens"))
         print(summary("decode", s["ours_decode"], s["ll_decode"], "llama.cpp", f"tok/s over {args.decode} tokens"))
-        rates = bench_roofline.measured_rates(rates_before)
+        rates = bench_roofline.measured_rates(rates_before, ours, args.prefill)
         bound = bench_roofline.bound(ours, args.prefill, args.prefill + args.decode // 2, rates)
         print(bench_roofline.line(threads, bound, rates, {
             (name, phase): statistics.median(s[f"{key}_{phase}"])

@@ -101,7 +101,7 @@ def main() -> None:
         samples: dict[str, list[float]] = {k: [] for k in ("hf_prefill", "hf_decode", "ours_prefill", "ours_decode")}
         time_hf(hf, prompt[:, :32], 2)                          # warm-up, excluded
         time_ours(ours, prompt[:, :32].tolist(), 2)
-        rates_before = bench_roofline.measured_rates()
+        rates_before = bench_roofline.measured_rates(eng=ours, prefill_tokens=args.prefill)
         for r in range(args.repeats):
             for name in (("hf", "ours") if r % 2 == 0 else ("ours", "hf")):
                 p, dcd = (time_hf(hf, prompt, args.decode) if name == "hf"
@@ -113,7 +113,7 @@ def main() -> None:
                             ("decode", f"tok/s over {args.decode} tokens")):
             print(f"{threads} thread(s) "
                   + summary(phase, samples[f"ours_{phase}"], samples[f"hf_{phase}"], "transformers", unit))
-        rates = bench_roofline.measured_rates(rates_before)
+        rates = bench_roofline.measured_rates(rates_before, ours, args.prefill)
         bound = bench_roofline.bound(ours, args.prefill, args.prefill + args.decode // 2, rates)
         print(bench_roofline.line(threads, bound, rates, {(name, phase): med[f"{key}_{phase}"]
                                                           for name, key in (("ours", "ours"), ("transformers", "hf"))
