@@ -104,13 +104,16 @@ def test_a_server_killed_mid_job_becomes_a_failed_row_with_its_log(tmp_path):
     victim = None
     deadline = time.time() + 300
     while victim is None and time.time() < deadline and proc.poll() is None:
-        for child in psutil.Process(proc.pid).children(recursive=True):
-            if "llama-server" in child.name():
-                victim = child
+        servers = [c for c in psutil.Process(proc.pid).children(recursive=True) if "llama-server" in c.name()]
+        if servers:
+            time.sleep(2.0)                   # mid-job: past the server's start, inside the repeats
+            try:
+                servers[0].send_signal(signal.SIGKILL)     # psutil refuses a pid that is no longer that server
+                victim = servers[0]
+            except psutil.NoSuchProcess:       # it had already ended (its job done): kill the next one
+                continue
         time.sleep(0.2)
     assert victim is not None, "no llama-server started"
-    time.sleep(2.0)                           # mid-job: past the server's start, inside the repeats
-    os.kill(victim.pid, signal.SIGKILL)
     out, err = proc.communicate(timeout=900)
     assert proc.returncode == 1, err
     df = results.load(tmp_path / "results" / "sweeps" / "k" / results.SWEEP_TABLE)
