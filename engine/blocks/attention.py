@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -83,17 +84,19 @@ class AttentionBlock(Block, ABC):
         """Transient bytes of reading the state back in the compute dtype (0: read in place)."""
         return 0
 
+    state_kind: ClassVar[str] = ""    # how refusals name this block's state ("an MLA latent (LatentKV)")
+
     def static_refusal(self) -> str | None:
         """None when a static decode step (engine.static_decode) can write and read this layer's
         state at a device position; else the state kind that it cannot (the refusal names it)."""
-        return f"the state of {type(self).__name__}"
+        return self.state_kind or f"the state of {type(self).__name__}"
 
-    def require_exact_state(self, kv_dtype: str | None, kind: str) -> None:
+    def require_exact_state(self, kv_dtype: str | None) -> None:
         """Refuse a kv_dtype other than the model's for a state kind stored only exactly."""
         if kv_dtype not in (None, DEFAULT_KV_DTYPE):
             raise KVFormatError(f"kv_dtype={kv_dtype!r} applies to the KV cache of grouped-query attention (full "
-                                f"and sliding-window KV); layer {self.layer} keeps {kind}, which is stored only in "
-                                f"the model's dtype; allowed for this model: kv_dtype={DEFAULT_KV_DTYPE!r}")
+                                f"and sliding-window KV); layer {self.layer} keeps {self.state_kind}, which is stored "
+                                f"only in the model's dtype; allowed for this model: kv_dtype={DEFAULT_KV_DTYPE!r}")
 
     @abstractmethod
     def activation_bytes(self, rows: int, dtype_bytes: int) -> Transient:

@@ -68,6 +68,8 @@ class RecurrentState(LayerState):
 
 
 class GatedDeltaNet(AttentionBlock):
+    state_kind = "a recurrent DeltaNet state (RecurrentState)"
+
     def __init__(self, layer: int, prefix: str, hidden: int, k_heads: int, v_heads: int, dk: int, dv: int,
                  kernel: int, eps: float, act: str, projections: str = "qkvz") -> None:
         """prefix: e.g. "model.layers.0.linear_attn."; projections: "qkvz" (Qwen3-Next) | "split" (Qwen3.5)."""
@@ -127,16 +129,13 @@ class GatedDeltaNet(AttentionBlock):
         o = gated_rms_norm(o.reshape(-1, dv), z.reshape(-1, dv), w["norm"], self.eps)
         return F.linear(o.view(B, T, H * dv), w["out"])                                   # [B, T, D]
 
-    def static_refusal(self) -> str | None:
-        return "a recurrent DeltaNet state (RecurrentState)"
-
     def new_state(self, batch: int, max_tokens: int | None, device: Device, dtype: torch.dtype,
                   label: str, kv_dtype: str | None = None) -> RecurrentState:
-        self.require_exact_state(kv_dtype, "a recurrent DeltaNet state (RecurrentState)")
+        self.require_exact_state(kv_dtype)
         return RecurrentState(device, label, batch, self.C, self.K, self.H, self.dk, self.dv, dtype)
 
     def state_term(self, dtype_bytes: int, kv_dtype: str | None = None) -> StateTerm:
-        self.require_exact_state(kv_dtype, "a recurrent DeltaNet state (RecurrentState)")
+        self.require_exact_state(kv_dtype)
         return RecurrentState.term(self.C, self.K, self.H, self.dk, self.dv, dtype_bytes)
 
     def activation_bytes(self, rows: int, dtype_bytes: int) -> Transient:

@@ -106,6 +106,8 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave: bo
 
 
 class MLAAttention(AttentionBlock):
+    state_kind = "an MLA latent (LatentKV)"
+
     def __init__(self, layer: int, prefix: str, hidden: int, heads: int, q_lora_rank: int | None, kv_lora_rank: int,
                  nope_dim: int, rope_dim: int, v_dim: int, rope: Rope, scale: float, interleave: bool = True,
                  bias: bool = False, kernel: str = "absorbed") -> None:
@@ -188,16 +190,13 @@ class MLAAttention(AttentionBlock):
         return o.transpose(1, 2).reshape(B, T, H * self.v)                               # [B, T, H*v]
 
     # --- state and plan ----------------------------------------------------------------------
-    def static_refusal(self) -> str | None:
-        return "an MLA latent (LatentKV)"
-
     def new_state(self, batch: int, max_tokens: int | None, device: Device, dtype: torch.dtype,
                   label: str, kv_dtype: str | None = None) -> LatentKV:
-        self.require_exact_state(kv_dtype, "an MLA latent (LatentKV)")
+        self.require_exact_state(kv_dtype)
         return LatentKV(device, label, batch, self.r, self.d, dtype, max_tokens)
 
     def state_term(self, dtype_bytes: int, kv_dtype: str | None = None) -> StateTerm:
-        self.require_exact_state(kv_dtype, "an MLA latent (LatentKV)")
+        self.require_exact_state(kv_dtype)
         return LatentKV.term(self.r, self.d, dtype_bytes)
 
     def activation_bytes(self, rows: int, dtype_bytes: int) -> Transient:
