@@ -30,6 +30,12 @@ class NoOptions:
     """The `Options` of a plugin that takes none (every plugin family's default)."""
 
 
+def require_bool(name: str, value: object) -> None:
+    """An `Options` field that must be a bool (a config's "yes" or 1 is refused, not read as true)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false, got {value!r}")
+
+
 class Registry:
     def __init__(self, kind: str, group: str, builtins: dict[str, str]) -> None:
         self.kind = kind

@@ -18,6 +18,7 @@ from engine.cache import ExpertCache
 from engine.config import ModelConfig
 from engine.dispatch import group_by_expert
 from engine.placements.base import Placement, PlacementTraits
+from engine.registry import require_bool
 
 
 @dataclass(frozen=True)
@@ -25,8 +26,7 @@ class FetchOptions:
     issue_ahead: bool = True   # queue a layer's misses up front (False: one at a time, when reached)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.issue_ahead, bool):
-            raise ValueError(f"issue_ahead must be True or False, got {self.issue_ahead!r}")
+        require_bool("issue_ahead", self.issue_ahead)
 
 
 class Fetch(Placement):

@@ -25,6 +25,7 @@ import torch
 from engine import static_decode
 from engine.config import ModelConfig
 from engine.placements.base import AllExpertsResident
+from engine.registry import require_bool
 
 
 @dataclass(frozen=True)
@@ -32,8 +33,7 @@ class ResidentGroupedOptions:
     cuda_graph: bool = False   # decode steps of fixed shape: a CUDA graph replayed on CUDA (engine.static_decode)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.cuda_graph, bool):
-            raise ValueError(f"cuda_graph must be true or false, got {self.cuda_graph!r}")
+        require_bool("cuda_graph", self.cuda_graph)
 
 
 class ResidentGrouped(AllExpertsResident):
@@ -50,7 +50,8 @@ class ResidentGrouped(AllExpertsResident):
             static_decode.check_model(cfg.architecture())
 
     def setup(self) -> None:
-        self.check_model(self.ctx.cfg, {"cuda_graph": self.options.cuda_graph})
+        if self.options.cuda_graph:
+            static_decode.check_model(self.ctx.cfg.architecture())
         store, device = self.ctx.store, self.ctx.device.torch_device
         if not store.layout.grouped_supported(store.dtype, device):
             raise ValueError(f"placement 'resident_grouped' needs a grouped expert kernel; "
