@@ -78,8 +78,10 @@ class StaticDecoder:
         self.capture = dev.type == "cuda"
         self.ids = torch.zeros(sess.batch, 1, dtype=torch.long, device=dev)      # [B, 1]
         self.pos = torch.zeros(1, dtype=torch.long, device=dev)                  # [1]
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}   # keys -> graph, its logits [B, V]
-        self.buffers: list[int] = []                                             # state data pointers they captured
+        # keys -> graph, its logits [B, V]; they read the states' buffers, which stay put for the
+        # session's life (allocated once for the planned context) until offload or close, which drop
+        # this decoder with them (Session.static_decoder)
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         for state in sess.states:
             state.reserve(sess.max_tokens, sess.length)
             for t in state.tensors():             # masked keys weigh 0, but 0 * NaN is NaN: no garbage there
@@ -128,10 +130,6 @@ class StaticDecoder:
                 o.instrument = inst
 
     def _replay(self, keys: int) -> torch.Tensor:
-        ptrs = [t.data_ptr() for s in self.sess.states for t in s.tensors()]
-        if ptrs != self.buffers:                              # the states moved (restored): graphs read old buffers
-            self.graphs.clear()
-            self.buffers = ptrs
         if keys not in self.graphs:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
