@@ -41,6 +41,7 @@ import torch
 from engine.blocks.experts import ExpertLayout
 from engine.counters import Counters
 from engine.devices import CopyHandle, Device
+from engine.layers import memo
 from engine.policies.base import EvictionPolicy, still_needed
 
 
@@ -84,7 +85,8 @@ class ExpertStore:
     def expert(self, layer: int, e: int) -> torch.Tensor:
         """Expert (layer, e)'s stored elements: its row, or the row's first `expert_numel` ones."""
         n = self.expert_numel(layer, e)
-        row = self.rows[layer][e]
+        rows = self.rows[layer]
+        row = memo(rows, "rows", lambda: rows.unbind(0))[e]     # the same view object each call (its memos stay)
         return row if n == self.packed_numel else row[:n]
 
     def view(self, buffer: torch.Tensor, layer: int, e: int) -> torch.Tensor:

@@ -39,10 +39,15 @@ class Routing:
     slots: list[torch.Tensor]       # per used expert: top-k position [n] of that expert in each row
     order: torch.Tensor | None = None   # [M] flat (row, slot) positions grouped by expert (group_by_expert)
     offsets: list[int] | None = None    # where each used expert's group starts in `order`, then the end
+    one_row_slots: list[int] | None = None   # a single row's routing: its slot of each used expert
 
     def gates(self, weights: torch.Tensor) -> list[torch.Tensor]:
         """weights [N, k] -> per used expert, the routing weight of each of its rows [n, 1]
-        (`weights[rows, slots, None]`; from `group_by_expert`, one gather for the layer and a view each)."""
+        (`weights[rows, slots, None]`; from `group_by_expert`, one gather for the layer and a view each,
+        or for one row a view each)."""
+        if self.one_row_slots is not None:
+            g = weights.reshape(-1, 1, 1).unbind(0)                             # k x [1, 1]
+            return [g[s] for s in self.one_row_slots]
         if self.order is None:
             return [weights[t, s, None] for t, s in zip(self.rows, self.slots)]
         g = weights.reshape(-1, 1)[self.order]                                  # [M, 1]
@@ -57,7 +62,9 @@ class Routing:
 
 def group_by_expert(ids: torch.Tensor, n_experts: int) -> Routing:
     """ids [N, k] int64 -> Routing, with exactly one device->host transfer."""
-    k = ids.shape[1]
+    N, k = ids.shape
+    if N == 1 and (one := _one_row(ids)) is not None:
+        return one
     flat = ids.reshape(-1)                                                      # [M]
     sorted_ids, order = torch.sort(flat, stable=True)                           # [M], [M]
     edges = torch.arange(n_experts + 1, device=ids.device, dtype=sorted_ids.dtype)
@@ -68,6 +75,32 @@ def group_by_expert(ids: torch.Tensor, n_experts: int) -> Routing:
     rows = [all_rows[a:b] for a, b in zip(offsets, offsets[1:])]                # views: no op per expert
     slots = [all_slots[a:b] for a, b in zip(offsets, offsets[1:])]
     return Routing(experts, rows, slots, order, offsets)
+
+
+def _one_row(ids: torch.Tensor) -> Routing | None:
+    """`group_by_expert` of one row (decode at batch 1): its k experts read with one transfer and
+    ordered on the host, no sort, boundaries or per-expert slices on the device (a dozen ops of
+    dispatch per layer). A row's experts are distinct (top-k), so each group is that one row;
+    None if a router repeated one (the sorted grouping then handles it)."""
+    chosen = ids.tolist()[0]                                                    # [k]: the one transfer
+    k = len(chosen)
+    if len(set(chosen)) < k:
+        return None
+    row, slot = _index_tensors(ids.device, k)
+    by_id = sorted(range(k), key=chosen.__getitem__)                            # slots in ascending expert id
+    return Routing([chosen[s] for s in by_id], [row] * k, [slot[s] for s in by_id], one_row_slots=by_id)
+
+
+_INDEX: dict[tuple[torch.device, int], tuple[torch.Tensor, list[torch.Tensor]]] = {}
+
+
+def _index_tensors(device: torch.device, k: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The row index [0] and each slot index [s] (s < k) of a one-row Routing, made once per
+    device: read-only index tensors every such Routing shares."""
+    if (device, k) not in _INDEX:
+        _INDEX[device, k] = (torch.zeros(1, dtype=torch.long, device=device),
+                             list(torch.arange(k, device=device).split(1)))
+    return _INDEX[device, k]
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,8 @@ K=kv heads, h=head dim, D=hidden, I=expert intermediate, E=experts, k=top-k, N=B
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -22,22 +24,39 @@ ACT = {
 }
 
 
+def memo(t: torch.Tensor, key: str, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """`make()`, computed once per tensor object `t` and kept on it: what a per-pass table (rope's
+    sin) or a stored buffer (a packed expert's views) derives for every call that reads it, where
+    recomputing it per call would be ops of dispatch each time (a decode step's cost is mostly
+    per-op dispatch: benchmarks/profile_decode.py). What it keeps is a value (then `t` must not be
+    written in place afterwards) or views of `t` (which see every write)."""
+    d = t.__dict__
+    if key not in d:
+        d[key] = make()
+    return d[key]
+
+
+def cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`x.to(dtype)` without the call when it is already `dtype` (the same tensor either way)."""
+    return x if x.dtype == dtype else x.to(dtype)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     dtype = x.dtype
-    x32 = x.to(torch.float32)
+    x32 = cast(x, torch.float32)
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(dtype)
+    return weight * cast(x32, dtype)
 
 
 def rms_norm_fp32(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float = 0.0) -> torch.Tensor:
     """RMSNorm scaled in fp32 before the cast back: `(x32 * (offset + w)).to(dtype)` (GPT-OSS with
     offset 0; Qwen3-Next's and Gemma's zero-centred `1 + w` with offset 1; no weight: plain norm)."""
     dtype = x.dtype
-    x32 = x.to(torch.float32)
+    x32 = cast(x, torch.float32)
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     if weight is not None:
         x32 = x32 * (offset + weight.float()) if offset else x32 * weight.float()
-    return x32.to(dtype)
+    return cast(x32, dtype)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, linear_factor: float,
@@ -52,18 +71,23 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, linear_fa
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
-    return torch.cat((-x2, x1), dim=-1)
+def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """sin [T, r] with its first half negated: `rotate_half(x) * sin == x.roll(r/2) * signed`,
+    bitwise (a product's sign is the xor of its factors' signs), in one op instead of four."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, H, T, h]; cos/sin [T, r] with r <= h: the first r dims rotate (partial rotary), the rest pass."""
+    """x [B, H, T, h]; cos/sin [T, r] with r <= h: the first r dims rotate (partial rotary), the rest pass.
+    transformers' `x * cos + rotate_half(x) * sin`, bitwise, with the rotation a roll against a
+    sin whose first half is negated (made once per sin table: `memo`)."""
     r = cos.shape[-1]
+    signed = memo(sin, "signed_sin", lambda: _signed_sin(sin))
     if r == x.shape[-1]:
-        return x * cos + _rotate_half(x) * sin
+        return x * cos + x.roll(r // 2, -1) * signed
     rot, rest = x[..., :r], x[..., r:]
-    return torch.cat((rot * cos + _rotate_half(rot) * sin, rest), dim=-1)
+    return torch.cat((rot * cos + rot.roll(r // 2, -1) * signed, rest), dim=-1)
 
 
 def causal_mask(T: int, past: int, window: int | None, device: torch.device,
@@ -104,8 +128,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
 
 def expert_ffn(x: torch.Tensor, packed: torch.Tensor, D: int, I: int, act: str) -> torch.Tensor:
     """SwiGLU expert on a packed buffer [gate (I*D) | up (I*D) | down (D*I)]; x [n, D] -> [n, D]."""
-    gate_up = packed[: 2 * I * D].view(2 * I, D)                   # [2I, D]
-    down = packed[2 * I * D:].view(D, I)                           # [D, I]
+    gate_up, down = memo(packed, "swiglu", lambda: (packed[: 2 * I * D].view(2 * I, D),     # [2I, D]
+                                                     packed[2 * I * D:].view(D, I)))         # [D, I]
     gate, up = F.linear(x, gate_up).chunk(2, dim=-1)               # [n, I] each
     return F.linear(ACT[act](gate) * up, down)                     # [n, D]
 
@@ -139,7 +163,7 @@ def route(h: torch.Tensor, router_w: torch.Tensor, top_k: int, norm_topk: bool,
           keep_fp32_weights: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """h [N, D] -> (expert ids [N, k] int64, weights [N, k]) exactly as transformers' TopKRouter."""
     logits = F.linear(h, router_w)                                   # [N, E]
-    probs = torch.softmax(logits.float(), dim=-1)                    # [N, E] fp32
+    probs = torch.softmax(cast(logits, torch.float32), dim=-1)       # [N, E] fp32
     top_w, top_i = torch.topk(probs, top_k, dim=-1)                  # [N, k]
     if norm_topk:
         top_w = top_w / top_w.sum(dim=-1, keepdim=True)

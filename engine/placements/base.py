@@ -31,6 +31,7 @@ from engine.counters import Counters
 from engine.devices import Device
 from engine.dispatch import Routing, group_by_expert, group_on_device
 from engine.hooks import Instrument
+from engine.layers import cast
 from engine.policies.base import EvictionPolicy
 from engine.registry import NoOptions
 
@@ -161,9 +162,9 @@ class Placement(ABC):
                 every = n == N                                             # rows ascending and distinct: all of them
                 y = layout.run(h if every else h.index_select(0, tok), w) * gate   # [n, D]: the family's kernel
                 if every:
-                    out.add_(y.to(out.dtype))
+                    out.add_(cast(y, out.dtype))
                 else:
-                    out.index_add_(0, tok, y.to(out.dtype))
+                    out.index_add_(0, tok, cast(y, out.dtype))
             if release is not None:
                 release(e)
         return out
@@ -187,7 +188,7 @@ class Placement(ABC):
             y = y * weights.reshape(-1, 1)[r.order]                        # [M, D] weighted
             out = torch.zeros_like(h)                                      # [N, D]
             for s in range(k):                                             # each row's experts, ascending id
-                out.add_(y.index_select(0, r.accumulate[:, s]).to(out.dtype))
+                out.add_(cast(y.index_select(0, r.accumulate[:, s]), out.dtype))
         return out
 
     def run_resident(self, layer: int, h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

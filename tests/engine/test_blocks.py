@@ -28,15 +28,21 @@ def test_fp32_scaled_norms_match_transformers(dtype):
     assert RMSNorm("n", 32, 1e-6, offset=1.0).tensors()["weight"].init == "zeros"   # 1 + 0: identity at init
 
 
-def test_partial_rotary_matches_glm():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rotary", [8, 16])
+def test_rope_matches_transformers_bitwise(dtype: torch.dtype, rotary: int):
+    """Partial (GLM's) and full rotary, against transformers' rotate_half form, to the bit: ours
+    rolls x against a sin with its first half negated."""
     from transformers.models.glm4_moe.modeling_glm4_moe import apply_rotary_pos_emb
 
     g = torch.Generator().manual_seed(1)
-    q, k = torch.randn(2, 4, 7, 16, generator=g), torch.randn(2, 2, 7, 16, generator=g)
-    rope = Rope(dim=8, theta=10000.0)
-    cos, sin = rope_cos_sin(torch.arange(3, 10), 8, 10000.0, 1.0, torch.float32)     # [T, 8]
+    q, k = (torch.randn(2, h, 7, 16, generator=g).to(dtype) for h in (4, 2))
+    rope = Rope(dim=rotary, theta=10000.0)
+    cos, sin = rope_cos_sin(torch.arange(3, 10), rotary, 10000.0, 1.0, dtype)        # [T, r]
     ref_q, ref_k = apply_rotary_pos_emb(q, k, cos[None], sin[None])
-    assert torch.equal(rope.apply(q, cos, sin), ref_q) and torch.equal(rope.apply(k, cos, sin), ref_k)
+    for ours, ref in ((rope.apply(q, cos, sin), ref_q), (rope.apply(k, cos, sin), ref_k)):
+        assert ours.dtype == dtype and torch.equal(ours.view(torch.int16 if dtype != torch.float32 else torch.int32),
+                                                   ref.view(torch.int16 if dtype != torch.float32 else torch.int32))
 
 
 @pytest.mark.parametrize("params", [

@@ -24,7 +24,20 @@ def test_grouping_equals_nonzero_reference(seed: int, rows: int, n_experts: int,
     assert fast.experts == ref.experts
     for a, b in zip(fast.rows + fast.slots, ref.rows + ref.slots):
         assert a.dtype == b.dtype and torch.equal(a, b)            # same rows, same order: bitwise outputs
+    weights = torch.rand(ids.shape, generator=torch.Generator().manual_seed(seed))
+    for gate, t, s in zip(fast.gates(weights), ref.rows, ref.slots):
+        assert torch.equal(gate, weights[t, s, None])              # [n, 1]: each row's weight for that expert
     assert tokens_per_expert(ids, n_experts).tolist() == torch.bincount(ids.flatten(), minlength=n_experts).tolist()
+
+
+def test_one_row_with_a_repeated_expert_is_grouped_like_the_reference() -> None:
+    """Decode at batch 1 takes a one-row path; a router that chose one expert twice falls back to the sort."""
+    for ids in (torch.tensor([[5, 2, 5]]), torch.tensor([[3, 1, 0]])):
+        fast, ref = group_by_expert(ids, 8), group_by_expert_reference(ids)
+        assert fast.experts == ref.experts
+        assert all(torch.equal(a, b) for a, b in zip(fast.rows + fast.slots, ref.rows + ref.slots))
+        w = torch.tensor([[0.5, 0.3, 0.2]])
+        assert [g.tolist() for g in fast.gates(w)] == [w[t, s, None].tolist() for t, s in zip(ref.rows, ref.slots)]
 
 
 HOST_SYNCING_OPS = ("nonzero", "_local_scalar_dense", "_unique2", "unique_dim", "unique_consecutive", "bincount",
