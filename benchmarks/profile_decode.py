@@ -5,6 +5,8 @@ attention kernel, and every other op, beside the unprofiled wall time per token 
 difference is Python and dispatch, plus the profiler's own cost). Also each op's self time at
 the highest thread count over the lowest -- an op far above 1 while doing little work enters
 an OpenMP region it cannot use (how `index_add_` on one row was found: ~100x at 2 threads).
+Also the aten calls one decode step makes (each a few µs of dispatch on this CPU, whatever it
+computes), counted under a TorchDispatchMode, with the most frequent.
 Not a test: `python benchmarks/profile_decode.py [--threads 1,2] [--steps 16]`.
 """
 from __future__ import annotations
@@ -13,7 +15,7 @@ import argparse
 import os
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import torch
@@ -53,6 +55,26 @@ def decode(eng: Engine, prompt: list[int], steps: int, prof: bool):
     return wall, p
 
 
+def aten_calls(eng: Engine, prompt: list[int]) -> Counter:
+    """The aten ops one batch-1 decode step dispatches (after a prefill and one warm step)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    calls: Counter = Counter()
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            calls[str(func)] += 1
+            return func(*args, **(kwargs or {}))
+
+    sess = eng.new_session(1)
+    tok = eng.prefill(sess, [prompt]).argmax(-1).tolist()
+    tok = eng.decode_step(sess, tok).argmax(-1).tolist()
+    with Count():
+        eng.decode_step(sess, tok)
+    sess.close()
+    return calls
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", default="1,2")
@@ -64,6 +86,9 @@ def main() -> None:
                                  max_context=args.context + args.steps + 8)
     torch.manual_seed(0)
     prompt = torch.randint(0, eng.cfg.vocab_size, (args.context,)).tolist()
+    calls = aten_calls(eng, prompt)
+    print(f"aten calls per decode step: {sum(calls.values())} ("
+          + ", ".join(f"{k} {v}" for k, v in calls.most_common(6)) + ", ...)")
     per_op: dict[int, dict[str, float]] = {}
     print(f"torch {torch.__version__}, nproc {os.cpu_count()}, placement {args.placement}, "
           f"{args.steps} steps after {args.context} tokens")
