@@ -20,7 +20,9 @@ first expert ran. Here: one stable sort of the M flattened ids and the E+1 group
 boundaries (`searchsorted`, no sync), then the boundaries read with one `.tolist()`. The
 stable sort keeps each expert's (row, slot) pairs in ascending flat position -- exactly
 the row-major order `(ids == e).nonzero()` returns -- so gathers and `index_add_` see the
-same rows in the same order and outputs stay bitwise equal.
+same rows in the same order and outputs stay bitwise equal. One row (decode at batch 1) skips
+the sort: its k distinct experts are read with the one `.tolist()` and ordered on the host,
+since at that size the sort's dozen ops of dispatch cost more than the work.
 """
 from __future__ import annotations
 
