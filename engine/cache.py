@@ -45,6 +45,13 @@ from engine.layers import memo
 from engine.policies.base import EvictionPolicy, still_needed
 
 
+def row_views(buffer: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Each row of a [rows, P] store or slot buffer as a view made once, so a kernel's memos on
+    that view (engine.layers.memo: a packed expert's matrix views) are made once too; being
+    views, they see every copy into the row (a slot refilled with another expert)."""
+    return memo(buffer, "rows", lambda: buffer.unbind(0))
+
+
 class ExpertStore:
     """Packed expert rows per MoE layer: `rows[layer]` is [E, P] on host or device.
 
@@ -85,8 +92,7 @@ class ExpertStore:
     def expert(self, layer: int, e: int) -> torch.Tensor:
         """Expert (layer, e)'s stored elements: its row, or the row's first `expert_numel` ones."""
         n = self.expert_numel(layer, e)
-        rows = self.rows[layer]
-        row = memo(rows, "rows", lambda: rows.unbind(0))[e]     # the same view object each call (its memos stay)
+        row = row_views(self.rows[layer])[e]
         return row if n == self.packed_numel else row[:n]
 
     def view(self, buffer: torch.Tensor, layer: int, e: int) -> torch.Tensor:
@@ -176,7 +182,7 @@ class ExpertCache:
             self._issue(layer, e)
         slot = self.in_use[layer][e]
         self.device.wait(self.ready.pop((layer, slot), None))
-        return self.store.view(self.slots[layer][slot], layer, e)
+        return self.store.view(row_views(self.slots[layer])[slot], layer, e)
 
     def release(self, layer: int, e: int) -> None:
         """The compute that read expert e has been issued; its slot may be refilled after it."""
@@ -249,6 +255,6 @@ class ExpertCache:
         """Queue the copy of expert e into the slot chosen for it, after that slot's last reader."""
         slot = self.unissued[layer].pop(e)
         self.ready[(layer, slot)] = self.device.copy_h2d(
-            self.store.view(self.slots[layer][slot], layer, e), self.store.expert(layer, e),
+            self.store.view(row_views(self.slots[layer])[slot], layer, e), self.store.expert(layer, e),
             after=self.last_use.get((layer, slot)), info={"layer": layer, "expert": e, "prefetch": prefetch})
         self.counters.transfer("h2d", "expert", self.store.expert_nbytes(layer, e), layer)

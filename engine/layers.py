@@ -128,8 +128,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
 
 def expert_ffn(x: torch.Tensor, packed: torch.Tensor, D: int, I: int, act: str) -> torch.Tensor:
     """SwiGLU expert on a packed buffer [gate (I*D) | up (I*D) | down (D*I)]; x [n, D] -> [n, D]."""
-    gate_up, down = memo(packed, "swiglu", lambda: (packed[: 2 * I * D].view(2 * I, D),     # [2I, D]
-                                                     packed[2 * I * D:].view(D, I)))         # [D, I]
+    gate_up, down = memo(packed, f"swiglu {D}x{I}", lambda: (packed[: 2 * I * D].view(2 * I, D),   # [2I, D]
+                                                             packed[2 * I * D:].view(D, I)))       # [D, I]
     gate, up = F.linear(x, gate_up).chunk(2, dim=-1)               # [n, I] each
     return F.linear(ACT[act](gate) * up, down)                     # [n, D]
 
