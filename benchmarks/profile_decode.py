@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_vs_llamacpp import SHAPE, checkpoint  # noqa: E402
 from engine import Engine  # noqa: E402
+from harness.costmodel.calibrate import best_time  # noqa: E402
 
 
 def category(name: str) -> str:
@@ -123,13 +124,7 @@ def cold_gemv(shape: tuple[int, int], threads: list[int], exceed: int = 320 << 2
     out = {}
     for th in threads:
         torch.set_num_threads(th)
-        best = float("inf")
-        for _ in range(3):
-            t0 = time.perf_counter()
-            for w in ws:
-                torch.nn.functional.linear(x, w)
-            best = min(best, (time.perf_counter() - t0) / len(ws))
-        out[th] = best
+        out[th] = best_time(lambda: [torch.nn.functional.linear(x, w) for w in ws], 3) / len(ws)
     return out
 
 

@@ -208,19 +208,9 @@ def test_plain_causal_mask_runs_as_is_causal_bitwise(dtype, T, past, kv_start, w
 def test_a_packed_experts_views_are_made_once_and_follow_its_buffer():
     """expert_ffn keeps a packed buffer's matrix views on it (`memo`): a second call slices
     nothing, and a cache slot refilled with another expert runs that expert."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from engine.cache import row_views
     from engine.layers import expert_ffn
-
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names: list[str] = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names.append(func.__name__)
-            return func(*args, **(kwargs or {}))
+    from tests.engine.test_static_decode import OpTrace
 
     D, I = 8, 4
     g = torch.Generator().manual_seed(0)
@@ -230,9 +220,10 @@ def test_a_packed_experts_views_are_made_once_and_follow_its_buffer():
     assert row_views(slots)[1] is slot                                        # the same view object each time
     slot.copy_(a)
     y_a = expert_ffn(x, slot, D, I, "silu")
-    with Ops() as ops:
+    with OpTrace() as trace:
         expert_ffn(x, slot, D, I, "silu")
-    assert not {"slice", "view"} & {n.split(".")[0] for n in ops.names}, ops.names
+    names = [op[0] for op in trace.ops]
+    assert names and not {"slice", "view"} & {n.split(".")[0] for n in names}, names
     slot.copy_(b)                                                             # refilled: the kept views see it
     assert torch.equal(y_a, expert_ffn(x, a.clone(), D, I, "silu"))
     assert torch.equal(expert_ffn(x, slot, D, I, "silu"), expert_ffn(x, b.clone(), D, I, "silu"))
