@@ -36,13 +36,14 @@ from harness.llamacpp.flags import EXACT  # noqa: E402
 from harness.llamacpp.server import LlamaServer  # noqa: E402
 
 
-def checkpoint() -> Path:
-    """The benchmark checkpoint, saved once into the cache (so its GGUF is converted once)."""
-    key = hashlib.sha256(json.dumps(SHAPE, sort_keys=True).encode()).hexdigest()[:12]
+def checkpoint(shape: dict = SHAPE) -> Path:
+    """The benchmark checkpoint (or another `shape` of it), saved once into the cache (so its
+    GGUF is converted once)."""
+    key = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:12]
     path = cache_root() / "checkpoints" / f"bench-mixtral-{key}"
     if not (path / "config.json").is_file():
         tmp = Path(tempfile.mkdtemp(prefix=path.name + ".", dir=path.parent if path.parent.exists() else None))
-        build_checkpoint(tmp)
+        build_checkpoint(tmp, shape)
         path.parent.mkdir(parents=True, exist_ok=True)
         os.replace(tmp, path)
     return path

@@ -31,10 +31,10 @@ SHAPE = dict(vocab_size=32000, hidden_size=1024, intermediate_size=1024, num_hid
              max_position_embeddings=4096, rope_theta=1e6)
 
 
-def build_checkpoint(path: Path):
+def build_checkpoint(path: Path, shape: dict = SHAPE):
     import transformers as tf
     torch.manual_seed(0)
-    model = tf.MixtralForCausalLM(tf.MixtralConfig(**SHAPE)).eval()
+    model = tf.MixtralForCausalLM(tf.MixtralConfig(**shape)).eval()
     model.save_pretrained(path)
     return model
 

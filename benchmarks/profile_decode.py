@@ -16,17 +16,30 @@ computes), counted under a TorchDispatchMode, with the most frequent.
   through copies that together exceed the last-level cache (cold, as in a step: the model's
   weights are several times the L3), and the step's GEMVs at those rates (each shape's bytes
   times how many a token reads).
-What is left of the wall time is the two parts' interaction (and attention's own reads).
-Not a test: `python benchmarks/profile_decode.py [--threads 1,2] [--steps 16] [--split]`.
+What is left of the wall time is the two parts' interaction (and attention's own reads). Then,
+in the same interleaved rounds (`--rounds`), the step, the skeleton's step and the step's own
+GEMVs replayed back to back (the engine's weight tensors, in the step's order, nothing in
+between): step - GEMVs is the engine's own cost as it runs inside a real step, with the weights
+streaming past, beside the skeleton's. The profiler's self time of the same ops in the step and
+in the skeleton shows the difference: the view-only ops (t, transpose, slice, ...) do the same
+work in both, so their ratio is what streaming the weights through the caches does to the
+engine's own code.
+`--llamacpp` puts llama.cpp's decode (its own timings, exact configuration) on the benchmark's
+GGUF and on the skeleton's into the same rounds, so its step splits the same way, without its
+internals: skeleton + the rest (its time reading the same weights, and all that scales with them).
+Not a test: `python benchmarks/profile_decode.py [--threads 1,2] [--steps 16] [--split [--llamacpp]]`.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import statistics
 import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -38,6 +51,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_vs_llamacpp import SHAPE, checkpoint  # noqa: E402
 from engine import Engine  # noqa: E402
 from harness.costmodel.calibrate import best_time  # noqa: E402
+from harness.llamacpp.build import find_binaries  # noqa: E402
+from harness.llamacpp.convert import convert  # noqa: E402
+from harness.llamacpp.flags import EXACT  # noqa: E402
+from harness.llamacpp.server import LlamaServer  # noqa: E402
 
 
 def category(name: str) -> str:
@@ -67,41 +84,54 @@ def decode(eng: Engine, prompt: list[int], steps: int, prof: bool):
     return wall, p
 
 
-def aten_calls(eng: Engine, prompt: list[int]) -> Counter:
-    """The aten ops one batch-1 decode step dispatches (after a prefill and one warm step)."""
+# ops that only make a new view of a tensor: their cost is dispatch, whatever the tensor's size
+VIEW_OPS = frozenset(f"aten::{n}" for n in ("t", "transpose", "as_strided", "slice", "view", "narrow", "unsqueeze",
+                                             "reshape", "select", "unbind", "chunk", "split", "expand", "detach"))
+
+
+def op_ms(p, steps: int) -> dict[str, float]:
+    """Each op's self time in ms per token from a profile of `steps` decode steps."""
+    ops: dict[str, float] = defaultdict(float)
+    for e in p.key_averages():
+        ops[e.key] += e.self_cpu_time_total / steps / 1e3
+    return ops
+
+
+def one_step_ops(eng: Engine, prompt: list[int], on_op: Callable[[object, tuple], None]) -> None:
+    """Call `on_op(func, args)` for each aten op one batch-1 decode step dispatches (after a
+    prefill and one warm step), under a TorchDispatchMode."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    calls: Counter = Counter()
-
-    class Count(TorchDispatchMode):
+    class Watch(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            calls[str(func)] += 1
+            on_op(func, args)
             return func(*args, **(kwargs or {}))
 
     sess = eng.new_session(1)
     tok = eng.prefill(sess, [prompt]).argmax(-1).tolist()
     tok = eng.decode_step(sess, tok).argmax(-1).tolist()
-    with Count():
+    with Watch():
         eng.decode_step(sess, tok)
     sess.close()
+
+
+def aten_calls(eng: Engine, prompt: list[int]) -> Counter:
+    """The aten ops one batch-1 decode step dispatches, counted."""
+    calls: Counter = Counter()
+    one_step_ops(eng, prompt, lambda func, args: calls.update([str(func)]))
     return calls
 
 
-def skeleton_ms(threads: list[int], steps: int, context: int, placement: str) -> dict[int, float]:
-    """ms per decode token of the benchmark's architecture with every matrix shrunk to nothing."""
-    import transformers as tf
+SKELETON = SHAPE | {"hidden_size": 64, "intermediate_size": 64, "vocab_size": 512}   # matrices shrunk to nothing
 
-    shape = SHAPE | {"hidden_size": 64, "intermediate_size": 64, "vocab_size": 512}
-    with tempfile.TemporaryDirectory() as d:
-        torch.manual_seed(0)
-        tf.MixtralForCausalLM(tf.MixtralConfig(**shape)).save_pretrained(d)
-        eng = Engine.from_pretrained(d, placement=placement, device="cpu", max_context=context + steps + 8)
-        prompt = torch.randint(0, shape["vocab_size"], (context,)).tolist()
-        out = {}
-        for th in threads:
-            torch.set_num_threads(th)
-            out[th] = min(decode(eng, prompt, steps, prof=False)[0] for _ in range(3)) * 1e3
-        return out
+
+def skeleton_ms(skel: Engine, prompt: list[int], threads: list[int], steps: int) -> dict[int, float]:
+    """ms per decode token of the skeleton engine (best of 3), at each thread count."""
+    out = {}
+    for th in threads:
+        torch.set_num_threads(th)
+        out[th] = min(decode(skel, prompt, steps, prof=False)[0] for _ in range(3)) * 1e3
+    return out
 
 
 def step_matrices(eng: Engine) -> dict[tuple[int, int], int]:
@@ -128,9 +158,37 @@ def cold_gemv(shape: tuple[int, int], threads: list[int], exceed: int = 320 << 2
     return out
 
 
-def split(eng: Engine, threads: list[int], steps: int, context: int, placement: str,
-          wall_ms: dict[int, float]) -> None:
-    skel = skeleton_ms(threads, steps, context, placement)
+def step_gemvs(eng: Engine, prompt: list[int]) -> list[torch.Tensor]:
+    """The weight matrices one batch-1 decode step reads with `aten.linear`, in its order: the
+    engine's own tensors (the experts it routed to included)."""
+    weights: list[torch.Tensor] = []
+    one_step_ops(eng, prompt, lambda func, args: weights.append(args[1])
+                 if func is torch.ops.aten.linear.default else None)
+    return weights
+
+
+def gemv_replay(eng: Engine, prompt: list[int]) -> tuple[Callable[[], float], int, int]:
+    """A callable that replays one decode step's GEMVs back to back -- one row against each of
+    the step's weight tensors, in order, nothing in between -- and returns its seconds; with the
+    GEMVs' count and bytes."""
+    weights = step_gemvs(eng, prompt)
+    xs = {n: torch.randn(1, n) for n in {w.shape[1] for w in weights}}
+
+    def run() -> float:
+        t0 = time.perf_counter()
+        for w in weights:
+            torch.nn.functional.linear(xs[w.shape[1]], w)
+        return time.perf_counter() - t0
+
+    return run, len(weights), sum(w.numel() * w.element_size() for w in weights)
+
+
+def split(eng: Engine, prompt: list[int], threads: list[int], steps: int, context: int, placement: str,
+          wall_ms: dict[int, float], per_op: dict[int, dict[str, float]], rounds: int, with_llamacpp: bool) -> None:
+    skel = Engine.from_pretrained(str(checkpoint(SKELETON)), placement=placement, device="cpu",
+                                  max_context=context + steps + 8)
+    skel_prompt = torch.randint(0, SKELETON["vocab_size"], (context,)).tolist()
+    skel_ms = skeleton_ms(skel, skel_prompt, threads, steps)
     mats = step_matrices(eng)
     reads = {th: 0.0 for th in threads}
     print("-- the step taken apart (--split): weight reads, cold, per matrix shape:")
@@ -141,11 +199,72 @@ def split(eng: Engine, threads: list[int], steps: int, context: int, placement: 
             reads[th] += n * t[th] * 1e3
         print(f"   {shape[0]:>6}x{shape[1]:<5} x{n:<3} " + "  ".join(
             f"{th} thr {t[th] * 1e6:7.0f} us {nbytes / t[th] / 1e9:5.1f} GB/s" for th in threads))
-    mib = sum(s[0] * s[1] * 4 * n for s, n in mats.items()) / 2**20
+    nbytes = sum(s[0] * s[1] * 4 * n for s, n in mats.items())
     for th in threads:
-        rest = wall_ms[th] - skel[th] - reads[th]
-        print(f"   {th} thread(s): wall {wall_ms[th]:.1f} ms/token = skeleton {skel[th]:.1f} + the {mib:.0f} MiB "
-              f"of GEMVs at those rates {reads[th]:.1f} + the rest {rest:.1f}")
+        rest = wall_ms[th] - skel_ms[th] - reads[th]
+        print(f"   {th} thread(s): wall {wall_ms[th]:.1f} ms/token = skeleton {skel_ms[th]:.1f} + the "
+              f"{nbytes / 2**20:.0f} MiB of GEMVs at those rates {reads[th]:.1f} + the rest {rest:.1f}")
+    print("-- the same ops' profiled self time, in the step and in the skeleton (ms/token):")
+    for th in threads:
+        torch.set_num_threads(th)
+        skel_ops = op_ms(decode(skel, skel_prompt, steps, prof=True)[1], steps)
+        cells = []
+        for what, keep in (("every op but aten::mm", lambda k: k not in ("aten::mm", "aten::addmm")),
+                           ("view-only ops", lambda k: k in VIEW_OPS)):
+            a, b = (sum(ms for k, ms in o.items() if keep(k)) for o in (per_op[th], skel_ops))
+            cells.append(f"{what} {a:.2f} vs {b:.2f} ({a / b:.1f}x)")
+        print(f"   {th} thread(s): " + "; ".join(cells))
+    interleaved(eng, skel, {"step": prompt, "skeleton": skel_prompt}, threads, steps, context, rounds,
+                with_llamacpp)
+
+
+def interleaved(eng: Engine, skel: Engine, prompts: dict[str, list[int]], threads: list[int], steps: int,
+                context: int, rounds: int, with_llamacpp: bool) -> None:
+    """Ours three ways in the same interleaved rounds -- the step, the skeleton's step, the step's
+    GEMVs replayed back to back -- so step - GEMVs is the engine's own cost as it runs inside a
+    real step (the weights streaming past), beside the skeleton's. With llama.cpp (the exact
+    configuration, its own timings), its step and its skeleton's in the same rounds: its step -
+    skeleton is its time reading the same weights and everything that scales with them."""
+    gemvs, n, nbytes = gemv_replay(eng, prompts["step"])
+    ours = {"step": eng, "skeleton": skel}
+    bins = find_binaries() if with_llamacpp else None
+    ggufs = {k: convert(checkpoint(SKELETON if k == "skeleton" else SHAPE), "f32") for k in ours} if bins else {}
+    print(f"-- ms per decode token, median of {rounds} interleaved rounds; GEMVs: the step's {n} "
+          f"({nbytes / 2**20:.0f} MiB of the engine's own weights) replayed back to back"
+          + (f"; llama.cpp {bins.info.llama_cpp_commit if bins.info else bins.origin} "
+             f"({' '.join(EXACT.server_argv())}), its own timings" if bins else ""))
+    for th in threads:
+        torch.set_num_threads(th)
+        flags = EXACT.replace(threads=th, ctx=context + steps + 8, cache_ram=0)
+        with contextlib.ExitStack() as stack:
+            servers = {k: stack.enter_context(LlamaServer(
+                g.path, flags, log_path=Path(tempfile.gettempdir()) / f"profile_decode-{k}-t{th}.log", binaries=bins))
+                for k, g in ggufs.items()}
+
+            def llama(kind: str) -> float:
+                t = servers[kind].complete(prompts[kind], steps + 1, cache_prompt=False).timings
+                assert t.cache_n == 0 and t.decode_steps == steps, t.raw
+                return t.predicted_ms / t.decode_steps
+
+            runs = {("ours", k): (lambda k=k: decode(ours[k], prompts[k], steps, prof=False)[0] * 1e3) for k in ours}
+            runs["ours", "GEMVs"] = lambda: gemvs() * 1e3
+            runs.update({("llama.cpp", k): (lambda k=k: llama(k)) for k in servers})
+            for k in servers:                                              # warm-up, excluded
+                llama(k)
+            ms: dict[tuple[str, str], list[float]] = defaultdict(list)
+            for r in range(rounds):
+                for key in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
+                    ms[key].append(runs[key]())
+        med = {k: statistics.median(v) for k, v in ms.items()}
+        step, own = med["ours", "step"], med["ours", "step"] - med["ours", "GEMVs"]
+        line = (f"   {th} thread(s), load average {os.getloadavg()[0]:.2f}: ours step {step:.1f} = GEMVs "
+                f"{med['ours', 'GEMVs']:.1f} ({nbytes / med['ours', 'GEMVs'] / 1e6:.1f} GB/s) + own cost {own:.1f} "
+                f"(skeleton alone {med['ours', 'skeleton']:.1f})")
+        if servers:
+            ll, ll_skel = med["llama.cpp", "step"], med["llama.cpp", "skeleton"]
+            line += (f"; llama.cpp step {ll:.1f} = skeleton {ll_skel:.1f} + the rest {ll - ll_skel:.1f} "
+                     f"({nbytes / (ll - ll_skel) / 1e6:.1f} GB/s); ours/llama.cpp in tok/s {ll / step:.2f}x")
+        print(line)
 
 
 def main() -> None:
@@ -155,6 +274,9 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=128, help="prompt tokens before the measured steps")
     ap.add_argument("--placement", default="resident")
     ap.add_argument("--split", action="store_true", help="also time the step's skeleton and its weight reads apart")
+    ap.add_argument("--rounds", type=int, default=7, help="with --split: interleaved rounds of the step's parts")
+    ap.add_argument("--llamacpp", action="store_true",
+                    help="with --split: llama.cpp's step and skeleton in the same rounds (needs `make llamacpp`)")
     args = ap.parse_args()
     eng = Engine.from_pretrained(str(checkpoint()), placement=args.placement, device="cpu",
                                  max_context=args.context + args.steps + 8)
@@ -173,12 +295,10 @@ def main() -> None:
         wall, _ = decode(eng, prompt, args.steps, prof=False)
         walls[th] = wall * 1e3
         _, p = decode(eng, prompt, args.steps, prof=True)
+        ops = per_op[th] = op_ms(p, args.steps)
         cats: dict[str, float] = defaultdict(float)
-        ops: dict[str, float] = defaultdict(float)
-        for e in p.key_averages():
-            cats[category(e.key)] += e.self_cpu_time_total / args.steps / 1e3        # ms per token
-            ops[e.key] += e.self_cpu_time_total / args.steps / 1e3
-        per_op[th] = ops
+        for k, ms in ops.items():
+            cats[category(k)] += ms
         total = sum(cats.values())
         print(f"-- {th} thread(s), load average {os.getloadavg()[0]:.2f}: {wall * 1e3:.1f} ms/token unprofiled "
               f"({1 / wall:.1f} tok/s); profiled op self time {total:.1f} ms/token:")
@@ -192,7 +312,7 @@ def main() -> None:
                         reverse=True)[:8]
         print(f"self time at {hi} threads / at {lo}: " + ", ".join(f"{k} {r:.1f}x" for r, k in ratios))
     if args.split:
-        split(eng, threads, args.steps, args.context, args.placement, walls)
+        split(eng, prompt, threads, args.steps, args.context, args.placement, walls, per_op, args.rounds, args.llamacpp)
 
 
 if __name__ == "__main__":
