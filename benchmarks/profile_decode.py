@@ -278,6 +278,10 @@ def main() -> None:
     ap.add_argument("--llamacpp", action="store_true",
                     help="with --split: llama.cpp's step and skeleton in the same rounds (needs `make llamacpp`)")
     args = ap.parse_args()
+    if args.llamacpp:
+        if not args.split:
+            ap.error("--llamacpp takes llama.cpp's step apart beside ours: it needs --split")
+        find_binaries()                                  # fail now, not after minutes of profiling
     eng = Engine.from_pretrained(str(checkpoint()), placement=args.placement, device="cpu",
                                  max_context=args.context + args.steps + 8)
     torch.manual_seed(0)
