@@ -22,8 +22,8 @@ GEMVs replayed back to back (the engine's weight tensors, in the step's order, n
 between): step - GEMVs is the engine's own cost as it runs inside a real step, with the weights
 streaming past, beside the skeleton's. The profiler's self time of the same ops in the step and
 in the skeleton shows the difference: the view-only ops (t, transpose, slice, ...) do the same
-work in both, so their ratio is what streaming the weights through the caches does to the
-engine's own code.
+work in both, so their ratio is how much slower the engine's own code runs amid a real step's
+weight reads.
 `--llamacpp` puts llama.cpp's decode (its own timings, exact configuration) on the benchmark's
 GGUF and on the skeleton's into the same rounds, so its step splits the same way, without its
 internals: skeleton + the rest (its time reading the same weights, and all that scales with them).
