@@ -23,8 +23,12 @@ attention block and the MLP block (a MoE block: one expert's intermediates for e
 once), or the logits. The attention
 *workspace* (`attention_workspace_bytes`) depends on which scaled_dot_product_attention
 kernel runs, so it is the worst case for the device:
-- cuda: the math kernel, which materialises the [B, H, T, S] scores and their softmax (in
-  fp32: torch upcasts fp16/bf16 there) plus K/V repeated to H heads. Prefill always passes
+- cuda: the math kernel, which materialises the [B, H, T, S] scores and, inside its
+  `_safe_softmax`, their softmax, a bool mask of the -inf scores and the `where` that zeroes
+  fully masked rows (in fp32: torch upcasts fp16/bf16 there), plus q, k and v upcast, K/V
+  repeated to H heads and q and k scaled -- its op sequence as `TorchDispatchMode` sees it
+  under `sdpa_kernel(SDPBackend.MATH)` on the CPU (the same composite function runs on CUDA;
+  the bound is unverified on a GPU: scripts/gpu_check.py measures the peak). Prefill always passes
   a boolean mask, which rules out the flash kernel, and whether the memory-efficient
   kernel takes `enable_gqa` depends on the torch version; so we plan for math. Where
   efficient attention does run, the plan is high by that term, which is the safe side.

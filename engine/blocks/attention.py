@@ -118,15 +118,21 @@ class AttentionBlock(Block, ABC):
 
 
 def sdpa_workspace_bytes(batch: int, heads: int, head_dim: int, tokens: int, context: int, dtype_bytes: int,
-                         device_kind: str) -> int:
+                         device_kind: str, kv_heads: int | None = None) -> int:
     """Worst-case scaled_dot_product_attention workspace for `tokens` new tokens per sequence
-    attending to `context` keys at `heads` query heads (engine.planner's docstring)."""
+    attending to `context` keys at `heads` query heads and `kv_heads` key/value heads (None: as
+    many; fewer: grouped-query, `enable_gqa`) (engine.planner's docstring)."""
     B, T, S, H, hd, db = batch, tokens, context, heads, head_dim, dtype_bytes
+    K = H if kv_heads is None else kv_heads
     f32 = 4
     mask = T * S * (1 + max(db, f32)) if T > 1 else 0                  # bool [T, S] and its additive float form
     if device_kind == "cuda":                                           # math kernel: materialised, fp32
-        scores = 2 * B * H * T * S * f32                                # scores and softmax(scores)
-        upcast = B * H * (T + 2 * S) * hd * f32                         # q, and k/v repeated to H heads
+        # its op sequence (traced under SDPBackend.MATH: engine.planner's docstring): the scores, and
+        # inside `_safe_softmax` their softmax, a bool [B, H, T, S] of -inf scores and the `where`
+        # that zeroes fully masked rows -- 3 fp32 + 1 byte per score at once
+        scores = B * H * T * S * (3 * f32 + 1)
+        # q upcast and scaled; k and v upcast (K heads), repeated to H heads when K < H, and k scaled
+        upcast = B * (2 * H * T + 2 * K * S + (3 if K < H else 1) * H * S) * hd * f32
         return scores + upcast + mask
     if device_kind != "cpu":
         raise ValueError(f"device_kind must be 'cuda' or 'cpu', got {device_kind!r}")
@@ -254,7 +260,7 @@ class GQAAttention(AttentionBlock):
 
     def workspace_bytes(self, batch: int, tokens: int, context: int, dtype_bytes: int, device_kind: str) -> int:
         if self.window is None:
-            return sdpa_workspace_bytes(batch, self.H, self.hd, tokens, context, dtype_bytes, device_kind)
+            return sdpa_workspace_bytes(batch, self.H, self.hd, tokens, context, dtype_bytes, device_kind, self.K)
         S = self.held_keys(tokens, context - tokens)                      # held keys and the new ones
         window_copy = 2 * batch * self.K * S * self.hd * dtype_bytes      # their concatenation (SlidingKV.append)
-        return sdpa_workspace_bytes(batch, self.H, self.hd, tokens, S, dtype_bytes, device_kind) + window_copy
+        return sdpa_workspace_bytes(batch, self.H, self.hd, tokens, S, dtype_bytes, device_kind, self.K) + window_copy

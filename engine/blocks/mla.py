@@ -231,7 +231,7 @@ class MLAAttention(AttentionBlock):
     def workspace_bytes(self, batch: int, tokens: int, context: int, dtype_bytes: int, device_kind: str) -> int:
         B, S, H, db = batch, context, self.H, dtype_bytes
         if self.kernel == "absorbed":
-            return sdpa_workspace_bytes(B, H, self.r + self.d, tokens, S, db, device_kind)
+            return sdpa_workspace_bytes(B, H, self.r + self.d, tokens, S, db, device_kind, kv_heads=1)   # one latent head
         expansion = B * S * H * ((self.n + self.v) + (self.n + self.d)) * db             # kv_b output, key cat
         # unequal q/k and v head dims: the math kernel on every device (sdpa's "cuda" bound)
         return expansion + sdpa_workspace_bytes(B, H, self.n + self.d, tokens, S, db, "cuda")
