@@ -16,6 +16,12 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PART=${1:-all}
 case "$PART" in 1|2|all) ;; *) echo "usage: $0 [1|2]  (1: engine checks + pytest -m gpu, 2: CUDA sweep; none: both)" >&2; exit 2;; esac
+# the device tool brings back at most 8 files from $OUT: part 1 writes 5, part 2 writes 8, both 11
+if [ "$PART" = all ] && [ -n "${OUT:-}" ]; then
+  echo "under the device tool (\$OUT set) run part 1 and part 2 as separate calls: together they write" \
+       "11 files to \$OUT, and the tool brings back 8" >&2
+  exit 2
+fi
 DATE=$(date +%Y-%m-%d)
 DEST=${OUT:-results/gpu/$DATE}
 mkdir -p "$DEST"

@@ -69,3 +69,8 @@ def test_script_parts(tmp_path):
     r = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), "3"], capture_output=True, text=True,
                        env={"OUT": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert r.returncode == 2 and "usage" in r.stderr
+
+
+def test_token_agreement_is_the_shared_fraction(gpu_check):
+    assert gpu_check.agreement([[1, 2], [3, 4]], [[1, 2], [3, 5]]) == 0.75
+    assert gpu_check.agreement([[7]], [[7]]) == 1.0
