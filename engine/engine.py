@@ -311,7 +311,10 @@ class Engine:
 
     def close(self) -> None:
         """Drop weights and caches (device memory is returned to the allocator) and lift the
-        allocator cap this engine's budget set (engine.devices)."""
+        allocator cap this engine's budget set (engine.devices). Waits for the device first: a
+        prefetch copy still in flight on the copy stream writes into a slot and reads a host row
+        that this frees."""
+        self.device.synchronize()
         self.model = self.placement = None
         self.device.ledger.held.clear()
         self.device.close()

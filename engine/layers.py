@@ -134,11 +134,17 @@ def expert_ffn(x: torch.Tensor, packed: torch.Tensor, D: int, I: int, act: str) 
     return F.linear(ACT[act](gate) * up, down)                     # [n, D]
 
 
+# the public name where this torch has it, else the operator it calls (torch._grouped_mm, the same
+# signature): the lent GPU machine runs torch 2.11, the CI 2.13, and whether 2.11 has the public
+# name is unverified
+GROUPED_MM = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+
+
 def grouped_mm_supported(dtype: torch.dtype, device: torch.device) -> bool:
     """Whether `F.grouped_mm` takes this dtype on this device: any float dtype on the CPU (a loop of
     mm per group, bitwise equal to F.linear on each group: tests/engine/test_dispatch.py), bf16 on
     CUDA (its documented kernel, SM >= 80; unverified here: no GPU in this project's CI)."""
-    if not hasattr(F, "grouped_mm"):
+    if GROUPED_MM is None:
         return False
     return device.type == "cpu" or (device.type == "cuda" and dtype == torch.bfloat16)
 
@@ -151,8 +157,8 @@ def expert_ffn_grouped(x: torch.Tensor, rows: torch.Tensor, offs: torch.Tensor, 
     E = rows.shape[0]
     gate_up = rows[:, : 2 * I * D].view(E, 2 * I, D)                  # [E, 2I, D]
     down = rows[:, 2 * I * D:].view(E, D, I)                           # [E, D, I]
-    gate, up = F.grouped_mm(x, gate_up.transpose(1, 2), offs=offs).chunk(2, dim=-1)   # [M, I] each
-    return F.grouped_mm(ACT[act](gate) * up, down.transpose(1, 2), offs=offs)           # [M, D]
+    gate, up = GROUPED_MM(x, gate_up.transpose(1, 2), offs=offs).chunk(2, dim=-1)    # [M, I] each
+    return GROUPED_MM(ACT[act](gate) * up, down.transpose(1, 2), offs=offs)            # [M, D]
 
 
 def dense_mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, act: str) -> torch.Tensor:

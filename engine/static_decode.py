@@ -82,6 +82,7 @@ class StaticDecoder:
         # session's life (allocated once for the planned context) until offload or close, which drop
         # this decoder with them (Session.static_decoder)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._side: torch.cuda.Stream | None = None   # the captures' warm-up stream, one per decoder
         for state in sess.states:
             state.reserve(sess.max_tokens, sess.length)
             for t in state.tensors():             # masked keys weigh 0, but 0 * NaN is NaN: no garbage there
@@ -131,7 +132,8 @@ class StaticDecoder:
 
     def _replay(self, keys: int) -> torch.Tensor:
         if keys not in self.graphs:
-            side = torch.cuda.Stream()
+            # one side stream for every capture: each new stream would get its own cuBLAS workspace
+            side = self._side = self._side or torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):                     # warm-up off the capture (lazy inits, workspaces)
                 self.run(keys)
