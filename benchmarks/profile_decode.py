@@ -51,14 +51,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_vs_llamacpp import SHAPE, checkpoint  # noqa: E402
 from engine import Engine  # noqa: E402
 from harness.costmodel.calibrate import best_time  # noqa: E402
-from harness.llamacpp.build import find_binaries  # noqa: E402
+from harness.llamacpp.build import Binaries, find_binaries  # noqa: E402
 from harness.llamacpp.convert import convert  # noqa: E402
 from harness.llamacpp.flags import EXACT  # noqa: E402
 from harness.llamacpp.server import LlamaServer  # noqa: E402
 
 
+GEMV_OPS = ("aten::mm", "aten::addmm")           # the weight-streaming matrix products of a decode step
+
+
+def planned_context(context: int, steps: int) -> int:
+    """The context an engine or llama-server is planned for: the prompt, the warm and measured
+    steps of one `decode`, and a margin."""
+    return context + steps + 8
+
+
 def category(name: str) -> str:
-    if name in ("aten::mm", "aten::addmm"):
+    if name in GEMV_OPS:
         return "GEMV (aten::mm)"
     if "scaled_dot_product" in name:
         return "attention kernel"
@@ -71,12 +80,7 @@ def decode(eng: Engine, prompt: list[int], steps: int, prof: bool):
     for _ in range(2):
         tok = eng.decode_step(sess, tok).argmax(-1).tolist()
     t0 = time.perf_counter()
-    if prof:
-        with profile(activities=[ProfilerActivity.CPU]) as p:
-            for _ in range(steps):
-                tok = eng.decode_step(sess, tok).argmax(-1).tolist()
-    else:
-        p = None
+    with profile(activities=[ProfilerActivity.CPU]) if prof else contextlib.nullcontext() as p:
         for _ in range(steps):
             tok = eng.decode_step(sess, tok).argmax(-1).tolist()
     wall = (time.perf_counter() - t0) / steps
@@ -184,9 +188,9 @@ def gemv_replay(eng: Engine, prompt: list[int]) -> tuple[Callable[[], float], in
 
 
 def split(eng: Engine, prompt: list[int], threads: list[int], steps: int, context: int, placement: str,
-          wall_ms: dict[int, float], per_op: dict[int, dict[str, float]], rounds: int, with_llamacpp: bool) -> None:
+          wall_ms: dict[int, float], per_op: dict[int, dict[str, float]], rounds: int, bins: Binaries | None) -> None:
     skel = Engine.from_pretrained(str(checkpoint(SKELETON)), placement=placement, device="cpu",
-                                  max_context=context + steps + 8)
+                                  max_context=planned_context(context, steps))
     skel_prompt = torch.randint(0, SKELETON["vocab_size"], (context,)).tolist()
     skel_ms = skeleton_ms(skel, skel_prompt, threads, steps)
     mats = step_matrices(eng)
@@ -209,33 +213,33 @@ def split(eng: Engine, prompt: list[int], threads: list[int], steps: int, contex
         torch.set_num_threads(th)
         skel_ops = op_ms(decode(skel, skel_prompt, steps, prof=True)[1], steps)
         cells = []
-        for what, keep in (("every op but aten::mm", lambda k: k not in ("aten::mm", "aten::addmm")),
+        for what, keep in (("every op but aten::mm", lambda k: k not in GEMV_OPS),
                            ("view-only ops", lambda k: k in VIEW_OPS)):
             a, b = (sum(ms for k, ms in o.items() if keep(k)) for o in (per_op[th], skel_ops))
             cells.append(f"{what} {a:.2f} vs {b:.2f} ({a / b:.1f}x)")
         print(f"   {th} thread(s): " + "; ".join(cells))
-    interleaved(eng, skel, {"step": prompt, "skeleton": skel_prompt}, threads, steps, context, rounds,
-                with_llamacpp)
+    interleaved(eng, skel, {"step": prompt, "skeleton": skel_prompt}, threads, steps, context, rounds, bins)
 
 
 def interleaved(eng: Engine, skel: Engine, prompts: dict[str, list[int]], threads: list[int], steps: int,
-                context: int, rounds: int, with_llamacpp: bool) -> None:
+                context: int, rounds: int, bins: Binaries | None) -> None:
     """Ours three ways in the same interleaved rounds -- the step, the skeleton's step, the step's
     GEMVs replayed back to back -- so step - GEMVs is the engine's own cost as it runs inside a
     real step (the weights streaming past), beside the skeleton's. With llama.cpp (the exact
     configuration, its own timings), its step and its skeleton's in the same rounds: its step -
-    skeleton is its time reading the same weights and everything that scales with them."""
+    skeleton is its time reading the same weights and everything that scales with them (`bins`:
+    the llama.cpp build; None: ours alone)."""
     gemvs, n, nbytes = gemv_replay(eng, prompts["step"])
     ours = {"step": eng, "skeleton": skel}
-    bins = find_binaries() if with_llamacpp else None
-    ggufs = {k: convert(checkpoint(SKELETON if k == "skeleton" else SHAPE), "f32") for k in ours} if bins else {}
+    shapes = {"step": SHAPE, "skeleton": SKELETON}
+    ggufs = {k: convert(checkpoint(shape), "f32") for k, shape in shapes.items()} if bins else {}
     print(f"-- ms per decode token, median of {rounds} interleaved rounds; GEMVs: the step's {n} "
           f"({nbytes / 2**20:.0f} MiB of the engine's own weights) replayed back to back"
           + (f"; llama.cpp {bins.info.llama_cpp_commit if bins.info else bins.origin} "
              f"({' '.join(EXACT.server_argv())}), its own timings" if bins else ""))
     for th in threads:
         torch.set_num_threads(th)
-        flags = EXACT.replace(threads=th, ctx=context + steps + 8, cache_ram=0)
+        flags = EXACT.replace(threads=th, ctx=planned_context(context, steps), cache_ram=0)
         with contextlib.ExitStack() as stack:
             servers = {k: stack.enter_context(LlamaServer(
                 g.path, flags, log_path=Path(tempfile.gettempdir()) / f"profile_decode-{k}-t{th}.log", binaries=bins))
@@ -278,12 +282,11 @@ def main() -> None:
     ap.add_argument("--llamacpp", action="store_true",
                     help="with --split: llama.cpp's step and skeleton in the same rounds (needs `make llamacpp`)")
     args = ap.parse_args()
-    if args.llamacpp:
-        if not args.split:
-            ap.error("--llamacpp takes llama.cpp's step apart beside ours: it needs --split")
-        find_binaries()                                  # fail now, not after minutes of profiling
+    if args.llamacpp and not args.split:
+        ap.error("--llamacpp takes llama.cpp's step apart beside ours: it needs --split")
+    bins = find_binaries() if args.llamacpp else None    # a missing build fails now, not after minutes of profiling
     eng = Engine.from_pretrained(str(checkpoint()), placement=args.placement, device="cpu",
-                                 max_context=args.context + args.steps + 8)
+                                 max_context=planned_context(args.context, args.steps))
     torch.manual_seed(0)
     prompt = torch.randint(0, eng.cfg.vocab_size, (args.context,)).tolist()
     calls = aten_calls(eng, prompt)
@@ -316,7 +319,7 @@ def main() -> None:
                         reverse=True)[:8]
         print(f"self time at {hi} threads / at {lo}: " + ", ".join(f"{k} {r:.1f}x" for r, k in ratios))
     if args.split:
-        split(eng, prompt, threads, args.steps, args.context, args.placement, walls, per_op, args.rounds, args.llamacpp)
+        split(eng, prompt, threads, args.steps, args.context, args.placement, walls, per_op, args.rounds, bins)
 
 
 if __name__ == "__main__":

@@ -40,9 +40,9 @@ def test_rope_matches_transformers_bitwise(dtype: torch.dtype, rotary: int):
     rope = Rope(dim=rotary, theta=10000.0)
     cos, sin = rope_cos_sin(torch.arange(3, 10), rotary, 10000.0, 1.0, dtype)        # [T, r]
     ref_q, ref_k = apply_rotary_pos_emb(q, k, cos[None], sin[None])
+    bits = torch.int32 if dtype == torch.float32 else torch.int16                   # compared as raw bits
     for ours, ref in ((rope.apply(q, cos, sin), ref_q), (rope.apply(k, cos, sin), ref_k)):
-        assert ours.dtype == dtype and torch.equal(ours.view(torch.int16 if dtype != torch.float32 else torch.int32),
-                                                   ref.view(torch.int16 if dtype != torch.float32 else torch.int32))
+        assert ours.dtype == dtype and torch.equal(ours.view(bits), ref.view(bits))
 
 
 @pytest.mark.parametrize("params", [
