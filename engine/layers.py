@@ -62,13 +62,24 @@ def rms_norm_fp32(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offs
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, linear_factor: float,
                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin for absolute `positions` [T]; each [T, h]."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device)
-                                .float() / head_dim))
-    if linear_factor != 1.0:
-        inv_freq = inv_freq / linear_factor
-    freqs = positions.float()[:, None] * inv_freq[None, :]          # [T, h/2]
+    freqs = positions.float()[:, None] * _inv_freq(head_dim, theta, linear_factor, positions.device)   # [T, h/2]
     emb = torch.cat((freqs, freqs), dim=-1)                          # [T, h]
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    return cast(emb.cos(), dtype), cast(emb.sin(), dtype)
+
+
+_INV_FREQ: dict[tuple[int, float, float, torch.device], torch.Tensor] = {}
+
+
+def _inv_freq(head_dim: int, theta: float, linear_factor: float, device: torch.device) -> torch.Tensor:
+    """[1, h/2] fp32 inverse frequencies (transformers' default rope), made once per rope and device:
+    every pass's tables start from them (half a dozen ops of dispatch per decode step otherwise)."""
+    key = (head_dim, theta, linear_factor, device)
+    if key not in _INV_FREQ:
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))
+        if linear_factor != 1.0:
+            inv_freq = inv_freq / linear_factor
+        _INV_FREQ[key] = inv_freq[None, :]
+    return _INV_FREQ[key]
 
 
 def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
@@ -117,13 +128,24 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor |
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa)
 
 
+def heads_first(x: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """x [B, T, H*h] or [B, T, H, h] (contiguous) -> [B, H, T, h]: `view(B, T, H, h).transpose(1, 2)`;
+    for one token (decode) one view of the same elements instead (T = 1: the two place every
+    element at the same address; one op of dispatch less per tensor)."""
+    B, T = x.shape[:2]
+    if T == 1:
+        return x.view(B, -1, 1, head_dim)
+    return x.view(B, T, -1, head_dim).transpose(1, 2)
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
               scale: float | None = None) -> torch.Tensor:
     """q [B, H, T, h], k/v [B, K, S, h] -> [B, T, H*h]; scores scaled by `scale` (default h^-0.5)."""
     B, H, T, hd = q.shape
     # grouped-query attention without materialising repeated K/V (a copy of the whole cache per layer per step)
     out = sdpa(q, k, v, mask, hd ** -0.5 if scale is None else scale, enable_gqa=H != k.shape[1])   # [B, H, T, h]
-    return out.transpose(1, 2).reshape(B, T, H * hd)
+    # one token: [B, H, 1, h] flattens to [B, 1, H*h] in the transposed order as it is
+    return out.reshape(B, 1, H * hd) if T == 1 else out.transpose(1, 2).reshape(B, T, H * hd)
 
 
 def expert_ffn(x: torch.Tensor, packed: torch.Tensor, D: int, I: int, act: str) -> torch.Tensor:

@@ -42,7 +42,7 @@ from engine.blocks.rope import Rope
 from engine.devices import Device
 from engine.kv import FullKV, KVState, LayerState, SlidingKV, StateTerm
 from engine.kvquant import DEFAULT_KV_DTYPE, KVFormatError, kv_format
-from engine.layers import attention, causal_mask, rms_norm
+from engine.layers import attention, causal_mask, heads_first, rms_norm
 
 QK_NORMS = ("none", "head", "full")
 FLASH_CPU_Q_BLOCK, FLASH_CPU_KV_BLOCK = 256, 512                      # torch's CPU flash-attention blocking
@@ -183,10 +183,9 @@ class GQAAttention(AttentionBlock):
             q, k = rms_norm(q, w["q_norm"], eps), rms_norm(k, w["k_norm"], eps)     # [B, T, H*h] / [B, T, K*h]
         if self.clip_qkv is not None:
             q, k, v = (t.clamp(-self.clip_qkv, self.clip_qkv) for t in (q, k, v))
-        q, k, v = (t.view(B, T, -1, hd) for t in (q, k, v))                       # [B, T, H|K, h]
         if self.qk_norm == "head":    # Qwen3: per-head norm over h
-            q, k = rms_norm(q, w["q_norm"], eps), rms_norm(k, w["k_norm"], eps)
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))                          # [B, H|K, T, h]
+            q, k = rms_norm(q.view(B, T, -1, hd), w["q_norm"], eps), rms_norm(k.view(B, T, -1, hd), w["k_norm"], eps)
+        q, k, v = (heads_first(t, hd) for t in (q, k, v))                          # [B, H|K, T, h]
         return F.linear(self.rotate_and_attend(q, k, v, state, p), w["o"], w.get("o_b"))  # [B, T, D]
 
     def rotate_and_attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: KVState,

@@ -227,3 +227,22 @@ def test_a_packed_experts_views_are_made_once_and_follow_its_buffer():
     slot.copy_(b)                                                             # refilled: the kept views see it
     assert torch.equal(y_a, expert_ffn(x, a.clone(), D, I, "silu"))
     assert torch.equal(expert_ffn(x, slot, D, I, "silu"), expert_ffn(x, b.clone(), D, I, "silu"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T", [1, 5])
+def test_heads_first_and_attention_of_one_token_are_the_transposed_form(dtype, T):
+    """One token's heads are a view, not a transpose (one op less per tensor): the same elements at
+    the same addresses, and attention over them gives the transposed form's bits."""
+    from engine.layers import attention, heads_first
+
+    B, H, K, hd, S = 2, 8, 4, 16, 9
+    g = torch.Generator().manual_seed(T)
+    x = torch.randn(B, T, H * hd, generator=g).to(dtype)
+    want = x.view(B, T, H, hd).transpose(1, 2)
+    got = heads_first(x, hd)
+    assert got.shape == want.shape and torch.equal(got, want) and got.data_ptr() == want.data_ptr()
+    k, v = (torch.randn(B, K, S, hd, generator=g).to(dtype) for _ in range(2))
+    mask = None if T == 1 else torch.ones(T, S, dtype=torch.bool).tril(S - T)
+    ref = torch.nn.functional.scaled_dot_product_attention(want, k, v, attn_mask=mask, enable_gqa=True)
+    assert torch.equal(attention(got, k, v, mask), ref.transpose(1, 2).reshape(B, T, H * hd))
