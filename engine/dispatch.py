@@ -26,6 +26,7 @@ since at that size the sort's dozen ops of dispatch cost more than the work.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -93,16 +94,11 @@ def _one_row(ids: torch.Tensor) -> Routing | None:
     return Routing([chosen[s] for s in by_id], [row] * k, [slot[s] for s in by_id], one_row_slots=by_id)
 
 
-_INDEX: dict[tuple[torch.device, int], tuple[torch.Tensor, list[torch.Tensor]]] = {}
-
-
+@functools.cache
 def _index_tensors(device: torch.device, k: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The row index [0] and each slot index [s] (s < k) of a one-row Routing, made once per
     device: read-only index tensors every such Routing shares."""
-    if (device, k) not in _INDEX:
-        _INDEX[device, k] = (torch.zeros(1, dtype=torch.long, device=device),
-                             list(torch.arange(k, device=device).split(1)))
-    return _INDEX[device, k]
+    return torch.zeros(1, dtype=torch.long, device=device), list(torch.arange(k, device=device).split(1))
 
 
 @dataclass(frozen=True)

@@ -244,7 +244,7 @@ class Engine:
             raise ValueError(f"prompts in one batch must have equal lengths, got {sorted(lengths)}")
         ids = torch.tensor(rows, dtype=torch.long)
         if ids.numel():   # checked on the host lists: on the tensor it is six ops of dispatch per decode step
-            lo, hi = min(min(r) for r in rows if r), max(max(r) for r in rows if r)
+            lo, hi = min(map(min, rows)), max(map(max, rows))     # every row has the same, nonzero length
             if lo < 0 or hi >= self.cfg.vocab_size:
                 raise ValueError(f"token ids must be in [0, {self.cfg.vocab_size}), got range [{lo}, {hi}]")
         return ids.to(self.device.torch_device)

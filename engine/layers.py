@@ -11,6 +11,7 @@ K=kv heads, h=head dim, D=hidden, I=expert intermediate, E=experts, k=top-k, N=B
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -67,19 +68,14 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, linear_fa
     return cast(emb.cos(), dtype), cast(emb.sin(), dtype)
 
 
-_INV_FREQ: dict[tuple[int, float, float, torch.device], torch.Tensor] = {}
-
-
+@functools.cache
 def _inv_freq(head_dim: int, theta: float, linear_factor: float, device: torch.device) -> torch.Tensor:
     """[1, h/2] fp32 inverse frequencies (transformers' default rope), made once per rope and device:
     every pass's tables start from them (half a dozen ops of dispatch per decode step otherwise)."""
-    key = (head_dim, theta, linear_factor, device)
-    if key not in _INV_FREQ:
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))
-        if linear_factor != 1.0:
-            inv_freq = inv_freq / linear_factor
-        _INV_FREQ[key] = inv_freq[None, :]
-    return _INV_FREQ[key]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))
+    if linear_factor != 1.0:
+        inv_freq = inv_freq / linear_factor
+    return inv_freq[None, :]
 
 
 def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
@@ -138,14 +134,20 @@ def heads_first(x: torch.Tensor, head_dim: int) -> torch.Tensor:
     return x.view(B, T, -1, head_dim).transpose(1, 2)
 
 
+def heads_last(x: torch.Tensor) -> torch.Tensor:
+    """An attention output x [B, H, T, h] -> [B, T, H*h]: `transpose(1, 2).reshape`; for one token
+    (decode) the reshape alone ([B, H, 1, h] flattens in the transposed order as it is)."""
+    B, H, T, hd = x.shape
+    return x.reshape(B, 1, H * hd) if T == 1 else x.transpose(1, 2).reshape(B, T, H * hd)
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
               scale: float | None = None) -> torch.Tensor:
     """q [B, H, T, h], k/v [B, K, S, h] -> [B, T, H*h]; scores scaled by `scale` (default h^-0.5)."""
     B, H, T, hd = q.shape
     # grouped-query attention without materialising repeated K/V (a copy of the whole cache per layer per step)
     out = sdpa(q, k, v, mask, hd ** -0.5 if scale is None else scale, enable_gqa=H != k.shape[1])   # [B, H, T, h]
-    # one token: [B, H, 1, h] flattens to [B, 1, H*h] in the transposed order as it is
-    return out.reshape(B, 1, H * hd) if T == 1 else out.transpose(1, 2).reshape(B, T, H * hd)
+    return heads_last(out)                                                                          # [B, T, H*h]
 
 
 def expert_ffn(x: torch.Tensor, packed: torch.Tensor, D: int, I: int, act: str) -> torch.Tensor:

@@ -40,7 +40,7 @@ from engine.blocks.norms import RMSNorm, norm_temp_bytes
 from engine.blocks.rope import Rope
 from engine.devices import Device
 from engine.kv import LayerState, StateTerm, grown_capacity
-from engine.layers import apply_rope, causal_mask, sdpa
+from engine.layers import apply_rope, causal_mask, heads_last, sdpa
 
 MLA_KERNELS = ("absorbed", "expanded")
 LORA_NORM_EPS = 1e-6        # transformers' DeepseekV3RMSNorm default: q_a/kv_a_layernorm ignore rms_norm_eps
@@ -187,7 +187,7 @@ class MLAAttention(AttentionBlock):
         k_nope, v = kv.split([self.n, self.v], dim=-1)
         k = torch.cat((k_nope, k_rot.unsqueeze(1).expand(B, H, S, self.d)), dim=-1)    # [B, H, S, n+d]
         o = sdpa(torch.cat((q_nope, q_rot), dim=-1), k, v, mask, self.scale)
-        return o.transpose(1, 2).reshape(B, T, H * self.v)                               # [B, T, H*v]
+        return heads_last(o)                                                             # [B, T, H*v]
 
     # --- state and plan ----------------------------------------------------------------------
     def new_state(self, batch: int, max_tokens: int | None, device: Device, dtype: torch.dtype,

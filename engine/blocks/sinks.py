@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from engine.blocks.attention import GQAAttention
 from engine.blocks.base import TensorSpec
+from engine.layers import heads_last
 
 
 def attention_with_sinks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
@@ -33,7 +34,7 @@ def attention_with_sinks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask
     if mask is not None:
         mask = F.pad(mask, (0, 1), value=True)                                  # every query sees the sink
     out = F.scaled_dot_product_attention(q1, k1, v1, attn_mask=mask, scale=scale, enable_gqa=H != k.shape[1])
-    return out[..., :hd].transpose(1, 2).reshape(B, T, H * hd)
+    return heads_last(out[..., :hd])                                            # [B, T, H*h]
 
 
 class SinkAttention(GQAAttention):
