@@ -17,8 +17,11 @@ Rules, so that a red CI job can be argued with:
 * **Samples.** Only status-ok rows of un-instrumented runs (`profiler` "none" or null,
   DESIGN §7.7) with a non-null value. The samples of a (config, phase, metric, source) are
   its raw per-repeat values, pooled over every job of that config in the set.
-* **Config.** `CONFIG_COLUMNS` (the swept factors plus ubatch, token source and placement
-  options, where present). A config present on one side only is *not comparable*.
+* **Config.** `results.CONFIG_COLUMNS` (the swept factors plus every column a job adds that
+  tells settings apart: placement options, ubatch, token source, expert-cache start, threads,
+  llama.cpp's configuration, GGUF type and knobs), where present. A column only one side has
+  splits the configs only where it varies on that side (a side written before the column
+  existed ran one setting of it). A config present on one side only is *not comparable*.
 * **Not comparable** also when the pair ran on different devices -- `device_kind`,
   `device_name`, `emulated`, and the host CPU model and available cores from the manifest
   (on the CPU the emulated device *is* the host CPU; on a GPU the `cpu` placement runs on
@@ -61,7 +64,7 @@ import pandas as pd
 
 from harness import results
 from harness.contract import speed_values
-from harness.results import FACTOR_COLUMNS, MANIFEST_FILE
+from harness.results import CONFIG_COLUMNS, MANIFEST_FILE
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +72,6 @@ __all__ = ["Check", "Comparison", "CompareError", "CONFIG_COLUMNS", "compare", "
            "read_manifests", "machine_name", "speed_samples"]
 
 ALPHA = 0.05
-CONFIG_COLUMNS = (*FACTOR_COLUMNS, "ubatch", "token_source", "placement_options")
 KEY_COLUMNS = ("phase", "metric", "source")
 VERDICTS = ("regression", "improvement", "inconclusive", "ok", "not comparable")
 _CHECK_RE = re.compile(r"^(?P<phase>[\w*]+)\.(?P<metric>\w+):(?P<sign>[+-])(?P<pct>\d+(?:\.\d+)?)%$")
@@ -269,7 +271,7 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, checks: Iterable[Check | str]
     sides = {}
     for name, df, man in (("base", base, base_manifests), ("new", new, new_manifests)):
         sides[name] = _side(speed_samples(df), man)
-    cfg_cols = [c for c in CONFIG_COLUMNS if c in sides["base"].columns or c in sides["new"].columns]
+    cfg_cols = [c for c in CONFIG_COLUMNS if _splits(c, sides["base"], sides["new"])]
     groups = {name: _groups(side, cfg_cols) for name, side in sides.items()}
     facts = {name: _facts(side, cfg_cols) for name, side in sides.items()}
     rows = []
@@ -333,6 +335,13 @@ def _side(df: pd.DataFrame, manifests: pd.DataFrame | None) -> pd.DataFrame:
         if c not in df.columns:
             df[c] = None
     return df
+
+
+def _splits(col: str, base: pd.DataFrame, new: pd.DataFrame) -> bool:
+    """Whether config column `col` tells configs apart: both sides have it, or the one side that
+    has it holds more than one value of it."""
+    have = [df for df in (base, new) if col in df.columns]
+    return len(have) == 2 or (len(have) == 1 and have[0][col].nunique(dropna=False) > 1)
 
 
 def _groups(df: pd.DataFrame, cfg_cols: list[str]) -> dict[tuple, np.ndarray]:

@@ -35,7 +35,7 @@ from harness import contract
 from harness.contract import EMULATED_OVERLAP_NOTE, METRIC_UNITS, PHASES, PREFILL_PHASES
 from harness.plotstyle import (STYLE_TABLE, Series, configs, fmt, from_zero, is_rate, legend, numeric_positions,
                                ordered, set_ticks, shade, style, suptitle, wrap)
-from harness.results import FACTOR_COLUMNS
+from harness.results import CONFIG_COLUMNS
 
 __all__ = ["MissingData", "STANDARD", "EXPERIMENT_FIGURES", "STYLE_TABLE", "style", "capacity_sweep", "ttft_by_prefix_state",
            "bytes_per_token", "overlap", "memory_peaks", "hit_rate_curves", "measured_hit_rates", "speed_rows",
@@ -66,9 +66,14 @@ def _profiled(df: pd.DataFrame, profiler: str) -> pd.DataFrame:
 
 
 def _config_columns(df: pd.DataFrame, exclude: Sequence[str] = ()) -> list[str]:
-    """Factors that vary in `df` (placement always), minus `exclude`: what tells series apart."""
-    return [c for c in FACTOR_COLUMNS if c in df.columns and c not in exclude
+    """Config columns that vary in `df` (placement always), minus `exclude`: what tells series
+    apart. Also `source` where one metric of one phase comes from both (llama.cpp times a decode
+    as the client sees it and by its own clock; its RSS is the harness's or the server's), so
+    that no series pools the two (DESIGN §5)."""
+    cols = [c for c in CONFIG_COLUMNS if c in df.columns and c not in exclude
             and (c == "placement" or df[c].nunique(dropna=True) > 1)]
+    both = "source" in df.columns and (df.groupby(["phase", "metric"])["source"].nunique() > 1).any()
+    return [*cols, "source"] if both else cols
 
 
 def _stats(df: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
@@ -381,7 +386,7 @@ def measured_hit_rates(df: pd.DataFrame, profiler: str = "trace") -> pd.DataFram
     if "resolved_capacity" in rows.columns:
         req = req.fillna(pd.to_numeric(rows["resolved_capacity"], errors="coerce"))
     rows = rows.assign(capacity=req)
-    keys = [c for c in FACTOR_COLUMNS if c in rows.columns] + ["capacity", "sweep_id", "job_id", "repeat"]
+    keys = [c for c in CONFIG_COLUMNS if c in rows.columns] + ["capacity", "sweep_id", "job_id", "repeat"]
     wide = rows.pivot_table(index=keys, columns="metric", values="value", aggfunc="sum", dropna=False).dropna(how="all")
     wide = wide.groupby(level=keys[:-3], dropna=False).median().reset_index()
     wide["lookups"] = wide["expert_hits"] + wide["expert_misses"]

@@ -24,13 +24,9 @@ import pandas as pd
 
 from harness.contract import speed_rows
 from harness.order import natural_key
-from harness.llamacpp.flags import KNOB_COLUMNS
-from harness.results import FACTOR_COLUMNS
+from harness.results import CONFIG_COLUMNS
 
 FORMATS = ("md", "csv", "json", "latex")
-# extra row columns that can tell configurations apart, beside the schema's factors
-EXTRA_FACTORS = ("placement_options", "ubatch", "expert_cache_mode", "kv_dtype", "expert_quant", "threads",
-                 "llamacpp_config", "gguf_type", *dict.fromkeys(KNOB_COLUMNS.values()))
 
 
 @dataclass(frozen=True)
@@ -62,7 +58,7 @@ def _per_job(df: pd.DataFrame, cols: list[str]) -> pd.DataFrame:
 
 
 def _varying(df: pd.DataFrame) -> list[str]:
-    cols = [c for c in dict.fromkeys((*FACTOR_COLUMNS, *EXTRA_FACTORS)) if c in df.columns]
+    cols = [c for c in CONFIG_COLUMNS if c in df.columns]
     per_job = _per_job(df, cols)
     varying = [c for c in cols if per_job[c].astype(str).nunique(dropna=False) > 1]
     return varying or ["placement"]

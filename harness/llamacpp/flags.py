@@ -37,6 +37,12 @@ KNOB_COLUMNS = {"n_gpu_layers": "n_gpu_layers", "cpu_moe": "cpu_moe", "n_cpu_moe
                 "cache_type_k": "cache_type_k", "cache_type_v": "cache_type_v", "flash_attn": "flash_attn",
                 "threads": "threads", "parallel": "n_parallel", "cache_ram": "cache_ram_mib"}
 
+# llama-bench's other knobs (no server flag of ours), as rows of an import carry them: under
+# llama-bench's own names (harness.llamacpp.bench_import)
+BENCH_ONLY_KNOBS = ("cpu_mask", "cpu_strict", "poll", "split_mode", "main_gpu", "no_kv_offload", "devices",
+                    "tensor_split", "load_mode", "lazy_mode", "use_mmap", "use_direct_io", "embeddings",
+                    "no_op_offload", "no_host", "repack", "fit_target", "fit_min_ctx")
+
 
 class FlagError(ValueError):
     """A knob value this llama.cpp build does not accept."""

@@ -23,7 +23,7 @@ Decisions recorded here so that readers can rely on them:
   * what "complete" means and how a job present in several files is read once: see
     `harness.results.store`.
 """
-from harness.results.schema import (DEVICE_COLUMNS, DONE_FILE, ERROR_METRIC, FACTOR_COLUMNS, MANIFEST_FILE,
+from harness.results.schema import (CONFIG_COLUMNS, DEVICE_COLUMNS, DONE_FILE, ERROR_METRIC, FACTOR_COLUMNS, MANIFEST_FILE,
                                     REQUIRED_COLUMNS, ROW_COLUMNS, ROWS_FILE, SCHEMA_VERSION, SOURCES, STATUSES,
                                     STEPS_FILE, SUMMARY_FILE, SWEEP_STEPS, SWEEP_TABLE, ResultsError, Row,
                                     failed_row, frame_to_table, make_rows, rows_to_table)
@@ -33,7 +33,7 @@ from harness.results.summary import SUMMARY_KEYS, spread_table, summarize
 from harness.contract import FAILED_PHASE, METRIC_UNITS, PHASES
 
 __all__ = [
-    "DEVICE_COLUMNS", "DONE_FILE", "ERROR_METRIC", "FACTOR_COLUMNS", "FAILED_PHASE", "MANIFEST_FILE",
+    "CONFIG_COLUMNS", "DEVICE_COLUMNS", "DONE_FILE", "ERROR_METRIC", "FACTOR_COLUMNS", "FAILED_PHASE", "MANIFEST_FILE",
     "METRIC_UNITS", "PHASES", "REQUIRED_COLUMNS", "ROW_COLUMNS", "ROWS_FILE", "SCHEMA_VERSION", "SOURCES",
     "STATUSES", "STEPS_FILE", "SUMMARY_FILE", "SUMMARY_KEYS", "SWEEP_STEPS", "SWEEP_TABLE", "ResultsError",
     "Row", "atomic_write_bytes", "atomic_write_text", "failed_row", "frame_to_table", "job_complete",

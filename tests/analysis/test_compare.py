@@ -113,6 +113,38 @@ def test_different_configs_are_not_comparable(tmp_path: Path) -> None:
     assert "nothing comparable" in cmp.markdown()
 
 
+@pytest.mark.slow
+def test_a_knob_outside_the_factors_is_its_own_config(tmp_path: Path) -> None:
+    """Jobs that differ only in a column a job adds (llama.cpp's n_cpu_moe) are two configs: a
+    regression in one is caught, not pooled away with the other's samples."""
+    def side(root: Path, slow: bool) -> Path:
+        sweep = root / "sweeps" / "s"
+        for job, knob, rate in (("0", 0, 1000.0), ("1", 2, 500.0)):
+            rate *= 0.5 if slow and knob == 2 else 1.0
+            R.write_job(sweep / job, job_rows("s", job, samples(rate, 5, knob + 10 * slow),
+                                              factors={**FACTORS, "n_cpu_moe": knob}), manifest("s", job))
+        return sweep
+    cmp = C.compare_paths(side(tmp_path / "b", False), side(tmp_path / "n", True), CHECKS)
+    dec = cmp.table[(cmp.table.phase == "decode") & (cmp.table.metric == "tok_per_s")].set_index("n_cpu_moe")
+    assert set(dec["n_base"]) == {5} and dec.loc["0", "verdict"] == "ok" and dec.loc["2", "verdict"] == "regression"
+    assert cmp.failed
+
+
+@pytest.mark.slow
+def test_a_column_only_one_side_has_splits_only_where_it_varies(tmp_path: Path) -> None:
+    """A baseline written before a column existed ran one setting of it: still comparable with
+    new results that hold one value of it; configs the new side tells apart by it are not."""
+    base = write(tmp_path / "base", "s", samples(1000, 5, 0))
+    cmp = C.compare_paths(base, write(tmp_path / "new", "s", samples(1000, 5, 1),
+                                      factors={**FACTORS, "expert_cache_mode": "cold"}), CHECKS)
+    assert "not comparable" not in set(cmp.table["verdict"]) and set(cmp.table["n_base"]) == {5}
+    new = tmp_path / "new2" / "sweeps" / "s"
+    for job, mode in (("0", "cold"), ("1", "warm")):
+        R.write_job(new / job, job_rows("s", job, samples(1000, 5, 2), factors={**FACTORS, "expert_cache_mode": mode}),
+                    manifest("s", job))
+    assert set(C.compare_paths(base, new, CHECKS).table["verdict"]) == {"not comparable"}
+
+
 @pytest.mark.parametrize("change, why", [
     ({"device": {**DEVICE, "device_kind": "cuda", "device_name": "NVIDIA H200", "emulated": False}}, "device differs"),
     ({"cpu": "Intel Xeon"}, "device differs"),

@@ -142,3 +142,36 @@ def test_moebench_plot_refuses_committed_results_unless_asked(tmp_path: Path, sa
     assert "results/baselines" in capsys.readouterr().err and not (job.parent / "figures").exists()
     assert plot_main([str(job), "--only", "bytes_per_token", "--dpi", "40", "--allow-committed"]) == 0
     assert (job.parent / "figures" / "job" / "bytes_per_token.png").is_file()
+
+
+def _lines(ax) -> dict[str, list[float]]:
+    return {str(line.get_label()): list(line.get_ydata()) for line in ax.get_lines()
+            if not str(line.get_label()).startswith("_")}
+
+
+@pytest.mark.slow
+def test_series_never_pool_two_settings_or_two_sources(samples: pd.DataFrame) -> None:
+    """Configs that differ only outside the factors (a placement option) are two series, and a
+    metric measured by both the client and the engine (llama.cpp's decode rate) is two series,
+    each with its own values -- never one median over both."""
+    ours = samples[(samples["sweep_id"] == "fetch_capacity") & (samples["context_tokens"] == 256)]
+    other = ours.assign(job_id=ours["job_id"] + "b", placement_options="{'prefetch_depth': 9}")
+    other.loc[other["metric"] == "tok_per_s", "value"] *= 10
+    f = {"engine": "llamacpp", "model": "tiny-mixtral", "workload": "chat", "context_tokens": 256, "gen_tokens": 32,
+         "batch": 1, "dtype": "float32"}
+    dev = {"device_kind": "cpu", "device_name": "llama.cpp cpu", "emulated": False}
+    rows = []
+    for rep in range(3):
+        for source, rate in (("client", 100.0), ("engine", 400.0)):
+            rows += R.make_rows(f, dev, "fetch_capacity", "lcpp", rep, "decode", {"tok_per_s": rate}, source,
+                                extra={"profiler": "none"})
+        rows += R.make_rows(f, dev, "fetch_capacity", "lcpp", rep, "prefill_fresh", {"ttft_s": 0.01}, "client",
+                            extra={"profiler": "none"})
+    fig = plots.capacity_sweep(pd.concat([ours, other, pd.DataFrame(rows)], ignore_index=True))
+    lines = _lines(fig.axes[0])                       # the decode panel (one context length)
+    llama = {k: v for k, v in lines.items() if k.startswith("llamacpp")}
+    assert sorted(set(v) for v in llama.values()) == [{100.0}, {400.0}], llama
+    assert any("source=client" in k for k in llama) and any("source=engine" in k for k in llama)
+    legend = [t.get_text() for lg in fig.legends for t in lg.get_texts()]
+    fetch = [k for k in legend if "fetch" in k.split(" ")[:2]]
+    assert len(fetch) == 2 and sum("prefetch_depth" in k for k in fetch) == 1, legend
