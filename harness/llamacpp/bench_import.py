@@ -5,8 +5,13 @@ repeats, its knobs to columns, and its build/machine info to the manifest. Does 
 row schema (`harness.results`), running llama-bench, or the CLI wiring
 (`moebench import llama-bench FILE` calls `main`).
 
-    rows, manifest = import_file("bench.jsonl", sweep_id="llama-bench", job_id="0")
-    write_job(job_dir, rows, manifest)               # or: main(["bench.jsonl", "--out", job_dir])
+A file is a sweep and each test record in it a job (`<job_id>-<i>`, i its place in the file), as
+llama-bench runs every knob combination and test shape as its own record: `-t 1,2 -p 512 -n 128`
+gives four jobs, so no table, comparison or plot pools two settings, and repeats stay each
+record's own samples.
+
+    jobs = import_file("bench.jsonl", sweep_id="llama-bench", job_id="b0")   # [(rows, manifest), ...]
+    main(["bench.jsonl", "--out", sweep_dir])        # sweep_dir/<i>/rows.parquet, then the sweep table
 
 Mapping (DESIGN §5/§6), one row per metric per sample:
   * `pp` test (n_prompt > 0, n_gen = 0): phase `prefill_fresh`, or `prefill_continuation` when
@@ -17,7 +22,9 @@ Mapping (DESIGN §5/§6), one row per metric per sample:
     `tokens` = n_prompt or n_gen; source=engine (llama-bench times itself). Nothing llama-bench
     does not measure is emitted (no bytes, no hit rates, no memory peaks: absent, never 0).
   * columns: engine=llamacpp, token_source=random (llama-bench feeds random ids), every knob
-    (the `flags.KNOB_COLUMNS` names where one exists, llama-bench's own names otherwise).
+    (the `flags.KNOB_COLUMNS` names where one exists, llama-bench's own names otherwise:
+    `flags.BENCH_ONLY_KNOBS`), `dtype` the weights' file type from `model_type` in llama-quantize's
+    spelling ("Q4_K - Medium" -> q4_k_m, "all F32" -> f32).
 """
 from __future__ import annotations
 
@@ -30,6 +37,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.llamacpp.flags import BENCH_ONLY_KNOBS
 from harness.results import make_rows
 
 log = logging.getLogger(__name__)
@@ -38,10 +46,7 @@ log = logging.getLogger(__name__)
 KNOB_FIELDS = {"n_gpu_layers": "n_gpu_layers", "n_cpu_moe": "n_cpu_moe", "tensor_buft_overrides": "override_tensor",
                "n_ubatch": "ubatch", "n_batch": "n_batch", "type_k": "cache_type_k", "type_v": "cache_type_v",
                "flash_attn": "flash_attn", "n_threads": "threads"}
-# the remaining llama-bench knobs, kept under their own names
-OTHER_KNOBS = ("cpu_mask", "cpu_strict", "poll", "split_mode", "main_gpu", "no_kv_offload", "devices",
-               "tensor_split", "load_mode", "lazy_mode", "use_mmap", "use_direct_io", "embeddings",
-               "no_op_offload", "no_host", "repack", "fit_target", "fit_min_ctx")
+FTYPE_SIZES = {"Small": "s", "Medium": "m", "Large": "l"}      # "Q4_K - Medium" is llama-quantize's Q4_K_M
 BUILD_FIELDS = ("build_commit", "build_number", "backends", "cpu_info", "gpu_info")
 FLASH_ATTN = {1: "on", 0: "off", -1: "auto", True: "on", False: "off"}
 
@@ -84,7 +89,7 @@ def factors_of(rec: Mapping[str, Any]) -> dict[str, Any]:
         "engine": "llamacpp", "model": Path(str(rec.get("model_filename", ""))).name or None,
         "placement": None, "cache_capacity": None, "cache_policy": None, "prefetch": None,
         "workload": "llama-bench", "context_tokens": depth + (n_prompt if n_prompt else 0),
-        "gen_tokens": n_gen, "batch": 1, "dtype": model_type.split()[-1].lower() if model_type else None,
+        "gen_tokens": n_gen, "batch": 1, "dtype": file_type(model_type),
         "token_source": "random", "model_type": model_type or None, "model_size_bytes": rec.get("model_size"),
         "model_n_params": rec.get("model_n_params"), "n_depth": depth,
         "test": f"pp{n_prompt}" if n_prompt and not n_gen else f"tg{n_gen}" if n_gen and not n_prompt
@@ -97,10 +102,24 @@ def factors_of(rec: Mapping[str, Any]) -> dict[str, Any]:
     if "cache_type_k" in f or "cache_type_v" in f:
         k, v = f.get("cache_type_k"), f.get("cache_type_v")
         f["kv_dtype"] = k if k == v else f"{k}/{v}"
-    for field in OTHER_KNOBS:
+    for field in BENCH_ONLY_KNOBS:
         if field in rec:
             f[field] = rec[field] if rec[field] != "" else None
     return f
+
+
+def file_type(model_type: str) -> str | None:
+    """The weights' file type in a llama-bench `model_type` ("<arch> <size> <ftype name>", the
+    name as llama.cpp's llama_ftype_name spells it), lower-case as llama-quantize names it:
+    "mixtral 8x7B Q4_K - Medium" -> q4_k_m, "llama ?B all F32" -> f32, "... IQ2_XS - 2.3125 bpw"
+    -> iq2_xs, "... MXFP4 MoE" -> mxfp4_moe. None when it has no such part."""
+    parts = model_type.split(" ", 2)
+    if len(parts) < 3:
+        return None
+    name = parts[2].removeprefix("(guessed) ").removeprefix("all ")
+    head, _, tail = name.partition(" - ")
+    size = FTYPE_SIZES.get(tail.split(" ")[0]) if tail else None
+    return "_".join([*head.split(), *([size] if size else [])]).lower()
 
 
 def device_of(rec: Mapping[str, Any]) -> dict[str, Any]:
@@ -136,51 +155,59 @@ def rows_of(rec: Mapping[str, Any], sweep_id: str, job_id: str) -> list[dict[str
 
 
 def import_file(path: Path | str, *, sweep_id: str = "llama-bench", job_id: str | None = None
-                ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Rows and manifest for one llama-bench output file (one job)."""
+                ) -> list[tuple[list[dict[str, Any]], dict[str, Any]]]:
+    """(rows, manifest) of each job of one llama-bench output file: one per test record it can
+    import, job id `<job_id>-<i>` (default job_id: the file's sha256, 12 hex digits; i: the
+    record's place in the file)."""
     path = Path(path)
     data = path.read_bytes()
     job_id = job_id or hashlib.sha256(data).hexdigest()[:12]
     records = read_records(path)
-    rows = [r for rec in records for r in rows_of(rec, sweep_id, job_id)]
-    if not rows:
+    jobs = []
+    for i, rec in enumerate(records):
+        rows = rows_of(rec, sweep_id, f"{job_id}-{i}")
+        if rows:
+            jobs.append((rows, _manifest(path, data, rec, i, len(records), sweep_id, f"{job_id}-{i}")))
+    if not jobs:
         raise BenchImportError(f"{path}: no pp or tg test to import ({len(records)} records, all skipped)")
-    builds = sorted({json.dumps({k: rec.get(k) for k in BUILD_FIELDS}, sort_keys=True) for rec in records})
-    manifest = _manifest(path, data, records, [json.loads(b) for b in builds], sweep_id, job_id)
-    return rows, manifest
+    return jobs
 
 
-def _manifest(path: Path, data: bytes, records: list[dict], builds: list[dict], sweep_id: str,
+def _manifest(path: Path, data: bytes, rec: Mapping[str, Any], index: int, n_records: int, sweep_id: str,
               job_id: str) -> dict[str, Any]:
     from harness.manifest import collect_manifest   # the importing machine; llama-bench's is in `llama_bench`
 
     return collect_manifest(
-        {"import": "llama-bench", "file": str(path.resolve())},
+        {"import": "llama-bench", "file": str(path.resolve()), "record": index},
         extra={"sweep_id": sweep_id, "job_id": job_id,
                "llama_bench": {"file": str(path.resolve()), "sha256": hashlib.sha256(data).hexdigest(),
-                               "records": len(records), "build": builds[0] if len(builds) == 1 else builds,
-                               "test_times": sorted({str(r.get("test_time")) for r in records})}})
+                               "record": index, "records": n_records,
+                               "build": {k: rec.get(k) for k in BUILD_FIELDS}, "test_time": rec.get("test_time")}})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`moebench import llama-bench FILE [--out JOB_DIR]`: write rows.parquet + manifest.json."""
-    from harness.results import write_job
+    """`moebench import llama-bench FILE [--out SWEEP_DIR]`: one job dir per test record
+    (rows.parquet + manifest.json), then the sweep's table and summary."""
+    from harness.results import ResultsError, write_job, write_sweep
 
     ap = argparse.ArgumentParser(prog="moebench import llama-bench", description=__doc__.splitlines()[0])
     ap.add_argument("file", type=Path, help="llama-bench output from -o json or -o jsonl")
     ap.add_argument("--out", type=Path, default=None,
-                    help="job dir to write (default: results/llama-bench/<sha256 of the file>)")
+                    help="sweep dir to write, one job dir per test record "
+                         "(default: results/llama-bench/<sha256 of the file, 12 hex digits>)")
     ap.add_argument("--sweep-id", default="llama-bench")
-    ap.add_argument("--job-id", default=None, help="default: the file's sha256, 12 hex digits")
+    ap.add_argument("--job-id", default=None, help="job id prefix (default: the file's sha256, 12 hex digits)")
     args = ap.parse_args(argv)
     try:
-        rows, manifest = import_file(args.file, sweep_id=args.sweep_id, job_id=args.job_id)
-    except (OSError, BenchImportError) as e:
+        jobs = import_file(args.file, sweep_id=args.sweep_id, job_id=args.job_id)
+        out = args.out or Path("results") / "llama-bench" / jobs[0][1]["llama_bench"]["sha256"][:12]
+        for rows, manifest in jobs:
+            write_job(out / str(manifest["llama_bench"]["record"]), rows, manifest)
+        write_sweep(out)
+    except (OSError, BenchImportError, ResultsError) as e:
         print(f"moebench import llama-bench: {e}", file=sys.stderr)
         return 1
-    out = args.out or Path("results") / "llama-bench" / manifest["job_id"]
-    write_job(out, rows, manifest)
-    print(f"{len(rows)} rows from {args.file} -> {out}")
+    print(f"{sum(len(r) for r, _ in jobs)} rows from {args.file}: {len(jobs)} jobs (one per test) -> {out}")
     return 0
 
 
