@@ -218,7 +218,12 @@ class RunSpec:
         experts, or a KV format that loses precision for the model's dtype."""
         if self.expert_quant is not None and getattr(self.expert_quant, "mode", "none") != "none":
             return True
-        return is_lossy(self.kv_dtype, self.model_config.torch_dtype if self.model.dtype == "auto" else self.model.dtype)
+        return is_lossy(self.kv_dtype, self.dtype)
+
+    @property
+    def dtype(self) -> str:
+        """The dtype the model runs in: model.dtype, `auto` resolved to the checkpoint's."""
+        return self.model_config.torch_dtype if self.model.dtype == "auto" else self.model.dtype
 
     @property
     def model_label(self) -> str:
@@ -471,6 +476,11 @@ def validate(cfg: DictConfig) -> RunSpec:
                           f"(fetch, or stream with stream_fallback=fetch); got placement={pname}")
     policy_options = _policy_options(c["cache"], mcfg, run) if uses_cache else {}
     kv_dtype = _kv_dtype(c.get("kv") or {}, mcfg, engine, engine_options)
+    if engine == "llamacpp":
+        try:
+            engine_options.weights_for(mcfg.torch_dtype if model.dtype == "auto" else model.dtype)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     return RunSpec(kv_dtype=kv_dtype, model=model, placement=pname, placement_options=placement, capacity=capacity,
                    policy=c["cache"]["policy"] if uses_cache else None, prefetch=prefetch,
                    workload=workload, hardware=hardware, run=run, engine=engine, model_config=mcfg,

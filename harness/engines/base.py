@@ -46,6 +46,8 @@ class EngineAdapter(ABC):
     has_expert_cache: bool = False     # whether phases start from a cold or warm expert cache
     instrument: Instrument = NULL
     uses_placement: ClassVar[bool] = True   # moebench's placement/cache/prefetch factors apply to it
+    threads_at_load: ClassVar[bool] = False  # its thread count is fixed when it loads (a server's -t): a job
+                                             # at another run.threads needs another engine, never this one
     compute_dtype: str | None = None   # the torch dtype its matmuls run in; None: the engine picks per tensor
     lossy: bool = False                # it runs a lossy treatment (a KV format that loses precision, ...)
 

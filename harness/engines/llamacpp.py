@@ -38,14 +38,16 @@ from harness.engines.base import EngineAdapter, Produced
 from harness.machine import default_threads
 
 log = logging.getLogger(__name__)
-CONFIGS = ("exact", "defaults")      # exact: f32 KV, flash attention off (reproduces the reference)
+CONFIGS = ("exact", "defaults")      # exact: KV in the model's dtype, flash attention off (reproduces the reference)
+OWN_TYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}   # model.dtype -> its GGUF / KV cache type
 TOP_LOGPROBS = 5
 
 
 @dataclass(frozen=True)
 class LlamaCppOptions:
     config: str = "exact"                  # exact | defaults: llama.cpp's own choices for -ctk/-ctv/-fa
-    weights: str = "f32"                   # GGUF type: f32 f16 bf16 q8_0 q4_k_m ... (the converter's or llama-quantize's)
+    weights: str | None = None             # GGUF type: f32 f16 bf16 q8_0 q4_k_m ... (the converter's or llama-quantize's);
+                                           # None: the model dtype's own (float32 f32, bfloat16 bf16, float16 f16)
     n_gpu_layers: str | None = None        # -ngl N | auto | all (None: llama.cpp's default)
     cpu_moe: bool = False                  # --cpu-moe: every layer's experts on the CPU
     n_cpu_moe: int | None = None           # --n-cpu-moe N: the experts of the first N layers on the CPU
@@ -62,17 +64,28 @@ class LlamaCppOptions:
         from harness.llamacpp.convert import GGUF_TYPES
         if self.config not in CONFIGS:
             raise ValueError(f"config: allowed {list(CONFIGS)}, got {self.config!r}")
-        if self.weights not in GGUF_TYPES:
+        if self.weights is not None and self.weights not in GGUF_TYPES:
             raise ValueError(f"weights: allowed {sorted(GGUF_TYPES)}, got {self.weights!r}")
         if self.n_gpu_layers is not None and not (str(self.n_gpu_layers).isdigit()
                                                   or self.n_gpu_layers in ("auto", "all")):
             raise ValueError(f"n_gpu_layers: allowed an integer >= 0, 'auto' or 'all', got {self.n_gpu_layers!r}")
         self.flags(ubatch=None, ctx=None, threads=None)        # the knob checks of LlamaFlags, before any launch
 
-    def flags(self, ubatch: int | None, ctx: int | None, threads: int | None, kv_dtype: str = "model"):
-        """The knobs as LlamaFlags, with the job's kv.dtype treatment as -ctk/-ctv (`kv_treatment`)."""
+    def weights_for(self, dtype: str) -> str:
+        """The GGUF type the job runs: `weights`, or the model dtype's own."""
+        if self.weights is not None:
+            return self.weights
+        if dtype not in OWN_TYPES:
+            raise ValueError(f"engine=llamacpp: model.dtype={dtype} has no GGUF type; allowed: {', '.join(OWN_TYPES)}")
+        return OWN_TYPES[dtype]
+
+    def flags(self, ubatch: int | None, ctx: int | None, threads: int | None, kv_dtype: str = "model",
+              dtype: str = "float32"):
+        """The knobs as LlamaFlags, with the job's kv.dtype treatment as -ctk/-ctv (`kv_treatment`);
+        `config=exact` keeps the KV in the model's `dtype`, as ours does."""
         from harness.llamacpp.flags import DEFAULTS, EXACT, kv_treatment
-        base = EXACT if self.config == "exact" else DEFAULTS
+        base = (EXACT.replace(cache_type_k=OWN_TYPES.get(dtype, "f32"), cache_type_v=OWN_TYPES.get(dtype, "f32"))
+                if self.config == "exact" else DEFAULTS)
         ngl = int(self.n_gpu_layers) if self.n_gpu_layers is not None and str(self.n_gpu_layers).isdigit() \
             else self.n_gpu_layers
         changes = {"n_gpu_layers": ngl, "cpu_moe": self.cpu_moe, "n_cpu_moe": self.n_cpu_moe,
@@ -95,6 +108,7 @@ class LlamaCppAdapter(EngineAdapter):
     name = "llamacpp"
     Options = LlamaCppOptions
     uses_placement = False            # its offload knobs are engine.*; moebench's placement/cache do not apply
+    threads_at_load = True            # the server's -t
 
     def __init__(self, spec: Any, options: LlamaCppOptions) -> None:
         from harness.engines import session_tokens_of
@@ -108,14 +122,16 @@ class LlamaCppAdapter(EngineAdapter):
         self.options = options
         self.binaries = find_binaries()        # a clear error saying how to build when missing
         threads = spec.run.threads or default_threads()
+        self.weights = options.weights_for(spec.dtype)
         self.flags = options.flags(spec.workload.ubatch, session_tokens_of(spec) + 1, threads,
-                                   getattr(spec, "kv_dtype", "model"))
-        # lossy KV: a cache type other than the model dtype's own (expert/weight quantisation apart)
-        own = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}.get(spec.model.dtype)
-        self.lossy = getattr(spec, "lossy", False) or not (self.flags.cache_type_k == self.flags.cache_type_v == own)
+                                   getattr(spec, "kv_dtype", "model"), spec.dtype)
+        # lossy: weights or a KV cache type other than the model dtype's own
+        own = OWN_TYPES.get(spec.dtype)
+        self.lossy = getattr(spec, "lossy", False) or not (self.weights == self.flags.cache_type_k
+                                                           == self.flags.cache_type_v == own)
         self.flags.server_argv(self.binaries.server)           # validated against this build before launch
-        self.gguf = (convert(spec.model.path, options.weights) if spec.model.path else
-                     convert_preset(spec.model.name, spec.model.seed, options.weights, cfg=spec.model_config))
+        self.gguf = (convert(spec.model.path, self.weights) if spec.model.path else
+                     convert_preset(spec.model.name, spec.model.seed, self.weights, cfg=spec.model_config))
         self.workdir = Path(tempfile.mkdtemp(prefix="moebench-llamacpp-"))
         self.server = LlamaServer(self.gguf.path, self.flags, log_path=self.workdir / "llama-server.log",
                                   binaries=self.binaries, slot_save_path=self.workdir / "slots").start()
@@ -135,7 +151,7 @@ class LlamaCppAdapter(EngineAdapter):
         """llama.cpp's knobs under their row names (harness.llamacpp.flags.KNOB_COLUMNS; `threads` and
         `ubatch` are the run's own columns too, with the same values), the configuration and weights."""
         out = dict(self.flags.as_factors())
-        out.update(llamacpp_config=self.options.config, gguf_type=self.options.weights,
+        out.update(llamacpp_config=self.options.config, gguf_type=self.weights,
                    llamacpp_commit=self.gguf.llama_cpp_commit)
         return out
 

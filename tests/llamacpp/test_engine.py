@@ -66,7 +66,36 @@ def test_a_lossy_setting_is_reported_not_hidden(tmp_path):
     df = results.load(run_dir(tmp_path))
     decode = df[(df.profiler == "none") & (df.phase == "decode") & (df.metric == "token_agreement")]
     assert len(decode) == 1 and decode.value.iloc[0] < 1.0
-    assert set(df.gguf_type.dropna()) == {"q8_0"}
+    assert set(df.gguf_type.dropna()) == {"q8_0"} and set(df.lossy.dropna()) == {True}   # quantised weights are lossy
+
+
+def test_the_model_dtype_picks_the_weights_and_the_exact_kv(tmp_path):
+    """model.dtype=bfloat16 runs bf16 weights with a bf16 KV (the exact configuration in that
+    dtype), not f32 ones labelled bfloat16; not lossy."""
+    cli([*SMALL, "model.dtype=bfloat16"], tmp_path)
+    df = results.load(run_dir(tmp_path))
+    assert (df.status == "ok").all() and set(df.dtype) == {"bfloat16"}
+    assert set(df.gguf_type.dropna()) == {"bf16"} and set(df.cache_type_k.dropna()) == {"bf16"}
+    assert not df.lossy.fillna(False).astype(bool).any()
+    log = (run_dir(tmp_path) / "llama-server.log").read_text()
+    assert "-ctk bf16" in log and "model-bf16.gguf" in log
+
+
+def test_each_thread_count_gets_its_own_server(tmp_path):
+    """run.threads is the server's -t, fixed at launch: a sweep over it starts a server per value."""
+    cli(["-m", "run.threads=1,2", "run.sweep_id=thr", *SMALL], tmp_path)
+    sweep = tmp_path / "results" / "sweeps" / "thr"
+    jobs = sorted(p.parent for p in sweep.glob(f"*/{results.ROWS_FILE}"))
+    assert len(jobs) == 2
+    seen = set()
+    for job in jobs:
+        g = results.load(job)
+        threads = set(g.threads.dropna().astype(int))
+        assert (g.status == "ok").all() and len(threads) == 1, threads   # every row at the job's own -t
+        assert set(g[g.phase == "load"].model_load) == {"cold"}         # a new server, not the other job's
+        assert f" -t {next(iter(threads))} " in (job / "llama-server.log").read_text()
+        seen |= threads
+    assert seen == {1, 2}
 
 
 def test_knobs_are_sweep_axes_in_one_table_beside_our_hybrid(tmp_path):
