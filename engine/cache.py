@@ -41,15 +41,15 @@ import torch
 from engine.blocks.experts import ExpertLayout
 from engine.counters import Counters
 from engine.devices import CopyHandle, Device
-from engine.layers import memo
+from engine.layers import memo, rows
 from engine.policies.base import EvictionPolicy, still_needed
 
 
 def row_views(buffer: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Each row of a [rows, P] store or slot buffer as a view made once, so a kernel's memos on
-    that view (engine.layers.memo: a packed expert's matrix views) are made once too; being
-    views, they see every copy into the row (a slot refilled with another expert)."""
-    return memo(buffer, "rows", lambda: buffer.unbind(0))
+    """Each row of a [rows, P] store or slot buffer as an alias made once (engine.layers.rows), so a
+    kernel's memos on it (engine.layers.memo: a packed expert's matrices) are made once too; over
+    the buffer's memory, they see every copy into the row (a slot refilled with another expert)."""
+    return memo(buffer, "rows", lambda: rows(buffer))
 
 
 class ExpertStore:

@@ -30,11 +30,27 @@ def memo(t: torch.Tensor, key: str, make: Callable[[], torch.Tensor]) -> torch.T
     sin) or a stored buffer (a packed expert's views) derives for every call that reads it, where
     recomputing it per call would be ops of dispatch each time (a decode step's cost is mostly
     per-op dispatch: benchmarks/profile_decode.py). What it keeps is a value (then `t` must not be
-    written in place afterwards) or views of `t` (which see every write)."""
+    written in place afterwards) or aliases of `t`'s memory (`alias`: they see every write). Never
+    views of `t`: a view holds `t` itself from C++, so `t` -> its memo -> the view -> `t` would be a
+    reference cycle Python's garbage collector cannot see, and `t` (a store's or cache's buffer)
+    would outlive every engine that used it."""
     d = t.__dict__
     if key not in d:
         d[key] = make()
     return d[key]
+
+
+def alias(t: torch.Tensor, shape: tuple[int, ...], stride: tuple[int, ...], offset: int = 0) -> torch.Tensor:
+    """A tensor over `t`'s memory -- `shape` and `stride` from element `offset` of `t` -- that,
+    unlike a view, holds `t`'s storage and not `t` (what a memo on `t` may keep: `memo`)."""
+    with torch.inference_mode(t.is_inference()):     # an inference tensor exactly when `t` is, as a view
+        out = torch.empty(0, dtype=t.dtype, device=t.device)
+        return out.set_(t.untyped_storage(), t.storage_offset() + offset, shape, stride)
+
+
+def rows(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """`t.unbind(0)` as aliases (`alias`)."""
+    return tuple(alias(t, t.shape[1:], t.stride()[1:], i * t.stride(0)) for i in range(t.shape[0]))
 
 
 def cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -152,8 +168,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
 
 def expert_ffn(x: torch.Tensor, packed: torch.Tensor, D: int, I: int, act: str) -> torch.Tensor:
     """SwiGLU expert on a packed buffer [gate (I*D) | up (I*D) | down (D*I)]; x [n, D] -> [n, D]."""
-    gate_up, down = memo(packed, f"swiglu {D}x{I}", lambda: (packed[: 2 * I * D].view(2 * I, D),   # [2I, D]
-                                                             packed[2 * I * D:].view(D, I)))       # [D, I]
+    gate_up, down = memo(packed, f"swiglu {D}x{I}", lambda: (alias(packed, (2 * I, D), (D, 1)),      # [2I, D]
+                                                             alias(packed, (D, I), (I, 1), 2 * I * D)))  # [D, I]
     gate, up = F.linear(x, gate_up).chunk(2, dim=-1)               # [n, I] each
     return F.linear(ACT[act](gate) * up, down)                     # [n, D]
 
