@@ -19,6 +19,7 @@ Continuing a conversation keeps the KV on the device:
 from __future__ import annotations
 
 import logging
+import numbers
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,10 +117,10 @@ class Engine:
                              f"(fetch, or stream with stream_fallback='fetch'); got placement {placement!r}")
         dt = cfg_dtype(cfg, dtype)
         kv_format(kv_dtype)                                   # a bad name is refused before anything else
-        if ubatch < 1:
-            raise ValueError(f"ubatch must be >= 1, got {ubatch}")
-        if batch < 1:
-            raise ValueError(f"batch must be >= 1, got {batch}")
+        for name, value in (("ubatch", ubatch), ("batch", batch), ("max_context", max_context)):
+            if not (value is None and name == "max_context") and not _positive_int(value):
+                raise ValueError(f"{name} must be an integer >= 1{' or None' if name == 'max_context' else ''}, "
+                                 f"got {value!r}")
         context = max_context or min(DEFAULT_CONTEXT, cfg.max_position_embeddings)
         if context > cfg.max_position_embeddings:
             raise ValueError(f"max_context {context} exceeds the model's max_position_embeddings "
@@ -193,6 +194,7 @@ class Engine:
 
     def reset(self) -> None:
         """Cold state: empty expert caches and zero counters (weights stay loaded)."""
+        self._open()
         self.placement.reset()
         if self.model.prefetcher is not None:
             self.model.prefetcher.reset()
@@ -202,6 +204,7 @@ class Engine:
 
     def set_instrument(self, instrument: Instrument | None) -> None:
         """Switch instrumentation (timeline, NVTX) on or off; None restores the no-op default."""
+        self._open()
         instrument = instrument or NULL
         self.model.instrument = self.device.instrument = self.placement.ctx.instrument = instrument
 
@@ -220,6 +223,9 @@ class Engine:
     # --- sessions and generation -----------------------------------------------------------
     def new_session(self, batch: int = 1) -> Session:
         """A session of `batch` sequences; each layer's state is allocated for the planned context."""
+        self._open()
+        if not _positive_int(batch):
+            raise ValueError(f"batch must be an integer >= 1, got {batch!r}")
         return self.model.new_session(self._counters, batch, max_tokens=self.plan.context,
                                       kv_dtype=self.options["kv_dtype"])
 
@@ -234,9 +240,27 @@ class Engine:
         model's dtype): its outputs differ from the exact model's by design, and are labelled."""
         return is_lossy(self.kv_dtype, self.model.dtype)
 
+    def _open(self) -> None:
+        if self.model is None:
+            raise RuntimeError("this engine is closed (Engine.close()); load another with Engine.from_pretrained")
+
+    def _room(self, sess: Session, tokens: int) -> None:
+        """Refuse `tokens` more tokens for `sess` before any state changes: past the model's
+        positions, or past the context the engine was planned for (which no state grows beyond)."""
+        need = sess.length + tokens
+        if need > self.cfg.max_position_embeddings:
+            raise ValueError(f"context {need} exceeds max_position_embeddings {self.cfg.max_position_embeddings}")
+        if need > self.plan.context:
+            raise ValueError(f"session needs KV for {need} tokens but the engine was planned for "
+                             f"max_context={self.plan.context}; pass a larger max_context to Engine.from_pretrained")
+
     def _ids(self, rows: list[list[int]], sess: Session) -> torch.Tensor:
+        self._open()
         if not rows or any(not isinstance(r, (list, tuple)) for r in rows):
             raise ValueError("prompts must be a non-empty list of token-id lists (one per sequence)")
+        bad = next((t for r in rows for t in r if not isinstance(t, numbers.Integral) or isinstance(t, bool)), None)
+        if bad is not None:
+            raise ValueError(f"token ids must be integers, got {bad!r} ({type(bad).__name__})")
         if len(rows) != sess.batch:
             raise ValueError(f"got {len(rows)} prompts for a session of batch {sess.batch}")
         lengths = {len(r) for r in rows}
@@ -258,9 +282,7 @@ class Engine:
         T = ids.shape[1]
         if T == 0:
             raise ValueError("empty prompt")
-        if sess.length + T > self.cfg.max_position_embeddings:
-            raise ValueError(f"context {sess.length + T} exceeds max_position_embeddings "
-                             f"{self.cfg.max_position_embeddings}")
+        self._room(sess, T)
         outs = []
         chunks = -(-T // self.ubatch)
         for n, s in enumerate(range(0, T, self.ubatch)):
@@ -274,9 +296,7 @@ class Engine:
     def decode_step(self, sess: Session, tokens: list[int]) -> torch.Tensor:
         """Feed one token per sequence; returns logits [B, V]."""
         ids = self._ids([[t] for t in tokens], sess)
-        if sess.length + 1 > self.cfg.max_position_embeddings:
-            raise ValueError(f"context {sess.length + 1} exceeds max_position_embeddings "
-                             f"{self.cfg.max_position_embeddings}")
+        self._room(sess, 1)
         with self.model.instrument.span("step", phase="decode", tokens=sess.batch):
             if self.placement.static_decode:
                 if sess.static_decoder is None:
@@ -288,13 +308,15 @@ class Engine:
                  session: Session | None = None) -> GenerateResult:
         """Greedy generation. With `session`, prompts continue it (its KV is reused) and the
         session keeps everything but the final generated token, which is fed first next turn."""
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if not _positive_int(max_new_tokens):
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
         sess = session or self.new_session(len(prompts))
         try:
             rows = [list(r) for r in prompts]
             if sess.pending is not None:
                 rows = [[p, *r] for p, r in zip(sess.pending, rows)]
+            if rows and rows[0]:                   # the whole turn, before any of it changes the session
+                self._room(sess, len(rows[0]) + max_new_tokens - 1)
             logits = self.prefill(sess, rows)
             out_logits, generated = [logits], []
             tok = logits.argmax(-1).tolist()
@@ -314,13 +336,19 @@ class Engine:
         """Drop weights and caches (device memory is returned to the allocator) and lift the
         allocator cap this engine's budget set (engine.devices). Waits for the device first: a
         prefetch copy still in flight on the copy stream writes into a slot and reads a host row
-        that this frees."""
+        that this frees. Closing a closed engine does nothing."""
+        if self.model is None:
+            return
         self.device.synchronize()
         self.model = self.placement = None
         self.device.ledger.held.clear()
         self.device.close()
         if self.device.kind == "cuda":
             torch.cuda.empty_cache()
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1
 
 
 def cfg_dtype(cfg: ModelConfig, dtype: str) -> torch.dtype:
