@@ -17,9 +17,10 @@ import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from engine.dtypes import DTYPES, torch_dtype  # noqa: F401 -- re-exported: callers import them from here
 from engine.quant import FLOAT8, SCALE_SUFFIX, BlockFP8, block_fp8
@@ -41,7 +42,10 @@ class Checkpoint:
         self.path = Path(path)
         index = self.path / "model.safetensors.index.json"
         if index.is_file():
-            weight_map = json.loads(index.read_text())["weight_map"]
+            weight_map = json.loads(index.read_text()).get("weight_map")
+            if not isinstance(weight_map, dict):
+                raise ValueError(f"{index}: no 'weight_map' object (tensor name -> shard file), as "
+                                 "save_pretrained writes it")
             self._where = {name: self.path / f for name, f in weight_map.items()}
         else:
             files = sorted(self.path.glob("*.safetensors"))
@@ -49,9 +53,12 @@ class Checkpoint:
                 raise FileNotFoundError(f"no *.safetensors files in {self.path}")
             self._where = {}
             for f in files:
-                with safe_open(f, framework="pt") as h:
-                    for name in h.keys():
-                        self._where[name] = f
+                try:
+                    with safe_open(f, framework="pt") as h:
+                        for name in h.keys():
+                            self._where[name] = f
+                except SafetensorError as e:
+                    raise ValueError(f"{f}: not a readable safetensors file ({e})") from None
         self._handles: dict[Path, object] = {}
         config = self.path / "config.json"
         self.fp8: BlockFP8 | None = block_fp8(json.loads(config.read_text())) if config.is_file() else None
@@ -76,16 +83,37 @@ class Checkpoint:
     def get(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
         if name not in self._where:
             raise MissingTensorError(f"tensor {name!r} is missing from checkpoint {self.path}")
-        t = self._handle(self._where[name]).get_tensor(name)
+        t = self._read(name, lambda h: h.get_tensor(name))
         if t.dtype in FLOAT8:
             t = self._dequantize(name, t, lambda scale: self.get(scale))
         return t if dtype is None else t.to(dtype)
+
+    def weight(self, name: str, shape: tuple[int, ...], row: int | None = None,
+               dtype: torch.dtype | None = None) -> torch.Tensor:
+        """A floating-point weight that must have `shape` (with `row`: that row of a stacked
+        tensor). Anything else is a ValueError naming the tensor, its file and both shapes --
+        never a row broadcast over a matrix, nor integers cast to floats."""
+        t = self.get(name) if row is None else self.get_row(name, row)
+        where = f"tensor {name!r}{'' if row is None else f' (row {row})'} in {self._where[name].name}"
+        if tuple(t.shape) != tuple(shape):
+            raise ValueError(f"{where} has shape {tuple(t.shape)}, config implies {tuple(shape)}")
+        if not t.is_floating_point():
+            raise ValueError(f"{where} is stored as {t.dtype}; a weight must be floating point")
+        return t if dtype is None else t.to(dtype)
+
+    def _read(self, name: str, read: Callable[[Any], torch.Tensor]) -> torch.Tensor:
+        f = self._where[name]
+        try:
+            return read(self._handle(f))
+        except SafetensorError as e:
+            raise MissingTensorError(f"tensor {name!r} cannot be read from {f.name}, the shard that names it "
+                                     f"({e})") from None
 
     def get_row(self, name: str, row: int, dtype: torch.dtype | None = None) -> torch.Tensor:
         """`tensor[row]` of a stacked tensor without reading the other rows."""
         if name not in self._where:
             raise MissingTensorError(f"tensor {name!r} is missing from checkpoint {self.path}")
-        t = self._handle(self._where[name]).get_slice(name)[row]
+        t = self._read(name, lambda h: h.get_slice(name)[row])
         if t.dtype in FLOAT8:
             t = self._dequantize(name, t, lambda scale: self.get_row(scale, row))
         return t if dtype is None else t.to(dtype)

@@ -53,10 +53,7 @@ class TensorSource:
     def get(self, spec: TensorSpec, dtype: torch.dtype) -> torch.Tensor:
         if self.ckpt is None:
             return self.random(spec.name, spec.shape, spec.init).to(dtype)
-        t = self.ckpt.get(spec.name, dtype)
-        if tuple(t.shape) != spec.shape:
-            raise ValueError(f"tensor {spec.name!r} has shape {tuple(t.shape)}, config implies {spec.shape}")
-        return t
+        return self.ckpt.weight(spec.name, spec.shape, dtype=dtype)
 
     def expert_into(self, layout: ExpertLayout, layer: int, e: int, out: torch.Tensor) -> None:
         if self.ckpt is None:

@@ -74,16 +74,17 @@ class ClampedSwiGLUExperts(ExpertLayout):
         n = self.names(layer)
         gu, dn, gub, dnb = self._views(out)
         if ckpt.has(n["gate_up_proj"]):
-            gu.copy_(deinterleave(ckpt.get_row(n["gate_up_proj"], e).t()))           # [D, 2I] -> [2I, D]
-            dn.copy_(ckpt.get_row(n["down_proj"], e).t())                             # [I, D] -> [D, I]
+            D, I = self.D, self.I
+            gu.copy_(deinterleave(ckpt.weight(n["gate_up_proj"], (D, 2 * I), row=e).t()))   # [D, 2I] -> [2I, D]
+            dn.copy_(ckpt.weight(n["down_proj"], (I, D), row=e).t())                       # [I, D] -> [D, I]
         elif ckpt.has(n["gate_up_proj"] + "_blocks"):                                 # MXFP4, dequantised at load
             gu.copy_(deinterleave(dequantize(*self._mx_rows(ckpt, n["gate_up_proj"], e))))
             dn.copy_(dequantize(*self._mx_rows(ckpt, n["down_proj"], e)))
         else:
             raise MissingTensorError(f"tensor {n['gate_up_proj']!r} (or its MXFP4 _blocks/_scales) is missing "
                                      f"from checkpoint {ckpt.path}")
-        gub.copy_(deinterleave(ckpt.get_row(n["gate_up_proj_bias"], e)))
-        dnb.copy_(ckpt.get_row(n["down_proj_bias"], e))
+        gub.copy_(deinterleave(ckpt.weight(n["gate_up_proj_bias"], (2 * self.I,), row=e)))
+        dnb.copy_(ckpt.weight(n["down_proj_bias"], (self.D,), row=e))
 
     @staticmethod
     def _mx_rows(ckpt: Checkpoint, name: str, e: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -155,8 +156,8 @@ class MXFP4Experts(ByteLayout, ClampedSwiGLUExperts):
         blocks, scales = self._mx_rows(ckpt, n["down_proj"], e)
         dnb.copy_(blocks)
         dns.copy_(scales)
-        bias.copy_(torch.cat((deinterleave(ckpt.get_row(n["gate_up_proj_bias"], e)),
-                              ckpt.get_row(n["down_proj_bias"], e))).float())
+        bias.copy_(torch.cat((deinterleave(ckpt.weight(n["gate_up_proj_bias"], (2 * self.I,), row=e)),
+                              ckpt.weight(n["down_proj_bias"], (self.D,), row=e))).float())
 
     def random_into(self, random: RandomTensor, layer: int, e: int, out: torch.Tensor) -> None:
         """Seeded dense weights (std 0.02), quantised: an MXFP4 expert of the preset's shape."""

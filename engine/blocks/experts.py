@@ -145,17 +145,18 @@ class SwiGLUExperts(ExpertLayout):
     def read_into(self, ckpt: Checkpoint, layer: int, e: int, out: torch.Tensor) -> None:
         gate, up, down = self.expert_names(layer, e)
         gu, dn = self._views(out)
+        D, I = self.D, self.I
         if ckpt.has(gate):
-            gu[: self.I].copy_(ckpt.get(gate))
-            gu[self.I:].copy_(ckpt.get(up))
-            dn.copy_(ckpt.get(down))
+            gu[:I].copy_(ckpt.weight(gate, (I, D)))
+            gu[I:].copy_(ckpt.weight(up, (I, D)))
+            dn.copy_(ckpt.weight(down, (D, I)))
             return
         prefix = self.prefix.format(layer=layer)
         for p in (prefix, *(f.format(layer=layer) for f in self.fused_prefixes)):
             fused = f"{p}.experts.gate_up_proj"
             if ckpt.has(fused):
-                gu.copy_(ckpt.get_row(fused, e))
-                dn.copy_(ckpt.get_row(f"{p}.experts.down_proj", e))
+                gu.copy_(ckpt.weight(fused, (2 * I, D), row=e))
+                dn.copy_(ckpt.weight(f"{p}.experts.down_proj", (D, I), row=e))
                 return
         raise MissingTensorError(f"tensor {gate!r} is missing from checkpoint {ckpt.path} "
                                  f"(no fused {prefix}.experts.gate_up_proj either)")

@@ -160,13 +160,16 @@ def test_second_wave_routers_match_transformers():
     assert torch.equal(ids, ref_i) and torch.equal(weights, ref_w) and weights.dtype == torch.float32
 
 
-def test_clamped_swiglu_expert_matches_gpt_oss():
-    """One expert through our packed layout (gate and up de-interleaved at load) against
-    GptOssExperts on the same weights (interleaved, transposed), with the clamps active."""
+def test_clamped_swiglu_expert_matches_gpt_oss(tmp_path):
+    """One expert through our packed layout (gate and up de-interleaved at load, from a real
+    safetensors file) against GptOssExperts on the same weights (interleaved, transposed), with
+    the clamps active."""
     import transformers as tf
+    from safetensors.torch import save_file
     from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
 
     from engine.blocks.clamped_experts import ClampedSwiGLUExperts
+    from engine.checkpoint import Checkpoint
 
     g = torch.Generator().manual_seed(6)
     ref = GptOssExperts(tf.GptOssConfig(hidden_size=32, intermediate_size=16, num_local_experts=2))
@@ -175,7 +178,8 @@ def test_clamped_swiglu_expert_matches_gpt_oss():
     layout = ClampedSwiGLUExperts(32, 16)
     hub = {"model.layers.0.mlp.experts." + n: getattr(ref, n).data
            for n in ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")}
-    ckpt = type("Ckpt", (), {"has": lambda self, n: n in hub, "get_row": lambda self, n, e: hub[n][e], "path": "-"})()
+    save_file({n: t.contiguous() for n, t in hub.items()}, tmp_path / "model.safetensors")
+    ckpt = Checkpoint(tmp_path)
     packed = torch.empty(layout.numel)
     layout.read_into(ckpt, 0, 1, packed)
     assert all(torch.equal(t, hub[n][1]) for n, t in layout.hub_tensors(0, 1, packed).items())   # written back as read
