@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import gc
 import json
+import re
 import shutil
 
+import numpy as np
 import pytest
+import torch
 from safetensors.torch import load_file, save_file
 
 from engine import Engine
@@ -124,3 +127,93 @@ def test_prompt_validation():
         eng.generate([[1, 600]], 2)
     with pytest.raises(ValueError, match="max_new_tokens"):
         eng.generate([[1]], 0)
+
+
+@pytest.mark.parametrize("placement, kw", [("resident", {}), ("fetch", {"cache_capacity": 4})])
+def test_an_engine_that_ran_frees_its_store_and_cache_when_dropped(placement, kw):
+    """The memoised row and matrix aliases (engine.layers.memo) hold no reference cycle through
+    C++: once an engine that ran forward passes is closed and dropped, its expert store and cache
+    slots are freed (they were kept alive for the life of the process)."""
+    import weakref
+    eng = Engine.from_pretrained("tiny-mixtral", device="cpu", max_context=64, placement=placement, **kw)
+    held = [weakref.ref(t) for t in eng.model.store.rows.values()]
+    if eng.placement.cache is not None:
+        held += [weakref.ref(t) for t in eng.placement.cache.slots.values()]
+    assert held
+    eng.generate([[1, 2, 3]], 3)
+    eng.close()
+    del eng
+    gc.collect()
+    assert [r() is None for r in held] == [True] * len(held)
+
+
+@pytest.mark.parametrize("name, ubatch", [("tiny-mixtral", 8), ("tiny-gpt-oss", 64), ("tiny-qwen3-next", 64)])
+def test_context_past_the_plan_is_refused_before_any_state_changes(name, ubatch):
+    """A prefill, a decode step or a generate turn that would pass max_context is refused up front:
+    no micro-batch appended (several chunks), no sliding-window KV or recurrent state advanced (one
+    chunk, gpt-oss and qwen3-next), no decoded tokens kept; the next turn is exactly a clean one's."""
+    eng = Engine.from_pretrained(name, device="cpu", max_context=32, ubatch=ubatch)
+    V = eng.cfg.vocab_size
+    p1, p2 = [[(i * 7 + 3) % V for i in range(10)]], [[(i * 5 + 1) % V for i in range(6)]]
+    clean = eng.new_session(1)
+    eng.prefill(clean, p1)
+    ref = eng.prefill(clean, p2)
+    sess = eng.new_session(1)
+    eng.prefill(sess, p1)
+    with pytest.raises(ValueError, match="planned for max_context=32"):
+        eng.prefill(sess, [[1] * 30])
+    with pytest.raises(ValueError, match="planned for max_context=32"):
+        eng.generate([[1] * 4], 30, session=sess)
+    assert sess.length == 10 and sess.pending is None
+    assert torch.equal(eng.prefill(sess, p2), ref)
+    full = eng.new_session(1)
+    eng.prefill(full, [[1] * 32])
+    with pytest.raises(ValueError, match="planned for max_context=32"):
+        eng.decode_step(full, [1])
+    assert full.length == 32
+
+
+def test_bad_arguments_are_refused_with_their_name():
+    eng = Engine.from_pretrained("tiny-mixtral", device="cpu", max_context=64)
+    for bad in ([[3.7, 9.2]], [[True, False]], [[[1, 2]]], [["1"]]):
+        with pytest.raises(ValueError, match="token ids must be integers"):
+            eng.generate(bad, 2)
+    assert eng.generate([[int(np.int64(3)), np.int64(9)]], 2).tokens == eng.generate([[3, 9]], 2).tokens
+    for batch in (0, -1, 1.5):
+        with pytest.raises(ValueError, match="batch must be an integer >= 1"):
+            eng.new_session(batch)
+    with pytest.raises(ValueError, match="max_new_tokens must be an integer"):
+        eng.generate([[1]], 2.5)
+    for kw, name in (({"max_context": 0}, "max_context"), ({"max_context": -8}, "max_context"),
+                     ({"ubatch": 2.5}, "ubatch"), ({"batch": 0}, "batch")):
+        with pytest.raises(ValueError, match=f"{name} must be an integer >= 1"):
+            Engine.from_pretrained("tiny-mixtral", device="cpu", **kw)
+    eng.close()
+    eng.close()                                   # a second close does nothing
+    for call in (lambda: eng.generate([[1, 2]], 2), eng.reset, lambda: eng.new_session(1)):
+        with pytest.raises(RuntimeError, match="engine is closed"):
+            call()
+
+
+@pytest.mark.parametrize("name, change, match", [
+    ("model.layers.2.block_sparse_moe.experts.5.w1.weight", lambda t: t[:1], r"has shape \(1, \d+\), config implies"),
+    ("model.layers.2.block_sparse_moe.experts.5.w1.weight", lambda t: t.t().contiguous(), "config implies"),
+    ("model.layers.2.block_sparse_moe.experts.5.w2.weight", lambda t: t.to(torch.int32), "stored as torch.int32"),
+    ("model.layers.1.self_attn.q_proj.weight", lambda t: t.to(torch.int64), "stored as torch.int64"),
+])
+def test_a_wrong_weight_is_named_not_broadcast_or_cast(tmp_path, tiny_mixtral_dir, name, change, match):
+    """An expert matrix of the wrong shape used to load broadcast (one row copied over all of them)
+    or fail unnamed; integer weights were cast to floats. Each is now refused, by name and file."""
+    d = shutil.copytree(tiny_mixtral_dir, tmp_path / "bad")
+    sd = load_file(d / "model.safetensors")
+    sd[name] = change(sd[name])
+    save_file(sd, d / "model.safetensors")
+    with pytest.raises(ValueError, match=re.escape(repr(name)) + " in model.safetensors .*" + match):
+        Engine.from_pretrained(d, device="cpu", placement="fetch", cache_capacity=4)
+
+
+def test_a_sharded_index_without_its_map_is_named(tmp_path, tiny_mixtral_dir):
+    d = shutil.copytree(tiny_mixtral_dir, tmp_path / "idx")
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}}))
+    with pytest.raises(ValueError, match="no 'weight_map'"):
+        Engine.from_pretrained(d, device="cpu")
