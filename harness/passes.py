@@ -20,6 +20,7 @@ import logging
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -91,11 +92,14 @@ def relaunch_under_nsys(job_dir: Path, overrides: list[str]) -> list[dict[str, A
     """Run this job again under `nsys profile` (capture range = cudaProfilerStart/Stop around
     the measured window) and return the export's tidy rows (source=nsys)."""
     exe = nsys.find_nsys()        # a clear NsysNotFound when Nsight Systems is not installed
-    child_dir = job_dir / "nsys_child"
-    argv = [sys.executable, "-m", "harness.cli", *overrides, f"hydra.run.dir={child_dir}", "run.quiet=true"]
-    cmd = nsys.nsys_command(job_dir, argv, nsys=exe)
-    log.info("profiling under Nsight Systems: %s", " ".join(cmd))
-    proc = subprocess.run(cmd, env={**os.environ, NSYS_CHILD_ENV: "1"}, capture_output=True, text=True)
+    # the child's own results go to a directory of their own, removed after: only its trace is
+    # kept (in the job dir), so no store reads the profiled run's rows as a job (a dir inside the
+    # job's would be); quoted, as a sweep job's dir name holds '=' and ','
+    with tempfile.TemporaryDirectory(prefix="moebench-nsys-child-") as child_dir:
+        argv = [sys.executable, "-m", "harness.cli", *overrides, f"hydra.run.dir='{child_dir}'", "run.quiet=true"]
+        cmd = nsys.nsys_command(job_dir, argv, nsys=exe)
+        log.info("profiling under Nsight Systems: %s", " ".join(cmd))
+        proc = subprocess.run(cmd, env={**os.environ, NSYS_CHILD_ENV: "1"}, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"nsys run failed ({proc.returncode}): {proc.stderr[-2000:]}")
     return nsys.nsys_rows(nsys.trace_sqlite(job_dir), prefix="moebench")
