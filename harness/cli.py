@@ -46,7 +46,10 @@ def _job_context() -> JobContext:
     hc = HydraConfig.get()
     multirun = hc.mode.name == "MULTIRUN"
     job_dir = Path(hc.runtime.output_dir)
-    sweep_id = Path(hc.sweep.dir).name if multirun else f"run-{job_dir.name}"
+    # a single run's id holds a hash of where it ran, so two runs in dirs of one name (R/a/latest,
+    # R/b/latest) are two jobs of a tree, not one that a load keeps the first of
+    sweep_id = Path(hc.sweep.dir).name if multirun else \
+        f"run-{job_dir.name}-{hashlib.sha256(str(job_dir.resolve()).encode()).hexdigest()[:8]}"
     job_id = (hc.job.override_dirname or "default") if multirun else "run"
     return JobContext(job_dir, sweep_id, job_id, overrides=list(hc.overrides.task))
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
+from datetime import datetime
 from pathlib import Path
 
 from harness.results import MANIFEST_FILE
@@ -52,5 +52,5 @@ def rerun_args(argv: list[str]) -> list[str]:
     if diff:
         raise ValueError(f"the config files changed since {args.job_dir} ran, so its overrides no longer give the "
                          f"recorded config: {'; '.join(diff)}")
-    out = args.out or f"{OmegaConf.select(cfg, 'run.out') or 'results'}/runs/rerun-{time.strftime('%Y-%m-%d_%H-%M-%S')}"
+    out = args.out or f"{OmegaConf.select(cfg, 'run.out') or 'results'}/runs/rerun-{datetime.now().strftime('%Y-%m-%d_%H-%M-%S-%f')}"
     return [*overrides, f"hydra.run.dir={out}"]

@@ -247,6 +247,7 @@ def _read_tables(files: Iterable[Path], root: Path, skip_jobs: set[tuple[str, st
     if extra is not None and len(extra):
         frames.append(extra)
         seen_jobs |= set(zip(extra["sweep_id"], extra["job_id"]))
+    job_file_of: dict[tuple[str, str], Path] = {}      # the job file each key was first read from
     for file in files:
         frame, why = _read_one(file)
         if why:
@@ -254,6 +255,12 @@ def _read_tables(files: Iterable[Path], root: Path, skip_jobs: set[tuple[str, st
             continue
         assert frame is not None
         keys = list(zip(frame["sweep_id"], frame["job_id"]))
+        if file.name == ROWS_FILE:   # two job files of one key are two runs, of which only one is read
+            for key in dict.fromkeys(keys):
+                if key in job_file_of and job_file_of[key] != file:
+                    log.warning("%s and %s hold the same job (sweep_id=%r, job_id=%r); only the first is read",
+                                job_file_of[key].parent, file.parent, *key)
+                job_file_of.setdefault(key, file)
         dup = pd.Series([k in seen_jobs for k in keys], index=frame.index, dtype=bool)
         if dup.any():
             log.debug("%s: %d rows of jobs already read (or incomplete); skipped", file, int(dup.sum()))

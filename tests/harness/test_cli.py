@@ -53,6 +53,20 @@ def test_single_run_defaults(tmp_path):
     assert (tmp_path / runs[0] / "manifest.json").is_file()
 
 
+def test_single_runs_in_dirs_of_one_name_are_two_jobs_of_a_tree(tmp_path):
+    """Runs in R/fetch/latest and R/cpu/latest (one dir name) load as two jobs of R, and the
+    default run dirs of two runs are distinct (to the microsecond) -- neither is lost to the other."""
+    small = [*SMALL, "workload.gen_tokens=3", "run.repeats=1", "run.warmup=0", "run.timeline=false",
+             "run.ablation=false"]
+    for placement in ("fetch", "cpu"):
+        moebench([f"placement={placement}", f"hydra.run.dir={tmp_path / 'R' / placement / 'latest'}", *small], tmp_path)
+    df = results.load(tmp_path / "R")
+    assert set(df.placement) == {"fetch", "cpu"} and df.groupby(["sweep_id", "job_id"]).ngroups == 2
+    moebench(small, tmp_path)
+    moebench(small, tmp_path)
+    assert len(list((tmp_path / "results" / "runs").iterdir())) == 2
+
+
 def test_multirun_table(tmp_path):
     moebench(["-m", "placement=resident,fetch,cpu", "cache.capacity=2,4", "run.repeats=3", *SMALL], tmp_path)
     sd = sweep_dir(tmp_path)
