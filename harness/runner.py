@@ -438,6 +438,7 @@ def run(cfg: DictConfig, ctx: JobContext, reporter: Reporter) -> JobOutcome:
     if not decision.run:
         reporter.info(f"skip {ctx.job_id}: {decision.reason}")
         return JobOutcome([], skipped=decision.reason)
+    results.invalidate_job(ctx.job_dir)      # what it held was another config's, or a failed attempt
     t0 = time.perf_counter()
     job = Job(cfg, ctx, reporter)
     outcome = job.execute()

@@ -166,6 +166,14 @@ def write_job(job_dir: str | os.PathLike[str], rows: Sequence[Mapping[str, Any]]
     log.debug("wrote job %s (%d rows, %s)", job_dir, table.num_rows, status)
 
 
+def invalidate_job(job_dir: str | os.PathLike[str]) -> None:
+    """Mark a job incomplete (its DONE removed) before it is measured again: until the new
+    results are written, no load, table or interrupted sweep reads its old rows -- of another
+    config, or a failed attempt -- as this run's. The old files stay until they are replaced."""
+    with contextlib.suppress(FileNotFoundError):
+        (Path(job_dir) / DONE_FILE).unlink()
+
+
 def read_done(job_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The DONE record of a complete job (see the module docstring), else None."""
     job_dir = Path(job_dir)

@@ -142,6 +142,31 @@ def test_killed_sweep_resumes_without_duplicates(tmp_path):
         assert (sd / job / "DONE").stat().st_mtime_ns == mtime
 
 
+@pytest.mark.slow
+def test_a_job_measured_again_for_a_changed_config_hides_its_old_results_until_done(tmp_path):
+    """A job dir holding another config's results is re-measured; killed part-way, it is an
+    incomplete job (never read), not the old config's rows passing as this run's."""
+    job = tmp_path / "job"
+    small = [*SMALL, "run.warmup=0", "run.timeline=false", "run.ablation=false", f"hydra.run.dir={job}"]
+    moebench([*small, "workload.turn_tokens=4", "run.repeats=1"], tmp_path)
+    assert results.job_complete(job)
+    log = tmp_path / "second.err"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "harness.cli", *[a for a in small if a != "run.quiet=true"],
+                                 "workload.turn_tokens=16", "run.repeats=50"],
+                                cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        deadline = time.time() + 300
+        while time.time() < deadline and proc.poll() is None and "repeat 2/" not in log.read_text():
+            time.sleep(0.05)
+        assert proc.poll() is None, log.read_text()[-2000:]          # killed while it measures
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert not results.job_complete(job)
+    with pytest.raises(results.ResultsError, match="no results"):
+        results.load(job)
+
+
 def test_engines_side_by_side(tmp_path):
     moebench(["-m", "engine=moebench,hf", "placement=resident", "run.repeats=1", *SMALL], tmp_path)
     df = results.load(sweep_dir(tmp_path) / "results.parquet")
