@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from hydra.core.config_store import ConfigStore
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from engine.config import PRESETS, ModelConfig, preset
 from engine.devices import parse_bytes
@@ -43,6 +45,23 @@ KV_ENGINES = ("moebench", "llamacpp")  # the engines that apply kv.dtype (llama.
 
 class ConfigError(ValueError):
     """A configuration value is wrong; the message names the key, what is allowed and what was given."""
+
+
+# what composing a config (Hydra: an unknown key, a bad override, a missing group option) or
+# checking it (OmegaConf's types, ours) raises for bad input: a one-line message, never a traceback
+BAD_CONFIG = (ConfigError, HydraException, OmegaConfBaseException)
+
+
+def config_error_line(exc: BaseException) -> str:
+    """One line for a BAD_CONFIG error: the lines of its message and of its cause's, without
+    OmegaConf's key/type trailer lines."""
+    lines: list[str] = []
+    for e in (exc, exc.__cause__):
+        for line in str(e or "").splitlines():
+            line = line.strip()
+            if line and line not in lines and not line.startswith(("full_key:", "object_type=", "reference_type=")):
+                lines.append(line)
+    return "; ".join(lines) or type(exc).__name__
 
 
 # --- schemas -------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from engine.devices import fmt_bytes, parse_bytes
 from engine.dtypes import dtype_bytes
 from engine.planner import MemoryPlan, PlanError, plan_memory
 from engine.registry import PLACEMENTS
-from harness.config import ConfigError, RunSpec, validate
+from harness.config import BAD_CONFIG, ConfigError, RunSpec, config_error_line, validate
 from harness.contract import session_tokens
 
 SEARCHES = ("context", "capacity", "n_cpu_layers")
@@ -236,8 +236,8 @@ def plan_main(argv: Sequence[str]) -> int:
             ok, text = sweep_report(expand(overrides))
         else:
             ok, text = report(spec_of(overrides))
-    except ConfigError as exc:
-        print(f"moebench plan: {exc}", file=sys.stderr)
+    except BAD_CONFIG as exc:
+        print(f"moebench plan: {config_error_line(exc)}", file=sys.stderr)
         return 2
     print(text)
     return 0 if ok else 1
@@ -251,8 +251,8 @@ def fit_main(argv: Sequence[str]) -> int:
     args = p.parse_args(argv)
     try:
         best, text = FITS[args.search](spec_of(args.overrides))
-    except ConfigError as exc:
-        print(f"moebench fit: {exc}", file=sys.stderr)
+    except BAD_CONFIG as exc:
+        print(f"moebench fit: {config_error_line(exc)}", file=sys.stderr)
         return 2
     print(text)
     return 0 if best is not None else 1

@@ -43,8 +43,13 @@ def rerun_args(argv: list[str]) -> list[str]:
     from omegaconf import OmegaConf
 
     from harness.cli import CONF_DIR
-    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        cfg = compose(config_name="config", overrides=overrides)
+    from harness.config import BAD_CONFIG, config_error_line
+    try:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+            cfg = compose(config_name="config", overrides=overrides)
+    except BAD_CONFIG as exc:
+        raise ValueError(f"the config files changed since {args.job_dir} ran: its recorded overrides no longer "
+                         f"compose ({config_error_line(exc)})") from None
     now = measurement_config(OmegaConf.to_container(cfg, resolve=True))
     then = measurement_config(manifest.get("config") or {})
     a, b = _flatten(then), _flatten(now)

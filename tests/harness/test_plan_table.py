@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from harness import results as R
-from harness.plan import fit_context, fit_cpu_layers, fit_capacity, plan_main, plan_of, spec_of, verdict
+from harness.plan import fit_context, fit_cpu_layers, fit_capacity, fit_main, plan_main, plan_of, spec_of, verdict
 from harness.table import FORMATS, render, sweep_table
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,6 +47,21 @@ def test_auto_capacity_and_placements_that_do_not_fit(capsys):
     out = capsys.readouterr().out
     assert f"cache.capacity=auto -> {p.capacity} expert slots" in out and re.search(r"^  resident +does not fit", out, re.M)
     assert plan_main([*args[:2], "placement=resident", *args[2:]]) == 1                # the job's own plan refused
+
+
+@pytest.mark.parametrize("args, says", [
+    (["cache.capcity=4"], "Key 'capcity' not in"), (["model=nonexistent"], "Could not find 'model/nonexistent'"),
+    (["workload.context_tokens=abc"], "could not be converted to Integer"), (["-m", "cache.capcity=4,6"], "capcity"),
+    (["cache.capacity=1"], "cache.capacity: allowed")])
+def test_bad_input_is_exit_2_with_one_line_not_a_traceback(capsys, args, says):
+    """Exit 1 means "does not fit"; a typo or a bad value is 2 with one line, however it fails
+    (Hydra's composition, OmegaConf's types, our checks)."""
+    assert plan_main(args) == 2
+    err = capsys.readouterr().err
+    assert says in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    if "-m" not in args:
+        assert fit_main(["--search", "context", *args]) == 2
+        assert says in capsys.readouterr().err
 
 
 def test_fit_searches_find_the_boundary():

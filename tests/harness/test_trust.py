@@ -242,6 +242,13 @@ def test_rerun_replays_one_job_from_its_manifest(tmp_path):
     for key in ("command", "overrides", "machine_load", "threads", "device"):
         assert new[key] is not None, key
     assert new["machine_load"]["start"]["cores"] >= 1 and new["device"]["device_kind"] == "cpu"
+    # an override that no longer composes (a key renamed since) is refused in one line, exit 2
+    m = json.loads((job / results.MANIFEST_FILE).read_text())
+    m["overrides"] = [*m["overrides"], "cache.old_key=4"]
+    (job / results.MANIFEST_FILE).write_text(json.dumps(m))
+    proc = cli(["rerun", str(job), "--out", str(tmp_path / "again2")], tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "no longer compose" in proc.stderr and "cache.old_key" in proc.stderr
 
 
 def test_rows_record_threads_load_and_phase_states(tmp_path):
