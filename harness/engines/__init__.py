@@ -10,6 +10,7 @@ reference (harness.reference).
 """
 from __future__ import annotations
 
+import atexit
 import gc
 import logging
 from collections import OrderedDict
@@ -50,6 +51,7 @@ def engine_key(spec: Any) -> tuple:
             getattr(spec, "kv_dtype", "model"))          # a KV treatment is another engine, never a reused one
 
 
+@atexit.register          # and when the process ends: a llama.cpp adapter's temporary dir goes with its server
 def release_cached() -> None:
     """Free the cached measured engine (before something else needs its memory)."""
     while _CACHE:

@@ -133,8 +133,12 @@ class LlamaCppAdapter(EngineAdapter):
         self.gguf = (convert(spec.model.path, self.weights) if spec.model.path else
                      convert_preset(spec.model.name, spec.model.seed, self.weights, cfg=spec.model_config))
         self.workdir = Path(tempfile.mkdtemp(prefix="moebench-llamacpp-"))
-        self.server = LlamaServer(self.gguf.path, self.flags, log_path=self.workdir / "llama-server.log",
-                                  binaries=self.binaries, slot_save_path=self.workdir / "slots").start()
+        try:
+            self.server = LlamaServer(self.gguf.path, self.flags, log_path=self.workdir / "llama-server.log",
+                                      binaries=self.binaries, slot_save_path=self.workdir / "slots").start()
+        except BaseException:                  # the failure carries the log's tail; the dir goes
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            raise
         backend = (self.binaries.info.backend if self.binaries.info else "unknown").lower()
         self.device_kind = "cuda" if "cuda" in backend else "cpu"
         self.device_name = f"llama.cpp {backend}"

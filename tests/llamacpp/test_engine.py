@@ -27,8 +27,8 @@ def _built(bins):          # the real build (tests/llamacpp/conftest.py): skip o
     return bins
 
 
-def cli(args: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+def cli(args: list[str], cwd: Path, check: bool = True, **env_extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **env_extra}
     proc = subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=900)
     if check:
@@ -72,7 +72,9 @@ def test_a_lossy_setting_is_reported_not_hidden(tmp_path):
 def test_the_model_dtype_picks_the_weights_and_the_exact_kv(tmp_path):
     """model.dtype=bfloat16 runs bf16 weights with a bf16 KV (the exact configuration in that
     dtype), not f32 ones labelled bfloat16; not lossy."""
-    cli([*SMALL, "model.dtype=bfloat16"], tmp_path)
+    (tmp_path / "tmp").mkdir()
+    cli([*SMALL, "model.dtype=bfloat16"], tmp_path, TMPDIR=str(tmp_path / "tmp"))
+    assert not list((tmp_path / "tmp").glob("moebench-llamacpp-*"))       # the server's dir removed at exit
     df = results.load(run_dir(tmp_path))
     assert (df.status == "ok").all() and set(df.dtype) == {"bfloat16"}
     assert set(df.gguf_type.dropna()) == {"bf16"} and set(df.cache_type_k.dropna()) == {"bf16"}
