@@ -25,9 +25,9 @@ Rules, so that a red CI job can be argued with:
 * **Not comparable** also when the pair ran on different devices -- `device_kind`,
   `device_name`, `emulated`, and the host CPU model and available cores from the manifest
   (on the CPU the emulated device *is* the host CPU; on a GPU the `cpu` placement runs on
-  it) -- or with a different engine version: the `moebench` package version for
-  engine=moebench, the `transformers` version for engine=hf, and the results schema
-  version. The git commit is *not* a reason: it is what a regression check is testing. It
+  it) -- or with a different engine version (`ENGINE_VERSIONS`): the `moebench` package
+  version for engine=moebench, the `transformers` version for engine=hf, the llama.cpp build
+  commit for engine=llamacpp, and the results schema version. The git commit is *not* a reason: it is what a regression check is testing. It
   is shown in the report. A side without manifests is compared, with a note.
 * **Significance.** Two-sided, level `alpha` (default 0.05). Mann-Whitney U (exact for
   small samples, `scipy.stats.mannwhitneyu`) when the smallest p-value it can give,
@@ -63,7 +63,7 @@ import numpy as np
 import pandas as pd
 
 from harness import results
-from harness.contract import speed_values
+from harness.contract import ALL_PHASES, speed_values
 from harness.results import CONFIG_COLUMNS, MANIFEST_FILE
 
 log = logging.getLogger(__name__)
@@ -72,6 +72,8 @@ __all__ = ["Check", "Comparison", "CompareError", "CONFIG_COLUMNS", "compare", "
            "read_manifests", "machine_name", "speed_samples"]
 
 ALPHA = 0.05
+# an engine's version, as (name, column): another version is another engine; moebench's otherwise
+ENGINE_VERSIONS = {"hf": ("transformers", "transformers_version"), "llamacpp": ("llama.cpp", "llamacpp_commit")}
 KEY_COLUMNS = ("phase", "metric", "source")
 VERDICTS = ("regression", "improvement", "inconclusive", "ok", "not comparable")
 _CHECK_RE = re.compile(r"^(?P<phase>[\w*]+)\.(?P<metric>\w+):(?P<sign>[+-])(?P<pct>\d+(?:\.\d+)?)%$")
@@ -97,10 +99,10 @@ class Check:
         if not m:
             raise CompareError(f"check {text!r}: expected PHASE.METRIC:+X% or PHASE.METRIC:-X% "
                                f"(e.g. decode.tok_per_s:-5%, prefill_fresh.ttft_s:+10%); "
-                               f"phases: {list(results.PHASES)} or *")
+                               f"phases: {list(ALL_PHASES)} or *")
         phase, metric = m["phase"], m["metric"]
-        if phase != "*" and phase not in results.PHASES:
-            raise CompareError(f"check {text!r}: phase {phase!r} unknown; allowed {list(results.PHASES)} or *")
+        if phase != "*" and phase not in ALL_PHASES:
+            raise CompareError(f"check {text!r}: phase {phase!r} unknown; allowed {list(ALL_PHASES)} or *")
         if metric not in results.METRIC_UNITS:
             raise CompareError(f"check {text!r}: metric {metric!r} unknown; allowed {sorted(results.METRIC_UNITS)}")
         pct = float(m["pct"])
@@ -331,7 +333,7 @@ def _side(df: pd.DataFrame, manifests: pd.DataFrame | None) -> pd.DataFrame:
         man = man.drop(columns=[c for c in man.columns if c in df.columns and c not in ("sweep_id", "job_id")])
         df = df.merge(man, on=["sweep_id", "job_id"], how="left")
     for c in ("cpu_model", "cpu_cores", "gpu_name", "git_commit", "git_dirty", "schema_version", "moebench_version",
-              "transformers_version", "torch_version", "host"):
+              "transformers_version", "llamacpp_commit", "torch_version", "host"):
         if c not in df.columns:
             df[c] = None
     return df
@@ -357,12 +359,11 @@ def _facts(df: pd.DataFrame, cfg_cols: list[str]) -> dict[tuple, dict[str, set]]
     for key, g in df.groupby(cfg_cols, sort=False):
         key = key if isinstance(key, tuple) else (key,)
         engine = g["engine"].iloc[0] if "engine" in g.columns else "moebench"
-        version_col = "transformers_version" if engine == "hf" else "moebench_version"
+        name, version_col = ENGINE_VERSIONS.get(engine, ("moebench", "moebench_version"))
         out[key] = {
             "device": {_device_id(r) for r in g.drop_duplicates(["device_kind", "device_name", "emulated",
                                                                    "cpu_model", "cpu_cores"]).itertuples()},
-            "version": {f"{'transformers' if engine == 'hf' else 'moebench'} {v}"
-                        for v in g[version_col].dropna().unique()},
+            "version": {f"{name} {v}" for v in g[version_col].dropna().unique()},
             "schema": {str(v) for v in g["schema_version"].dropna().unique()},
             "commit": {f"{str(c)[:10]}{'+dirty' if d else ''}" for c, d in
                        g[["git_commit", "git_dirty"]].dropna(subset=["git_commit"]).itertuples(index=False)},

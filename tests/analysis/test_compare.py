@@ -159,6 +159,20 @@ def test_device_or_engine_version_change_is_not_comparable(tmp_path: Path, chang
     assert len(cmp.regressions) == 0
 
 
+def test_another_llamacpp_build_is_not_comparable(tmp_path: Path) -> None:
+    """llama.cpp's version is its build commit (a row column), as transformers' is its package version."""
+    sides = {}
+    for name, commit in (("base", "0c1e57098"), ("new", "bc64a43d2")):
+        sweep = tmp_path / name / "sweeps" / "s"
+        R.write_job(sweep / "0", job_rows("s", "0", samples(500, 5, 0),
+                                          factors={**FACTORS, "engine": "llamacpp", "llamacpp_commit": commit}),
+                    manifest("s", "0"))
+        sides[name] = sweep
+    cmp = C.compare_paths(sides["base"], sides["new"], ["kv_offload.time_s:+10%", *CHECKS])
+    assert set(cmp.table["verdict"]) == {"not comparable"}
+    assert all(n.startswith("engine version differs") and "llama.cpp 0c1e57098" in n for n in cmp.table["note"])
+
+
 @pytest.mark.slow
 def test_git_commit_is_not_a_reason(tmp_path: Path) -> None:
     base = write(tmp_path / "base", "s", samples(1000, 5, 0))
