@@ -315,7 +315,10 @@ class Device:
         if self.kind == "cuda":
             torch.cuda.synchronize(self.torch_device)
         elif self._worker is not None:
-            self._worker.submit(lambda: None).result()   # the worker runs in order: all earlier copies are done
+            try:
+                self._worker.submit(lambda: None).result()   # the worker runs in order: all earlier copies are done
+            except RuntimeError:      # shut down (at interpreter exit), which waited for every copy it held
+                pass
 
 
 def _numel(shape: tuple[int, ...]) -> int:

@@ -33,8 +33,8 @@ from harness.contract import COSMETIC_KEYS
 from harness import report
 from harness.report import Reporter
 from harness.runner import JobContext, run
-from harness.sweep import (Interrupted, SweepError, SweepLock, claim_sweep, handle_signals, job_dirname,
-                           signals_deferred, sweep_overrides, sweep_size)
+from harness.sweep import (Interrupted, SweepError, SweepLock, claim_sweep, deliver_pending, handle_signals,
+                           interruptible, job_dirname, signals_deferred, sweep_overrides, sweep_size)
 
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 register_configs()
@@ -56,6 +56,11 @@ def _job_context() -> JobContext:
 
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")
 def app(cfg: DictConfig) -> None:
+    with interruptible():
+        _job(cfg)
+
+
+def _job(cfg: DictConfig) -> None:
     ctx = _job_context()
     quiet = bool(cfg.run.quiet)
     progress = report.current_progress()      # via the module: submitit pickles this function by value
@@ -67,6 +72,7 @@ def app(cfg: DictConfig) -> None:
     finally:
         if progress is not None:
             progress.finish()
+    STATE["handled_jobs"].add(ctx.job_id)
     if outcome.error:
         STATE["failed_jobs"] += 1
     if outcome.unwritten:
@@ -150,14 +156,18 @@ def _launch(argv: list[str], sweep_dir: Path | None) -> int:
         report.start_progress(_sweep_jobs(argv), quiet=quiet)
     try:
         app()
+        deliver_pending()                # one that arrived while Hydra wrapped up
     except Interrupted as exc:
         report.close_progress()
         with signals_deferred():
             where = ""
             if sweep_dir is not None and sweep_dir.is_dir():
                 df = write_sweep_table(sweep_dir, quiet=True)
-                n = 0 if df is None else df["job_id"].nunique()
-                where = f"; the table of the {n} completed job(s) is in {sweep_dir}"
+                jobs = set() if df is None else set(df["job_id"])
+                where = f"; the table of the {len(jobs)} completed job(s) is in {sweep_dir}"
+                if older := len(jobs - STATE["handled_jobs"]):
+                    where += (f" ({older} of them not reached by this run: their results are from before it, "
+                              "their configs unchecked until the command runs again)")
         print(f"moebench: interrupted by {exc}{where}; run the same command again to resume", file=sys.stderr)
         return exc.exit_code
     finally:

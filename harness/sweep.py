@@ -236,12 +236,38 @@ class Interrupted(BaseException):
         return 128 + self.signum
 
 
+_SIGNALS: dict[str, Any] = {"open": False, "pending": None}
+
+
 def _raise(signum: int, frame: Any) -> None:
+    if not _SIGNALS["open"]:           # Hydra's own code, e.g. composing the next job's config, which an
+        _SIGNALS["pending"] = signum   # exception raised part-way leaves broken: delivered at the next
+        return                         # `interruptible()` or `deliver_pending()`
     raise Interrupted(signum)
 
 
+def deliver_pending() -> None:
+    """Raise `Interrupted` for a signal that arrived outside `interruptible()`, if one did."""
+    signum, _SIGNALS["pending"] = _SIGNALS["pending"], None
+    if signum is not None:
+        raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """Where SIGTERM/SIGINT raise `Interrupted` at once (a job's own code); one that arrived before,
+    in Hydra's code, is raised on entry."""
+    deliver_pending()
+    _SIGNALS["open"] = True
+    try:
+        yield
+    finally:
+        _SIGNALS["open"] = False
+
+
 def handle_signals() -> None:
-    """Turn SIGTERM and SIGINT into `Interrupted` in the main thread."""
+    """Turn SIGTERM and SIGINT into `Interrupted` in the main thread: at once inside
+    `interruptible()`, else at its next entry or `deliver_pending()`."""
     signal.signal(signal.SIGTERM, _raise)
     signal.signal(signal.SIGINT, _raise)
 

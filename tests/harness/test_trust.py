@@ -210,6 +210,34 @@ def test_a_signal_mid_sweep_writes_the_completed_jobs_and_resumes(tmp_path, sig,
     assert per_job.nunique() <= 2            # fetch/hybrid vs others differ only by what applies
 
 
+@pytest.mark.slow
+def test_an_interrupted_resume_of_a_changed_sweep_says_which_results_are_older(tmp_path):
+    """The experiment file changed since the sweep ran, so its jobs are measured again; a signal
+    after the first leaves a table whose other jobs still hold the old config's results -- the
+    message says how many, and no traceback however the signal lands (in a job, or in Hydra
+    composing the next job's config)."""
+    conf = tmp_path / "conf" / "experiment"
+    conf.mkdir(parents=True)
+    mine = conf / "mine.yaml"
+    args = ["-m", f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "experiment=mine", "cache.capacity=2,3,4",
+            "run.sweep_id=C", *SMALL]
+    mine.write_text("# @package _global_\nworkload:\n  turn_tokens: 4\n")
+    assert cli(args, tmp_path).returncode == 0
+    sweep = tmp_path / "results" / "sweeps" / "C"
+    before = done_times(sweep)
+    mine.write_text("# @package _global_\nworkload:\n  turn_tokens: 16\n")
+    proc = popen(args, tmp_path)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None and \
+            not any(t != before.get(j) for j, t in done_times(sweep).items()):
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143 and "Traceback" not in err, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("moebench: interrupted by SIGTERM") and "not reached by this run" in last, last
+
+
 def test_ctrl_c_in_a_single_run_prints_one_line(tmp_path):
     proc = popen(["workload=chat", "workload.context_tokens=2048", "workload.gen_tokens=64", "run.repeats=20",
                   "run.quiet=true"], tmp_path)
