@@ -242,7 +242,10 @@ class Job:
         self._roofline(spec, eng, measured)
         self._passes(spec, eng, sample, warm)
         eng.set_progress(None)                     # the adapter may serve the next job, with its own reporter
-        eng.save_artifacts(self.ctx.job_dir)
+        try:
+            eng.save_artifacts(self.ctx.job_dir)   # auxiliary files: losing them loses no measurement
+        except OSError as exc:
+            self.failed_part("artifacts", exc)
         self._ablation(spec, eng, sample, measured, warm)
         self.load_end = MachineLoad.sample(threads)
 

@@ -165,3 +165,17 @@ def test_llama_bench_results_join_the_tables(tmp_path, bins, gguf_f32):
     assert set(df.engine) == {"llamacpp"} and {"prefill_fresh", "decode"} <= set(df.phase)
     assert df[df.metric == "tok_per_s"].groupby("phase").size().min() == 2       # the raw samples as repeats
     assert "pp tok/s" in cli(["table", str(tmp_path / "imported")], tmp_path).stdout
+
+
+def test_an_artifact_that_cannot_be_saved_loses_no_measurement(tmp_path):
+    """The server log cannot be copied into the job dir (a directory stands at its path): the
+    job keeps every measured row and records the failed part, instead of becoming one failed row."""
+    job = tmp_path / "job"
+    (job / "llama-server.log").mkdir(parents=True)
+    proc = cli([*SMALL, f"hydra.run.dir={job}"], tmp_path, check=False)
+    df = results.load(job)
+    ok = df[df.status == "ok"]
+    assert {"prefill_fresh", "decode"} <= set(ok.phase)
+    assert ok[(ok.phase == "decode") & (ok.metric == "tok_per_s")].value.notna().all()
+    failed = df[df.status == "failed"]
+    assert list(failed.phase) == ["artifacts"] and proc.returncode == 1
