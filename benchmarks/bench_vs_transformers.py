@@ -6,7 +6,12 @@ The same work on both sides: transformers computes logits for the last position 
 repeats alternating, at each requested thread count, so machine noise hits both alike; the
 figures reported are medians with min-max and their ratio (ours / transformers), with the
 load average before and after, and each median's frac_of_roofline (benchmarks/bench_roofline.py).
-Not a test: run `python benchmarks/bench_vs_transformers.py [--repeats N] [--threads 1,2]`.
+`--profile N` adds, per thread count, N more prefill passes of each engine under torch.profiler,
+interleaved, split into GEMMs (aten::mm), the attention kernel and every other op by self time
+(profile_decode's categories), and the ceiling that split puts on the prefill ratio: transformers'
+median prefill time over our GEMMs and attention alone -- the ratio ours would reach if all its
+other ops cost nothing.
+Not a test: run `python benchmarks/bench_vs_transformers.py [--repeats N] [--threads 1,2] [--profile N]`.
 """
 from __future__ import annotations
 
@@ -16,6 +21,8 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -67,6 +74,41 @@ def time_ours(eng: Engine, prompt: list[list[int]], n_decode: int) -> tuple[floa
     return t1 - t0, t3 - t2
 
 
+def prefill_split(runs: dict[str, Callable[[], object]], passes: int) -> dict[str, dict[str, float]]:
+    """Per engine, the median ms per prefill pass of each op category by self time (GEMMs,
+    attention, other), and the aten calls of the two matrix ops per pass, from `passes` profiled
+    passes per engine, alternating which goes first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from profile_decode import category          # here: profile_decode imports this module
+    samples: dict[str, dict[str, list[float]]] = {k: defaultdict(list) for k in runs}
+    for r in range(passes):
+        for name in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
+            with profile(activities=[ProfilerActivity.CPU]) as p:
+                runs[name]()
+            per: dict[str, float] = defaultdict(float)
+            for e in p.key_averages():
+                per[category(e.key)] += e.self_cpu_time_total / 1e3
+                if e.key in ("aten::mm", "aten::_grouped_mm"):
+                    per[f"{e.key} calls"] += e.count
+            for k, v in per.items():
+                samples[name][k].append(v)
+    return {name: {k: statistics.median(v) for k, v in cats.items()} for name, cats in samples.items()}
+
+
+def split_lines(split: dict[str, dict[str, float]], hf_prefill_ms: float) -> list[str]:
+    """The printed op split and the ceiling it puts on ours / transformers in prefill."""
+    gemm, attn = "GEMV (aten::mm)", "attention kernel"
+    out = [f"   {name:<12} GEMMs {c[gemm]:7.1f}  attention {c[attn]:6.1f}  other ops {c['other ops']:6.1f} ms; "
+           f"aten::mm calls {c.get('aten::mm calls', 0):.0f}, aten::_grouped_mm calls "
+           f"{c.get('aten::_grouped_mm calls', 0):.0f}" for name, c in split.items()]
+    ours = split["ours"]
+    out.append(f"   ceiling: transformers' median prefill {hf_prefill_ms:.1f} ms / our GEMMs + attention "
+               f"{ours[gemm] + ours[attn]:.1f} ms = {hf_prefill_ms / (ours[gemm] + ours[attn]):.2f}x "
+               "(ours with every other op free)")
+    return out
+
+
 def parser(description: str) -> argparse.ArgumentParser:
     """The arguments every engine-vs-engine benchmark takes (the same work on both sides)."""
     ap = argparse.ArgumentParser(description=description)
@@ -85,7 +127,10 @@ def summary(name: str, ours: list[float], other: list[float], other_name: str, u
 
 
 def main() -> None:
-    args = parser(__doc__.splitlines()[0]).parse_args()
+    ap = parser(__doc__.splitlines()[0])
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="N profiled prefill passes per engine: the op split and the ratio's ceiling")
+    args = ap.parse_args()
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as d:
         hf = build_checkpoint(Path(d))
@@ -120,6 +165,12 @@ def main() -> None:
                                                           for phase in ("prefill", "decode")}))
         print(bench_roofline.expert_shape_line(ours, args.prefill, bound, rates,
                                                {"ours": med["ours_prefill"], "transformers": med["hf_prefill"]}))
+        if args.profile:
+            split = prefill_split({"ours": lambda: time_ours(ours, prompt.tolist(), 0),
+                                   "transformers": lambda: time_hf(hf, prompt, 0)}, args.profile)
+            print(f"prefill op split at {threads} thread(s), self time per pass, median of {args.profile} "
+                  "profiled passes each, interleaved:")
+            print("\n".join(split_lines(split, args.prefill / med["hf_prefill"] * 1e3)))
     print(f"load average after {os.getloadavg()[0]:.2f}")
 
 
