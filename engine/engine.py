@@ -139,9 +139,9 @@ class Engine:
         # 3. load; on any failure free what was taken so nothing half-built stays accounted
         counters = Counters(cfg.num_layers)
         instrument = instrument or NULL
-        ckpt = None
-        model = MoEModel(cfg, dev, dt, instrument)
+        ckpt = model = None
         try:
+            model = MoEModel(cfg, dev, dt, instrument)
             ctx = PlacementContext(cfg, dev, model.store, counters, instrument, plan.capacity,
                                    (lambda layer: make_policy(cache_policy, plan.capacity, cfg.n_experts, layer,
                                                               **(policy_options or {})))
