@@ -246,7 +246,11 @@ class Engine:
 
     def _room(self, sess: Session, tokens: int) -> None:
         """Refuse `tokens` more tokens for `sess` before any state changes: past the model's
-        positions, or past the context the engine was planned for (which no state grows beyond)."""
+        positions, or past the context the engine was planned for (which no state grows beyond); and
+        for a session offloaded to host RAM (a pass refused half-way would already have counted in
+        the prefetcher's and placement's bookkeeping)."""
+        if not sess.on_device:
+            raise RuntimeError("session state is offloaded to host RAM; call session.restore() first")
         need = sess.length + tokens
         if need > self.cfg.max_position_embeddings:
             raise ValueError(f"context {need} exceeds max_position_embeddings {self.cfg.max_position_embeddings}")

@@ -217,3 +217,20 @@ def test_a_sharded_index_without_its_map_is_named(tmp_path, tiny_mixtral_dir):
     (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}}))
     with pytest.raises(ValueError, match="no 'weight_map'"):
         Engine.from_pretrained(d, device="cpu")
+
+
+def test_a_pass_on_an_offloaded_session_is_refused_before_anything_counts():
+    eng = Engine.from_pretrained("tiny-mixtral", device="cpu", placement="fetch", cache_capacity=4,
+                                 prefetch="next_layer_gate", max_context=64)
+    clean, sess = eng.new_session(1), eng.new_session(1)
+    for s in (clean, sess):
+        eng.prefill(s, [[1, 2, 3, 4]])
+    sess.offload()
+    before, step = eng.counters, eng.model.prefetcher.step
+    for call in (lambda: eng.prefill(sess, [[5, 6]]), lambda: eng.decode_step(sess, [5])):
+        with pytest.raises(RuntimeError, match=r"restore\(\) first"):
+            call()
+    assert eng.counters == before and sess.length == 4
+    assert eng.model.prefetcher.step == step        # a trace_oracle's replay stays in step with the passes
+    sess.restore()
+    assert torch.equal(eng.prefill(sess, [[5, 6]]), eng.prefill(clean, [[5, 6]]))
