@@ -51,7 +51,7 @@ def _job_context() -> JobContext:
     sweep_id = Path(hc.sweep.dir).name if multirun else \
         f"run-{job_dir.name}-{hashlib.sha256(str(job_dir.resolve()).encode()).hexdigest()[:8]}"
     job_id = (hc.job.override_dirname or "default") if multirun else "run"
-    return JobContext(job_dir, sweep_id, job_id, overrides=list(hc.overrides.task))
+    return JobContext(job_dir, sweep_id, job_id, overrides=list(hc.overrides.task), in_sweep=multirun)
 
 
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")

@@ -38,7 +38,7 @@ from harness.ablation import Ablation, ablation_metrics
 from harness.config import DEFAULT_CAPACITY, RunSpec, validate
 from harness.contract import MEASURED_PHASES, PREFIX_CACHE, QUALITY_METRICS, QUALITY_PHASE
 from harness.dtype_speed import dtype_speed
-from harness.engines import EngineAdapter as Adapter, get_adapter, release_cached, session_tokens_of
+from harness.engines import ENGINES, EngineAdapter as Adapter, get_adapter, release_cached, session_tokens_of
 from harness.engines.moebench import MoebenchAdapter
 from harness.machine import MachineLoad, default_threads
 from harness.manifest import collect_manifest
@@ -51,7 +51,7 @@ from harness.reference import Reference, reference_for
 from harness.roofline import BASIS, Roofline, frac, roofline
 from harness.report import Reporter
 from harness.scenario import RepeatResult, check_phase, run_repeat
-from harness.sweep import job_fingerprint, resume_decision
+from harness.sweep import job_fingerprint, measurement_key, resume_decision, twin_of
 from workloads import build as build_workload
 from workloads.base import WorkloadSample
 from workloads.tokenize import load_tokenizer
@@ -66,6 +66,7 @@ class JobContext:
     job_id: str
     command: list[str] = field(default_factory=lambda: list(sys.argv))
     overrides: list[str] | None = None   # the job's Hydra task overrides (what `moebench rerun` replays)
+    in_sweep: bool = False               # a multirun job: a twin in the same sweep may stand in for it
 
 
 @dataclass
@@ -432,6 +433,20 @@ def run_job(cfg: DictConfig, ctx: JobContext, reporter: Reporter) -> JobOutcome:
     return Job(cfg, ctx, reporter).execute()
 
 
+def _measurement_key(cfg: DictConfig, resolved: dict) -> str | None:
+    """The job's `sweep.measurement_key`: without `cache` when its placement keeps no expert cache,
+    without placement, cache and prefetch for an engine they do not apply to. None when the config
+    does not validate (the job then fails, saying why)."""
+    try:
+        spec = validate(cfg)
+        inapplicable = [] if spec.capacity is not None or spec.capacity_bytes is not None else ["cache"]
+        if not ENGINES.get(spec.engine).uses_placement:
+            inapplicable = ["placement", "cache", "prefetch"]
+    except Exception:  # noqa: BLE001 -- any invalid config: no twin, the job reports it
+        return None
+    return measurement_key(resolved, inapplicable)
+
+
 def run(cfg: DictConfig, ctx: JobContext, reporter: Reporter) -> JobOutcome:
     """Run and store one job, unless its dir already holds it with the same config hash."""
     resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -441,6 +456,13 @@ def run(cfg: DictConfig, ctx: JobContext, reporter: Reporter) -> JobOutcome:
     if not decision.run:
         reporter.info(f"skip {ctx.job_id}: {decision.reason}")
         return JobOutcome([], skipped=decision.reason)
+    key = _measurement_key(cfg, resolved)
+    twin = twin_of(ctx.job_dir, key) if ctx.in_sweep and key is not None else None
+    if twin is not None:
+        reason = f"the same measurement as {twin.name} (what differs does not apply to this job)"
+        results.remove_job(ctx.job_dir)      # what it held (an older config's) is not this sweep's
+        reporter.info(f"skip {ctx.job_id}: {reason}")
+        return JobOutcome([], skipped=reason)
     results.invalidate_job(ctx.job_dir)      # what it held was another config's, or a failed attempt
     t0 = time.perf_counter()
     job = Job(cfg, ctx, reporter)
@@ -453,7 +475,8 @@ def run(cfg: DictConfig, ctx: JobContext, reporter: Reporter) -> JobOutcome:
         "machine_load": {"start": job.load_start and job.load_start.as_dict(),
                          "end": job.load_end and job.load_end.as_dict()}})
     try:
-        results.write_job(ctx.job_dir, outcome.rows, manifest, config_hash=fingerprint, steps=outcome.steps)
+        results.write_job(ctx.job_dir, outcome.rows, manifest, config_hash=fingerprint, steps=outcome.steps,
+                          measurement_key=key)
     except OSError as exc:
         text = f"cannot write the job's files in {ctx.job_dir}: {exc}"
         log.error("job %s: %s", ctx.job_id, text)

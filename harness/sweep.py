@@ -28,12 +28,13 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from harness.contract import COSMETIC_KEYS, RESUME_MODES
+from harness.results import read_done
 
 LOCK_FILE = ".lock"
 SWEEP_FILE = "sweep.json"
@@ -81,6 +82,21 @@ def job_fingerprint(resolved: Mapping[str, Any]) -> str:
     cfg = measurement_config(resolved)
     payload = {"config": cfg, "model_identity": model_identity(cfg.get("model") or {})}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def measurement_key(resolved: Mapping[str, Any], inapplicable: Iterable[str]) -> str:
+    """`job_fingerprint` without the config nodes that do not apply to the job (e.g. `cache` for a
+    placement that keeps none): two jobs of one key measure the same thing."""
+    return job_fingerprint({k: v for k, v in resolved.items() if k not in set(inapplicable)})
+
+
+def twin_of(job_dir: Path, key: str) -> Path | None:
+    """A sibling job dir of the same sweep that completed (ok) with measurement key `key`."""
+    for other in sorted(p for p in job_dir.parent.iterdir() if p.is_dir() and p != job_dir):
+        done = read_done(other)
+        if done is not None and done.get("measurement_key") == key and done.get("status") == "ok":
+            return other
+    return None
 
 
 @dataclass(frozen=True)

@@ -128,12 +128,14 @@ def steps_table(steps: Sequence[Mapping[str, Any]]) -> pa.Table:
 
 
 def write_job(job_dir: str | os.PathLike[str], rows: Sequence[Mapping[str, Any]], manifest: Mapping[str, Any],
-              *, config_hash: str | None = None, steps: Sequence[Mapping[str, Any]] | None = None) -> None:
+              *, config_hash: str | None = None, steps: Sequence[Mapping[str, Any]] | None = None,
+              measurement_key: str | None = None) -> None:
     """Write one job: rows.parquet, steps.parquet (when given), manifest.json, then DONE.
 
     All rows must belong to one (sweep_id, job_id). A DONE from an earlier run is removed
     first, so a crash part-way leaves the job incomplete (never read) rather than mixed.
-    `config_hash` (harness.sweep.job_fingerprint) goes into DONE for resume decisions.
+    `config_hash` (harness.sweep.job_fingerprint) goes into DONE for resume decisions, and
+    `measurement_key` (harness.sweep.measurement_key) for a sweep's twin jobs.
     Raises ResultsError for bad rows or manifest, OSError when a file cannot be written.
     """
     job_dir = Path(job_dir)
@@ -161,7 +163,8 @@ def write_job(job_dir: str | os.PathLike[str], rows: Sequence[Mapping[str, Any]]
             (job_dir / STEPS_FILE).unlink()
     atomic_write_text(job_dir / MANIFEST_FILE, manifest_text + "\n")
     done = {"status": status, "rows": table.num_rows, "schema_version": SCHEMA_VERSION,
-            "sweep_id": jobs[0][0], "job_id": jobs[0][1], "config_hash": config_hash}
+            "sweep_id": jobs[0][0], "job_id": jobs[0][1], "config_hash": config_hash,
+            "measurement_key": measurement_key}
     atomic_write_text(job_dir / DONE_FILE, json.dumps(done) + "\n")
     log.debug("wrote job %s (%d rows, %s)", job_dir, table.num_rows, status)
 
@@ -172,6 +175,14 @@ def invalidate_job(job_dir: str | os.PathLike[str]) -> None:
     config, or a failed attempt -- as this run's. The old files stay until they are replaced."""
     with contextlib.suppress(FileNotFoundError):
         (Path(job_dir) / DONE_FILE).unlink()
+
+
+def remove_job(job_dir: str | os.PathLike[str]) -> None:
+    """Remove a job dir's results (DONE first, so it is never read half-removed): for a job that a
+    twin stands in for, whose dir may hold an older config's."""
+    for name in (DONE_FILE, ROWS_FILE, STEPS_FILE, MANIFEST_FILE):
+        with contextlib.suppress(FileNotFoundError):
+            (Path(job_dir) / name).unlink()
 
 
 def read_done(job_dir: str | os.PathLike[str]) -> dict[str, Any] | None:

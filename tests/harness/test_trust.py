@@ -196,14 +196,15 @@ def test_a_signal_mid_sweep_writes_the_completed_jobs_and_resumes(tmp_path, sig,
     completed = done_times(sweep)
     df = table(sweep)
     done_ids = {json.loads(p.read_text())["job_id"] for p in sweep.glob("*/DONE")}
-    assert set(df.job_id) == done_ids and 2 <= len(completed) < 8             # exactly the completed jobs
+    # 5 jobs: resident, cpu and hybrid keep no cache, so their cache.capacity=4 jobs are skipped as twins
+    assert set(df.job_id) == done_ids and 2 <= len(completed) < 5             # exactly the completed jobs
     assert not temp_files(sweep)
     # a kill -9 during a later table write would leave a temp file; the next run removes it
     (sweep / ".results.parquet.killed.tmp").write_bytes(b"half a table")
     again = cli(args, tmp_path)
     assert again.returncode == 0, again.stderr
     df = table(sweep)
-    assert df.job_id.nunique() == 8 and (df.status == "ok").all()
+    assert df.job_id.nunique() == 5 and (df.status == "ok").all()
     assert all(done_times(sweep)[j] == t for j, t in completed.items())          # not re-run
     assert not temp_files(sweep)
     per_job = df.groupby("job_id").size()
