@@ -143,7 +143,8 @@ class Prediction:
                 "cache_capacity": str(pl.capacity) if pl.uses_cache else None,
                 "cache_policy": pl.policy if pl.uses_cache else None, "prefetch": "none", "workload": workload,
                 "context_tokens": sh.context_tokens, "gen_tokens": sh.gen_tokens, "batch": sh.batch,
-                "dtype": self.dtype}
+                "dtype": self.dtype, "kv_dtype": sh.kv_dtype,      # the treatment, as measured rows carry it
+                "expert_quant": self.cfg.expert_quant.mode if self.cfg.expert_quant is not None else "none"}
 
     def rows(self, sweep_id: str | None = None, job_id: str | None = None, workload: str = "shape",
              extra: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:

@@ -191,3 +191,26 @@ def test_job_inputs_carry_the_jobs_expert_treatment(tmp_path):
     got = job_inputs(tmp_path)[("sweep", "job-fetch")]
     assert got.cfg.expert_quant == ExpertQuant("int4", 32)
     assert expert_bytes(got.cfg, 4) == 16128 < expert_bytes(preset("tiny-mixtral"), 4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("root, jobs", [
+    ("results/samples/sweeps/fetch_capacity", None),
+    ("results/samples-lossy/sweeps", ["experiment=kv_vs_residency,experts.quant=none,kv.dtype=q8,workload.context_tokens=2048",
+                                      "experiment=kv_vs_residency,experts.quant=int4,kv.dtype=model,workload.context_tokens=2048"])])
+def test_predictions_join_the_committed_results(root, jobs):
+    """On real result files (the committed samples): every measured job gets predictions that join
+    it -- exact jobs (kv_dtype model, expert_quant none), a q8 KV, int4 experts, cache.capacity=auto
+    (requested 'auto', resolved to slots)."""
+    from pathlib import Path
+    root = str(Path(__file__).resolve().parents[2] / root)
+    meas = results.load(root)
+    if jobs:
+        meas = meas[meas["job_id"].isin(jobs)]
+    t = compare(predict_for(meas, load_profile("measured"), inputs=job_inputs(root)), meas)
+    assert t["abs_err"].notna().all()
+    config = ["placement", "cache_capacity", "context_tokens", "kv_dtype", "expert_quant"]
+    ok = meas[meas["status"] == "ok"]
+    assert len(t[config].astype(str).drop_duplicates()) == len(ok[config].astype(str).drop_duplicates())
+    if jobs:
+        assert set(zip(t["kv_dtype"], t["expert_quant"])) == {("q8", "none"), ("model", "int4")}
