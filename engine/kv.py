@@ -379,11 +379,13 @@ class Session:
         flat = [t for p in parts for t in p]
         buf = self.device.host_empty((_carved_bytes(flat),), torch.uint8, pin=True)
         hosts = iter(_carve(buf, flat))
-        for layer, (state, part) in enumerate(zip(self.states, parts)):
-            state.host = [next(hosts) for _ in part]
-            for src, h in zip(part, state.host):
-                h.copy_(src)
-                self.counters.transfer("d2h", "kv", h.numel() * h.element_size(), layer)
+        with self.device.sync_copy(nbytes_of(flat), {"what": "kv_offload", "direction": "d2h"}):   # timed, as restore
+            for layer, (state, part) in enumerate(zip(self.states, parts)):
+                state.host = [next(hosts) for _ in part]
+                for src, h in zip(part, state.host):
+                    h.copy_(src)
+                    self.counters.transfer("d2h", "kv", h.numel() * h.element_size(), layer)
+        for state in self.states:
             state.drop()
         self.on_device = False
         self.static_decoder = None       # its graphs read the freed buffers

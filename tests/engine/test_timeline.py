@@ -58,3 +58,23 @@ def test_fetch_copies_are_asynchronous_and_counted_once():
 def test_both_schedules_record_every_copy(issue_ahead):
     eng, tl = timed("fetch", cache_capacity=2, issue_ahead=issue_ahead)
     assert sum(1 for s in tl.spans if s.kind == "copy") == eng.counters["expert_misses"]
+
+
+def test_kv_offload_and_restore_copies_are_timed_with_their_bytes():
+    """Displacing a session's KV to host RAM is a timed copy like its restore: the kv_offload
+    phase's copy time is measured, never a 0 beside the bytes it moved."""
+    eng = Engine.from_pretrained("tiny-mixtral", device="cpu", placement="resident", max_context=64)
+    sess = eng.new_session(1)
+    eng.prefill(sess, PROMPT)
+    tl = Timeline("cpu")
+    eng.set_instrument(tl)
+    eng.reset_counters()
+    sess.offload()
+    sess.restore()
+    eng.set_instrument(None)
+    tl.collect()
+    copies = {s.attrs["what"]: s for s in tl.spans if s.kind == "copy"}
+    c = eng.counters
+    assert copies["kv_offload"].attrs["bytes"] == c["d2h_kv_bytes"] > 0
+    assert copies["kv_restore"].attrs["bytes"] == c["h2d_kv_bytes"] == c["d2h_kv_bytes"]
+    assert copies["kv_offload"].t1 > copies["kv_offload"].t0
