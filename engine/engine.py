@@ -236,9 +236,11 @@ class Engine:
 
     @property
     def lossy(self) -> bool:
-        """Whether this engine runs a lossy treatment (a KV format that loses precision for the
-        model's dtype): its outputs differ from the exact model's by design, and are labelled."""
-        return is_lossy(self.kv_dtype, self.model.dtype)
+        """Whether this engine runs a lossy treatment (quantised experts, or a KV format that loses
+        precision for the model's dtype): its outputs differ from the exact model's by design, and
+        are labelled."""
+        quant = self.cfg.expert_quant
+        return (quant is not None and quant.mode != "none") or is_lossy(self.kv_dtype, self.model.dtype)
 
     def _open(self) -> None:
         if self.model is None:

@@ -331,3 +331,10 @@ def test_mixed_from_a_recorded_routing_trace(tmp_path):
     for i, layer in enumerate(preset(MODEL).moe_layers):
         top = sorted(range(8), key=lambda e: (-counts[i][e], e))[:2]
         assert spec.high_of(layer) == set(top)
+
+
+def test_an_engine_with_quantised_experts_says_it_is_lossy():
+    from engine import Engine
+    assert not Engine.from_pretrained("tiny-mixtral", device="cpu").lossy
+    for mode in ("int8", "int4"):
+        assert Engine.from_pretrained("tiny-mixtral", device="cpu", expert_quant=mode).lossy, mode
