@@ -1,8 +1,8 @@
 """Reading a torch.profiler Chrome trace: host->device copy bytes and time.
 
-Owns: `memcpy_summary` (GPU memcpy events when present, else CPU `aten::copy_` ops) and the
-units of its metrics, and which CUDA streams copies and kernels ran on (`copy_streams`, for the
-GPU check). Does not own: the profiling pass of a job (harness.passes).
+Owns: `memcpy_summary` (GPU memcpy events when present, else the profiling thread's
+`aten::copy_` ops) and the units of its metrics, and which CUDA streams copies and kernels ran
+on (`copy_streams`, for the GPU check). Does not own: the profiling pass of a job (harness.passes).
 """
 from __future__ import annotations
 
@@ -18,7 +18,10 @@ DTYPE_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "lon
 
 def memcpy_summary(trace: dict[str, Any]) -> dict[str, float | None]:
     """From a torch.profiler Chrome trace: GPU memcpy events (bytes from their args) when
-    present; on the CPU, `aten::copy_` ops (bytes from input dims and type)."""
+    present; on the CPU, the `aten::copy_` ops of the thread that profiled (bytes from input dims
+    and type) -- named `main_thread_copy_*`, as torch.profiler records no op of a thread started
+    before it (the emulated device's copy worker: its expert copies are in the engine's own
+    `h2d_expert_bytes`, not here)."""
     gpu = [e for e in trace.get("traceEvents", []) if e.get("cat") == "gpu_memcpy"]
     if gpu:
         h2d = [e for e in gpu if "HtoD" in e.get("name", "")]
@@ -34,12 +37,13 @@ def memcpy_summary(trace: dict[str, Any]) -> dict[str, float | None]:
         for d in dims[0] or []:
             numel *= d
         nbytes += numel * DTYPE_BYTES.get(types[0], 0)
-    return {"cpu_copy_bytes": float(nbytes), "cpu_copy_time_s": sum(e.get("dur", 0) for e in ops) / 1e6,
+    return {"main_thread_copy_bytes": float(nbytes),
+            "main_thread_copy_time_s": sum(e.get("dur", 0) for e in ops) / 1e6,
             "memcpy_events": float(len(ops))}
 
 
 PROFILER_UNITS = {"memcpy_h2d_bytes": "B", "memcpy_h2d_time_s": "s", "memcpy_events": "count",
-                  "cpu_copy_bytes": "B", "cpu_copy_time_s": "s"}
+                  "main_thread_copy_bytes": "B", "main_thread_copy_time_s": "s"}
 
 
 def memcpy_streams(trace: dict[str, Any], nbytes: int) -> list[int]:
