@@ -17,7 +17,9 @@ File format (`np.savez`, read with `allow_pickle=False`), N=tokens, L=MoE layers
     sequence  int32   [N]         optional extension: batch row (sequence) each token belongs to, so
                                   "previous token" statistics compare tokens of the same sequence
     meta      str (0-d)           JSON object: at least n_experts, expert_bytes; recorded traces add
-                                  model, family, num_layers, moe_layers, top_k, hidden_size, dtype
+                                  model, family, num_layers, moe_layers, top_k, hidden_size, dtype, and
+                                  expert_bytes_vary when experts store different bytes (a mixed
+                                  treatment: expert_bytes is then the slot size, no expert's own)
 
 The engine looks up, per forward pass and MoE layer, the *sorted unique* experts used by
 that pass's tokens, once each (engine.placements.base `combine`). `lookup_sequences` rebuilds
@@ -376,6 +378,9 @@ class TraceRecorder(RoutingHook):
             "moe_layers": self.moe_layers, "top_k": int(cfg.top_k), "hidden_size": int(cfg.hidden_size),
             "dtype": str(self.model.dtype).replace("torch.", ""), "source": "engine",
         }
+        store = self.model.store
+        if len({store.expert_nbytes(layer, e) for layer in self.moe_layers for e in range(cfg.n_experts)}) > 1:
+            meta["expert_bytes_vary"] = True     # a mixed treatment: expert_bytes is the slot, not each expert
         options = getattr(engine, "options", {}) or {}
         if "ubatch" in options:
             meta["ubatch"] = int(options["ubatch"])

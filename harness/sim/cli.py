@@ -88,7 +88,7 @@ def _show(df: pd.DataFrame, title: str, per_layer: bool) -> None:
     if (rows["prefetch"] != "none").any():
         cols += ["hidden_misses", "exposed_misses"]
     t = rows[cols].copy()
-    t["miss_GiB"] = t.pop("miss_bytes") / 2**30
+    t["miss_GiB"] = pd.to_numeric(t.pop("miss_bytes"), errors="coerce") / 2**30   # null: experts' bytes vary
     print(f"== {title}")
     print(t.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
 

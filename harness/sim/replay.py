@@ -161,9 +161,12 @@ def _default_options(name: str, refs: list[int], counts: np.ndarray) -> dict[str
 def _row(policy: str, capacity: int, prefetch: str, layer: int | str, lookups: int, hits: int, hidden: int,
          trace: RoutingTrace) -> dict[str, Any]:
     misses = lookups - hits
-    b = trace.expert_bytes
+    # one size for every expert, unless the trace says they vary (a mixed treatment): then the
+    # bytes are not known per hit and miss here, and are null rather than counts x the slot size
+    b = None if trace.meta.get("expert_bytes_vary") else trace.expert_bytes
     return {"policy": policy, "capacity": int(capacity), "prefetch": prefetch, "layer": layer,
-            "lookups": lookups, "hits": hits, "misses": misses, "hit_bytes": hits * b, "miss_bytes": misses * b,
+            "lookups": lookups, "hits": hits, "misses": misses,
+            "hit_bytes": None if b is None else hits * b, "miss_bytes": None if b is None else misses * b,
             "hit_rate": hits / lookups if lookups else float("nan"),
             "hidden_misses": int(hidden), "exposed_misses": misses - int(hidden)}
 
@@ -176,7 +179,7 @@ def _with_totals(rows: list[dict[str, Any]]) -> pd.DataFrame:
     out: list[dict[str, Any]] = []
     for (policy, capacity, prefetch), rs in groups.items():
         out += rs
-        tot = {k: sum(r[k] for r in rs) for k in _SUMS}
+        tot = {k: None if any(r[k] is None for r in rs) else sum(r[k] for r in rs) for k in _SUMS}
         tot.update(policy=policy, capacity=capacity, prefetch=prefetch, layer="all",
                    hit_rate=tot["hits"] / tot["lookups"] if tot["lookups"] else float("nan"))
         out.append(tot)

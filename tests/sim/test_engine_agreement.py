@@ -113,3 +113,25 @@ def test_second_wave_traces_replay_to_the_engine_counters(model: str, tmp_path: 
     c = eng.counters
     assert (total.hits, total.misses, total.miss_bytes) == (c["expert_hits"], c["expert_misses"],
                                                            c["expert_miss_bytes"])
+
+
+def test_a_mixed_treatment_replays_its_counts_and_leaves_bytes_null(tmp_path: Path) -> None:
+    """Mixed int8/int4 experts store different bytes, which the trace's one expert_bytes (the
+    slot) cannot say: the replay's counts still equal the engine's, its bytes are null rather
+    than counts x the slot size (36% over the engine's here)."""
+    import json
+    pop = tmp_path / "pop.json"
+    pop.write_text(json.dumps([[8, 7, 6, 5, 4, 3, 2, 1]] * 4))
+    eng = Engine.from_pretrained("tiny-mixtral", device="cpu", placement="fetch", cache_capacity=2, cache_policy="lru",
+                                 expert_quant="mixed", quant_options={"popularity": str(pop), "mixed_count": 2}, ubatch=8)
+    with TraceRecorder(eng) as rec:
+        eng.generate(np.random.default_rng(7).integers(0, 512, size=(1, 20)).tolist(), 6)
+    tr = rec.trace()
+    save_trace(tmp_path / "t.npz", tr)
+    tr = load_trace(tmp_path / "t.npz")
+    assert tr.meta.get("expert_bytes_vary") is True
+    tot = replay(tr, ["lru"], [2])
+    tot = tot[tot["layer"] == "all"].iloc[0]
+    c = eng.counters
+    assert (tot["hits"], tot["misses"]) == (c["expert_hits"], c["expert_misses"])
+    assert tot["hit_bytes"] is None and tot["miss_bytes"] is None
