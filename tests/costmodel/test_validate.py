@@ -207,7 +207,7 @@ def test_predictions_join_the_committed_results(root, jobs):
     meas = results.load(root)
     if jobs:
         meas = meas[meas["job_id"].isin(jobs)]
-    t = compare(predict_for(meas, load_profile("measured"), inputs=job_inputs(root)), meas)
+    t = compare(predict_for(meas, load_profile("rtx4090-pcie4-x16"), inputs=job_inputs(root)), meas)
     assert t["abs_err"].notna().all()
     config = ["placement", "cache_capacity", "context_tokens", "kv_dtype", "expert_quant"]
     ok = meas[meas["status"] == "ok"]
