@@ -33,7 +33,7 @@ from engine.counters import Counters
 from engine.devices import Device, fmt_bytes, parse_bytes
 from engine.hostmem import host_alloc_bytes
 from engine.hooks import NULL, Instrument, Progress
-from engine.kv import Session
+from engine.kv import Session, check_planned
 from engine.kvquant import DEFAULT_KV_DTYPE, is_lossy, kv_format
 from engine.model import MoEModel, TensorSource
 from engine.placements.base import PlacementContext
@@ -117,10 +117,10 @@ class Engine:
                              f"(fetch, or stream with stream_fallback='fetch'); got placement {placement!r}")
         dt = cfg_dtype(cfg, dtype)
         kv_format(kv_dtype)                                   # a bad name is refused before anything else
-        for name, value in (("ubatch", ubatch), ("batch", batch), ("max_context", max_context)):
-            if not (value is None and name == "max_context") and not _positive_int(value):
-                raise ValueError(f"{name} must be an integer >= 1{' or None' if name == 'max_context' else ''}, "
-                                 f"got {value!r}")
+        _positive_int("ubatch", ubatch)
+        _positive_int("batch", batch)
+        if max_context is not None:
+            _positive_int("max_context", max_context, " or None")
         context = max_context or min(DEFAULT_CONTEXT, cfg.max_position_embeddings)
         if context > cfg.max_position_embeddings:
             raise ValueError(f"max_context {context} exceeds the model's max_position_embeddings "
@@ -224,8 +224,7 @@ class Engine:
     def new_session(self, batch: int = 1) -> Session:
         """A session of `batch` sequences; each layer's state is allocated for the planned context."""
         self._open()
-        if not _positive_int(batch):
-            raise ValueError(f"batch must be an integer >= 1, got {batch!r}")
+        _positive_int("batch", batch)
         return self.model.new_session(self._counters, batch, max_tokens=self.plan.context,
                                       kv_dtype=self.options["kv_dtype"])
 
@@ -239,8 +238,7 @@ class Engine:
         """Whether this engine runs a lossy treatment (quantised experts, or a KV format that loses
         precision for the model's dtype): its outputs differ from the exact model's by design, and
         are labelled."""
-        quant = self.cfg.expert_quant
-        return (quant is not None and quant.mode != "none") or is_lossy(self.kv_dtype, self.model.dtype)
+        return is_lossy(self.kv_dtype, self.model.dtype, self.cfg.expert_quant)
 
     def _open(self) -> None:
         if self.model is None:
@@ -256,9 +254,7 @@ class Engine:
         need = sess.length + tokens
         if need > self.cfg.max_position_embeddings:
             raise ValueError(f"context {need} exceeds max_position_embeddings {self.cfg.max_position_embeddings}")
-        if need > self.plan.context:
-            raise ValueError(f"session needs KV for {need} tokens but the engine was planned for "
-                             f"max_context={self.plan.context}; pass a larger max_context to Engine.from_pretrained")
+        check_planned(need, self.plan.context)
 
     def _ids(self, rows: list[list[int]], sess: Session) -> torch.Tensor:
         self._open()
@@ -314,8 +310,7 @@ class Engine:
                  session: Session | None = None) -> GenerateResult:
         """Greedy generation. With `session`, prompts continue it (its KV is reused) and the
         session keeps everything but the final generated token, which is fed first next turn."""
-        if not _positive_int(max_new_tokens):
-            raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        _positive_int("max_new_tokens", max_new_tokens)
         sess = session or self.new_session(len(prompts))
         try:
             rows = [list(r) for r in prompts]
@@ -353,8 +348,10 @@ class Engine:
             torch.cuda.empty_cache()
 
 
-def _positive_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1
+def _positive_int(name: str, value: Any, alternative: str = "") -> None:
+    """Refuse `value` for argument `name` unless it is an integer >= 1 (never a bool or a float)."""
+    if not (isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1):
+        raise ValueError(f"{name} must be an integer >= 1{alternative}, got {value!r}")
 
 
 def cfg_dtype(cfg: ModelConfig, dtype: str) -> torch.dtype:

@@ -74,16 +74,21 @@ class StateTerm:
         return batch * (self.per_token * held + self.fixed)
 
 
+def check_planned(tokens: int, max_tokens: int) -> None:
+    """Refuse a session of `tokens` tokens in an engine planned for `max_tokens` (its max_context)."""
+    if tokens > max_tokens:
+        raise ValueError(f"session needs KV for {tokens} tokens but the engine was planned for "
+                         f"max_context={max_tokens}; pass a larger max_context to Engine.from_pretrained")
+
+
 def grown_capacity(tokens: int, capacity: int, max_tokens: int | None) -> int | None:
     """The capacity a per-token state (full KV, an MLA latent) grows to so that it holds
     `tokens`: None when it already does; planned (`max_tokens`), the whole context at once, as
     llama.cpp allocates n_ctx; unplanned, doubling from MIN_CAPACITY."""
     if tokens <= capacity:
         return None
-    if max_tokens is not None and tokens > max_tokens:
-        raise ValueError(f"session needs KV for {tokens} tokens but the engine was planned for "
-                         f"max_context={max_tokens}; pass a larger max_context to Engine.from_pretrained")
     if max_tokens is not None:
+        check_planned(tokens, max_tokens)
         return max_tokens
     cap = max(MIN_CAPACITY, capacity)
     while cap < tokens:

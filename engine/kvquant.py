@@ -30,6 +30,7 @@ in pairs along head_dim (element 2j in the low nibble, 2j+1 in the high one).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -174,10 +175,14 @@ def kv_format(name: str | KVFormat | None) -> KVFormat:
     return FORMATS[name]
 
 
-def is_lossy(name: str | KVFormat | None, dtype: torch.dtype | str) -> bool:
-    """Whether a model computing in `dtype` loses precision storing its KV in `name`."""
+def is_lossy(name: str | KVFormat | None, dtype: torch.dtype | str, expert_quant: Any = None) -> bool:
+    """Whether a model computing in `dtype` runs a lossy treatment: its experts quantised
+    (`expert_quant`, an engine.blocks.quant_experts.ExpertQuant, with a mode other than none) or
+    its KV stored in `name`, a format that loses precision for `dtype`."""
     from engine.dtypes import torch_dtype
 
+    if expert_quant is not None and expert_quant.mode != "none":
+        return True
     return not kv_format(name).exact_for(torch_dtype(dtype))
 
 

@@ -235,18 +235,20 @@ class RunSpec:
     def lossy(self) -> bool:
         """A lossy treatment runs (its outputs differ from the exact model's by design): quantised
         experts, or a KV format that loses precision for the model's dtype."""
-        if self.expert_quant is not None and getattr(self.expert_quant, "mode", "none") != "none":
-            return True
-        return is_lossy(self.kv_dtype, self.dtype)
+        return is_lossy(self.kv_dtype, self.dtype, self.expert_quant)
 
     @property
     def dtype(self) -> str:
         """The dtype the model runs in: model.dtype, `auto` resolved to the checkpoint's."""
-        return self.model_config.torch_dtype if self.model.dtype == "auto" else self.model.dtype
+        return _run_dtype(self.model, self.model_config)
 
     @property
     def model_label(self) -> str:
         return self.model.name if not self.model.path else f"{self.model.name}:{Path(self.model.path).name}"
+
+
+def _run_dtype(model: ModelConf, mcfg: ModelConfig) -> str:
+    return mcfg.torch_dtype if model.dtype == "auto" else model.dtype
 
 
 def _allowed(key: str, allowed: Any, given: Any) -> ConfigError:
@@ -497,7 +499,7 @@ def validate(cfg: DictConfig) -> RunSpec:
     kv_dtype = _kv_dtype(c.get("kv") or {}, mcfg, engine, engine_options)
     if engine == "llamacpp":
         try:
-            engine_options.weights_for(mcfg.torch_dtype if model.dtype == "auto" else model.dtype)
+            engine_options.weights_for(_run_dtype(model, mcfg))
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
     return RunSpec(kv_dtype=kv_dtype, model=model, placement=pname, placement_options=placement, capacity=capacity,
