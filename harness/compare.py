@@ -27,8 +27,9 @@ Rules, so that a red CI job can be argued with:
   (on the CPU the emulated device *is* the host CPU; on a GPU the `cpu` placement runs on
   it) -- or with a different engine version (`ENGINE_VERSIONS`): the `moebench` package
   version for engine=moebench, the `transformers` version for engine=hf, the llama.cpp build
-  commit for engine=llamacpp, and the results schema version. The git commit is *not* a reason: it is what a regression check is testing. It
-  is shown in the report. A side without manifests is compared, with a note.
+  commit for engine=llamacpp, and the results schema version. The git commit is *not* a
+  reason: it is what a regression check is testing. It is shown in the report. A side without
+  manifests is compared, with a note.
 * **Significance.** Two-sided, level `alpha` (default 0.05). Mann-Whitney U (exact for
   small samples, `scipy.stats.mannwhitneyu`) when the smallest p-value it can give,
   2 / C(n_base + n_new, n_base), is below `alpha`: at 0.05 that needs 4 repeats a side

@@ -38,7 +38,7 @@ from harness.ablation import Ablation, ablation_metrics
 from harness.config import DEFAULT_CAPACITY, RunSpec, validate
 from harness.contract import MEASURED_PHASES, PREFIX_CACHE, QUALITY_METRICS, QUALITY_PHASE
 from harness.dtype_speed import dtype_speed
-from harness.engines import ENGINES, EngineAdapter as Adapter, get_adapter, release_cached, session_tokens_of
+from harness.engines import EngineAdapter as Adapter, get_adapter, release_cached, session_tokens_of
 from harness.engines.moebench import MoebenchAdapter
 from harness.machine import MachineLoad, default_threads
 from harness.manifest import collect_manifest
@@ -433,17 +433,13 @@ def run_job(cfg: DictConfig, ctx: JobContext, reporter: Reporter) -> JobOutcome:
     return Job(cfg, ctx, reporter).execute()
 
 
-def _measurement_key(cfg: DictConfig, resolved: dict) -> str | None:
-    """The job's `sweep.measurement_key`: without `cache` when its placement keeps no expert cache,
-    without placement, cache and prefetch for an engine they do not apply to. None when the config
-    does not validate (the job then fails, saying why)."""
-    try:
-        spec = validate(cfg)
-        inapplicable = [] if spec.capacity is not None or spec.capacity_bytes is not None else ["cache"]
-        if not ENGINES.get(spec.engine).uses_placement:
-            inapplicable = ["placement", "cache", "prefetch"]
-    except Exception:  # noqa: BLE001 -- any invalid config: no twin, the job reports it
-        return None
+def _measurement_key(cfg: DictConfig, resolved: dict) -> str:
+    """The job's `sweep.measurement_key`: without placement, cache and prefetch for an engine they
+    do not apply to, without `cache` for a placement that keeps no expert cache -- what its factors
+    (`factors_of`) leave null. An invalid config's twin failed too, and `twin_of` takes ok ones only."""
+    factors = factors_of(cfg)
+    inapplicable = (["placement", "cache", "prefetch"] if factors["placement"] is None
+                    else [] if factors["cache_capacity"] is not None else ["cache"])
     return measurement_key(resolved, inapplicable)
 
 
@@ -457,7 +453,7 @@ def run(cfg: DictConfig, ctx: JobContext, reporter: Reporter) -> JobOutcome:
         reporter.info(f"skip {ctx.job_id}: {decision.reason}")
         return JobOutcome([], skipped=decision.reason)
     key = _measurement_key(cfg, resolved)
-    twin = twin_of(ctx.job_dir, key) if ctx.in_sweep and key is not None else None
+    twin = twin_of(ctx.job_dir, key) if ctx.in_sweep else None
     if twin is not None:
         reason = f"the same measurement as {twin.name} (what differs does not apply to this job)"
         results.remove_job(ctx.job_dir)      # what it held (an older config's) is not this sweep's

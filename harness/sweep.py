@@ -87,7 +87,8 @@ def job_fingerprint(resolved: Mapping[str, Any]) -> str:
 def measurement_key(resolved: Mapping[str, Any], inapplicable: Iterable[str]) -> str:
     """`job_fingerprint` without the config nodes that do not apply to the job (e.g. `cache` for a
     placement that keeps none): two jobs of one key measure the same thing."""
-    return job_fingerprint({k: v for k, v in resolved.items() if k not in set(inapplicable)})
+    drop = set(inapplicable)
+    return job_fingerprint({k: v for k, v in resolved.items() if k not in drop})
 
 
 def twin_of(job_dir: Path, key: str) -> Path | None:

@@ -172,11 +172,10 @@ def predict_for(measured: pd.DataFrame, profile: HardwareProfile, *, counts: str
                 job_routing = Routing.from_trace(load_trace(traces[0]))
         p = predict(cfg, spec, shape, profile, dtype=dtype, routing=job_routing, counts=phase_counts, overlap=overlap)
         p.model = key["model"]
-        extra = {**{k: key[k] for k in OPTIONAL_KEYS if k in key}, "counts": counts}
-        # the prediction for this job carries the job's own factors (its requested cache.capacity,
-        # e.g. "auto", not the resolved slots; its treatment), so the two join in `compare`
+        # the prediction for this job carries the job's own factors and join keys (its requested
+        # cache.capacity, e.g. "auto", not the resolved slots; its treatment), so the two join in `compare`
         rows += [{**r, **key} for r in p.rows(sweep_id=f"model-{profile.name}", job_id=str(job["job_id"].iloc[0]),
-                                              workload=key["workload"], extra=extra)]
+                                              workload=key["workload"], extra={"counts": counts})]
     return pd.DataFrame(rows)
 
 

@@ -84,8 +84,8 @@ class LlamaCppOptions:
         """The knobs as LlamaFlags, with the job's kv.dtype treatment as -ctk/-ctv (`kv_treatment`);
         `config=exact` keeps the KV in the model's `dtype`, as ours does."""
         from harness.llamacpp.flags import DEFAULTS, EXACT, kv_treatment
-        base = (EXACT.replace(cache_type_k=OWN_TYPES.get(dtype, "f32"), cache_type_v=OWN_TYPES.get(dtype, "f32"))
-                if self.config == "exact" else DEFAULTS)
+        own = OWN_TYPES.get(dtype, "f32")
+        base = EXACT.replace(cache_type_k=own, cache_type_v=own) if self.config == "exact" else DEFAULTS
         ngl = int(self.n_gpu_layers) if self.n_gpu_layers is not None and str(self.n_gpu_layers).isdigit() \
             else self.n_gpu_layers
         changes = {"n_gpu_layers": ngl, "cpu_moe": self.cpu_moe, "n_cpu_moe": self.n_cpu_moe,
