@@ -5,7 +5,8 @@ Owns: deciding whether the ablation can run at all (the `resident` plan must fit
 budget; if it does not, the rows are null with a reason, never a failed job), how it runs
 (`interleaved`: one repeat of each side in turn, when both engines fit the budget together;
 `sequential`: the measured repeats, then -- with the measured engine freed -- the resident
-ones), and the statistics: per phase the median of the paired differences
+ones; either way the resident engine first runs `run.warmup` unrecorded repeats, as the measured
+one did), and the statistics: per phase the median of the paired differences
 `time_s(placement, repeat i) - time_s(resident, repeat i)`, with a 95% interval and a
 significance flag (the interval is the t-interval of the mean paired difference; "not
 significant" when it spans 0). Never clamped: a negative difference is reported as measured.

@@ -419,6 +419,8 @@ class Job:
         resident = MoebenchAdapter(spec, placement="resident")
         try:
             with self.reporter.step(f"ablation ({ab.mode}): the same work with every expert resident"):
+                for _ in range(spec.run.warmup):       # warmed as the measured engine was: a fair pair
+                    run_repeat(resident, sample, gen, keep_logits=False)
                 for _ in range(n):
                     if ab.mode == "interleaved":
                         ab.placement.append(run_repeat(eng, sample, gen, keep_logits=False, warm_with=warm))

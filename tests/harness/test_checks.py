@@ -140,6 +140,29 @@ def test_ablation_is_paired_interleaved_or_sequential_by_budget(tmp_path):
         assert med["decode"] == pytest.approx(float(pd.Series(a - b).median()))
 
 
+def test_the_ablation_warms_its_resident_engine_as_the_measured_one_was(tmp_path, monkeypatch):
+    """A pair is fair only when both sides start warm: the resident engine the ablation loads
+    runs `run.warmup` unrecorded repeats before its measured ones, like the measured engine."""
+    calls = []
+
+    def spy(eng, *args, **kwargs):             # the real repeat, its placement noted
+        calls.append(eng.engine.placement.name)
+        return run_repeat(eng, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "run_repeat", spy)
+    for warmup in (0, 2):
+        calls.clear()
+        out, df = job(tmp_path / str(warmup), "placement=fetch", "cache.capacity=2", "run.repeats=2",
+                      f"run.warmup={warmup}", *SMALL)
+        assert out.error is None, out.error
+        # the measured engine: warm-ups, repeats, then one more repeat per pair (interleaved)
+        assert calls.count("fetch") == warmup + 2 + 2
+        assert calls.count("resident") == warmup + 2
+        assert calls[warmup + 2:warmup + 2 + warmup] == ["resident"] * warmup   # before its first measured one
+        raw = df[(df.profiler == "ablation") & (df.ablation_side == "resident")]
+        assert sorted(raw.repeat.unique()) == [0, 1]                   # the warm-ups are never rows
+
+
 def test_warm_expert_cache_starts_prefill_with_fewer_misses(tmp_path):
     rows = {}
     for state in ("cold", "warm"):
