@@ -8,7 +8,8 @@ Does not own: the replay, statistics or generation (harness.sim.replay / stats /
     moebench-sim --synthetic mixtral-like --tokens 10000 --capacity 2,4 --prefetch oracle
     moebench-sim --synthetic olmoe-like --tokens 20000 --save-trace olmoe.npz --stats
 
-Without --capacity, --curve or --stats it replays at capacities n_experts/4 and n_experts/2.
+Without --capacity, --curve or --stats it replays at capacities n_experts/4 and n_experts/2 (at least
+top_k: the engine refuses a smaller cache).
 --out (.parquet or .csv) gets the tidy replay (+ curve) rows with a `kind` column
 ("replay" | "curve"); with --stats too, the stats table goes to `<out stem>.stats<suffix>`.
 Parquet cannot hold a column mixing ints and "all", so `layer` is written as text there.
@@ -107,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(format_stats(stats))
         caps = _ints(args.capacity, "--capacity") if args.capacity else None
         if caps is None and not (args.curve or args.stats):
-            caps = sorted({max(1, tr.n_experts // 4), max(1, tr.n_experts // 2)})
+            caps = sorted({max(tr.top_k, tr.n_experts // 4), max(tr.top_k, tr.n_experts // 2)})
         if caps:
             policies = [p.strip() for p in args.policy.split(",") if p.strip()]
             df = replay(tr, policies, caps, prefetch=args.prefetch, fast=not args.reference)

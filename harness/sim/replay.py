@@ -14,7 +14,7 @@ those classes by tests/sim.
 
     df = replay(tr, ["lru", "belady"], [2, 4])              # rows per policy, capacity, layer + "all"
     df = replay(tr, ["lru"], [4], prefetch="oracle")        # + hidden_misses / exposed_misses
-    curve = lru_curve(tr)                                   # lru at capacity 1..n_experts
+    curve = lru_curve(tr)                                   # lru at capacity top_k..n_experts
 
 Row columns (ROW_COLUMNS): policy, capacity, prefetch ("none" | "oracle"), layer (the
 model's layer index from meta `moe_layers`, or "all" for the sum), lookups, hits, misses,
@@ -77,12 +77,12 @@ def replay(trace: RoutingTrace, policies: Sequence[str] | str = ("lru", "lfu", "
 
     `fast=False` runs belady through the engine's `Belady` class instead of the vectorised
     kernel (same counts, much slower: the reference path). Raises ValueError for a capacity
-    outside [1, n_experts], an unknown or non-replayable prefetch, and the registry's error
+    outside [top_k, n_experts], an unknown or non-replayable prefetch, and the registry's error
     (listing known names) for an unknown policy.
     """
     trace.validate()
     policies = _as_list(policies, str)
-    caps = _check_capacities(_as_list(capacities, int), trace.n_experts)
+    caps = _check_capacities(_as_list(capacities, int), trace.n_experts, trace.top_k)
     pf = _check_prefetch(prefetch)
     options = dict(options or {})
     unknown_opts = [n for n in options if n not in policies]
@@ -117,14 +117,14 @@ def replay(trace: RoutingTrace, policies: Sequence[str] | str = ("lru", "lfu", "
 
 
 def lru_curve(trace: RoutingTrace) -> pd.DataFrame:
-    """LRU hits/misses at every capacity 1..n_experts, per layer and "all", from one
-    stack-distance pass per layer (equal to `replay(trace, ["lru"], range(1, E+1))`)."""
+    """LRU hits/misses at every capacity the engine can run, top_k..n_experts, per layer and "all",
+    from one stack-distance pass per layer (equal to `replay(trace, ["lru"], range(k, E+1))`)."""
     trace.validate()
     E = trace.n_experts
     rows = []
     for l, (ids, steps) in enumerate(lookup_arrays(trace)):
         hits = lru_hits_by_capacity(ids, E, steps)           # [E+1], index = capacity
-        for c in range(1, E + 1):
+        for c in range(trace.top_k, E + 1):
             rows.append(_row("lru", c, "none", trace.moe_layers[l], len(ids), int(hits[c]), 0, trace))
     return _with_totals(rows)
 
@@ -201,11 +201,12 @@ def _as_list(value: Any, kind: type) -> list:
     return [int(v) for v in out]
 
 
-def _check_capacities(caps: list[int], n_experts: int) -> list[int]:
-    bad = [c for c in caps if not 1 <= c <= n_experts]
+def _check_capacities(caps: list[int], n_experts: int, top_k: int) -> list[int]:
+    """The engine's range (engine.planner): one step's top_k experts must fit in a layer's cache."""
+    bad = [c for c in caps if not top_k <= c <= n_experts]
     if bad or not caps:
-        raise ValueError(f"cache capacity must be in [1, n_experts={n_experts}] (as in the engine's cache), "
-                         f"got {bad or caps}")
+        raise ValueError(f"cache capacity must be in [top_k={top_k}, n_experts={n_experts}] (as in the engine's "
+                         f"cache: one step needs its top_k experts in it), got {bad or caps}")
     return list(dict.fromkeys(caps))
 
 

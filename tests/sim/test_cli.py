@@ -43,7 +43,7 @@ def test_synthetic_with_stats_csv_and_saved_trace(tmp_path: Path, capsys) -> Non
 
 @pytest.mark.parametrize("args, message", [
     ([], "give either a TRACE.npz or --synthetic"),
-    (["{trace}", "--capacity", "9"], "capacity must be in [1, n_experts=8]"),
+    (["{trace}", "--capacity", "9"], "capacity must be in [top_k=1, n_experts=8]"),
     (["{trace}", "--capacity", "2,x"], "--capacity must be comma-separated integers"),
     (["{trace}", "--prefetch", "next_layer_gate", "--capacity", "2"], "cannot be replayed from a routing trace"),
     (["{trace}", "--capacity", "2", "--out", "x.txt"], "--out must end in .parquet or .csv"),

@@ -13,6 +13,7 @@ from engine.registry import UnknownPluginError
 from engine.trace import RoutingTrace, lookup_arrays
 from harness.sim.kernels import COLD, stack_distances
 from harness.sim.replay import ROW_COLUMNS, lru_curve, oracle_hidden, replay
+from harness.sim.synthetic import generate
 
 SILBERSCHATZ = [7, 0, 1, 2, 0, 3, 0, 4, 2, 3, 0, 3, 2, 1, 2, 0, 1, 7, 0, 1]
 ANOMALY = [1, 2, 3, 4, 1, 2, 5, 1, 2, 3, 4, 5]
@@ -71,7 +72,7 @@ def test_rows_are_tidy_with_bytes() -> None:
 @given(traces)
 @pytest.mark.slow
 def test_fast_belady_equals_engine_class(tr: RoutingTrace) -> None:
-    caps = list(range(1, tr.n_experts + 1))
+    caps = list(range(tr.top_k, tr.n_experts + 1))
     fast = replay(tr, ["belady"], caps, fast=True)
     ref = replay(tr, ["belady"], caps, fast=False)
     pd.testing.assert_frame_equal(fast, ref)
@@ -82,7 +83,7 @@ def test_fast_belady_equals_engine_class(tr: RoutingTrace) -> None:
 @pytest.mark.slow
 def test_stack_distance_curve_equals_per_capacity_lru(tr: RoutingTrace) -> None:
     curve = lru_curve(tr)
-    sim = replay(tr, ["lru"], list(range(1, tr.n_experts + 1)))
+    sim = replay(tr, ["lru"], list(range(tr.top_k, tr.n_experts + 1)))
     pd.testing.assert_frame_equal(curve, sim)
 
 
@@ -96,7 +97,7 @@ def test_stack_distances_by_hand() -> None:
 @given(traces)
 @pytest.mark.slow
 def test_belady_never_misses_more_than_any_policy(tr: RoutingTrace) -> None:
-    caps = list(range(1, tr.n_experts + 1))
+    caps = list(range(tr.top_k, tr.n_experts + 1))
     df = replay(tr, POLICIES, caps)
     per_layer = df[df.layer != "all"].pivot_table(index=["capacity", "layer"], columns="policy", values="misses")
     assert (per_layer["belady"].to_numpy()[:, None] <= per_layer.drop(columns="belady").to_numpy()).all()
@@ -106,7 +107,7 @@ def test_belady_never_misses_more_than_any_policy(tr: RoutingTrace) -> None:
 @given(traces)
 @pytest.mark.slow
 def test_misses_non_increasing_with_capacity_for_stack_policies(tr: RoutingTrace) -> None:
-    df = replay(tr, ["lru", "belady"], list(range(1, tr.n_experts + 1)))
+    df = replay(tr, ["lru", "belady"], list(range(tr.top_k, tr.n_experts + 1)))
     for (_, _), g in df.groupby(["policy", "layer"]):
         assert (np.diff(g.sort_values("capacity").misses.to_numpy()) <= 0).all()
 
@@ -163,8 +164,11 @@ def test_oracle_prefetch_by_hand() -> None:
 # --- errors ------------------------------------------------------------------------------------
 def test_errors_name_what_was_wrong() -> None:
     tr = RoutingTrace.from_reference_string([0, 1, 2])
-    with pytest.raises(ValueError, match=r"capacity must be in \[1, n_experts=3\].*got \[4\]"):
+    with pytest.raises(ValueError, match=r"capacity must be in \[top_k=1, n_experts=3\].*got \[4\]"):
         replay(tr, ["lru"], [4])
+    top2 = generate(layers=1, n_experts=4, top_k=2, tokens=8)
+    with pytest.raises(ValueError, match=r"capacity must be in \[top_k=2, n_experts=4\].*got \[1\]"):
+        replay(top2, ["lru"], [1, 2])          # the engine refuses a cache smaller than one step's experts
     with pytest.raises(ValueError, match="next_layer_gate.*router logits.*replayable: none, oracle"):
         replay(tr, ["lru"], [2], prefetch="next_layer_gate")
     with pytest.raises(ValueError, match="unknown prefetch 'sometimes'"):
