@@ -3,9 +3,12 @@
 Owns: finding tensors by name across shards (`model.safetensors.index.json` or every
 `*.safetensors` file), reading one row of a stacked tensor, dtype conversion (a block-wise FP8
 tensor is dequantised with its `_scale_inv` as it is read, when config.json declares that
-format: engine.quant), and clear errors for missing tensors. Does not own: which names a model has (each block declares its
-tensors, each family's expert layout its expert names: engine.blocks) or where tensors end
-up (engine.model).
+format: engine.quant), and clear errors for missing tensors -- and the reverse: which tensors
+were read, so that after a load the checkpoint's tensors nothing read are named in one warning
+(`warn_unread`; transformers' "Some weights of the model checkpoint were not used"). Does not
+own: which names a model has (each block declares its tensors, each family's expert layout its
+expert names: engine.blocks; each family the tensors it skips on purpose: `Family.skipped`) or
+where tensors end up (engine.model).
 
 Tensors are read one at a time through `safe_open` (memory-mapped), so loading never
 holds a second full copy of the weights: each tensor is copied straight into its
@@ -15,7 +18,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +64,7 @@ class Checkpoint:
                 except SafetensorError as e:
                     raise ValueError(f"{f}: not a readable safetensors file ({e})") from None
         self._handles: dict[Path, object] = {}
+        self._read_names: set[str] = set()      # every tensor read so far, FP8 scales and MXFP4 parts included
         config = self.path / "config.json"
         self.fp8: BlockFP8 | None = block_fp8(json.loads(config.read_text())) if config.is_file() else None
         if self.fp8 is not None:
@@ -103,6 +108,7 @@ class Checkpoint:
 
     def _read(self, name: str, read: Callable[[Any], torch.Tensor]) -> torch.Tensor:
         f = self._where[name]
+        self._read_names.add(name)
         try:
             return read(self._handle(f))
         except SafetensorError as e:
@@ -127,6 +133,24 @@ class Checkpoint:
         if scale not in self._where:
             raise MissingTensorError(f"FP8 tensor {name!r} has no {scale!r} in checkpoint {self.path}")
         return self.fp8.dequantize(t, scale_of(scale))
+
+    def unread(self, skipped: Iterable[str] = ()) -> list[str]:
+        """Sorted names of the tensors never read, except those matching a `skipped` regex (re.search)."""
+        skip = [re.compile(p) for p in skipped]
+        return sorted(n for n in self._where.keys() - self._read_names if not any(p.search(n) for p in skip))
+
+    def warn_unread(self, model: str, skipped: Iterable[str] = (), shown: int = 5) -> list[str]:
+        """After a load: one warning naming the tensors nothing read (the first `shown`, sorted),
+        which the model then runs without; returns them all."""
+        names = self.unread(skipped)
+        if names:
+            one = len(names) == 1
+            more = f", ... ({len(names) - shown} more)" if len(names) > shown else ""
+            log.warning("%s: %d checkpoint %s not used by the %s model and %s not loaded: %s%s (a family that should "
+                        "read %s would compute something else)", self.path, len(names),
+                        "tensor is" if one else "tensors are", model, "was" if one else "were",
+                        ", ".join(names[:shown]), more, "it" if one else "them")
+        return names
 
     def close(self) -> None:
         self._handles.clear()

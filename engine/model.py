@@ -3,10 +3,12 @@
 Owns: loading every tensor the blocks declare (from a checkpoint, or seeded random for
 presets) into its home -- non-expert weights on the device, routed experts packed by the
 family's ExpertLayout into the ExpertStore on the device or in host RAM as the placement
-asks -- sessions with one state per layer (each created by the layer's attention block),
-and one forward pass over a chunk of tokens: embedding, each decoder layer, the head. The
-routed experts of every MoE block are handed over here (`_run_experts`): routing hooks and
-the step log hear the routing, the prefetcher guesses ahead, the placement runs them.
+asks -- then one warning naming the checkpoint tensors nothing read that the family does not
+skip on purpose (`Family.skipped`); sessions with one state per layer (each created by the
+layer's attention block), and one forward pass over a chunk of tokens: embedding, each decoder
+layer, the head. The routed experts of every MoE block are handed over here (`_run_experts`):
+routing hooks and the step log hear the routing, the prefetcher guesses ahead, the placement
+runs them.
 Does not own: what a layer computes (the family's blocks: engine.families, engine.blocks),
 generation loops and micro-batching (engine.engine), memory planning.
 
@@ -105,8 +107,9 @@ class MoEModel:
     # --- loading -------------------------------------------------------------------------
     def load(self, src: TensorSource, expert_on_device: Callable[[int], bool], pin_host: bool = False,
              progress: Progress | None = None) -> None:
-        """Every tensor into its home; host expert rows page-locked on CUDA with `pin_host`
-        (for placements that copy experts to the device). `progress` hears ("load", layer, layers)
+        """Every tensor into its home, then one warning naming the checkpoint tensors never read
+        (`Checkpoint.warn_unread`); host expert rows page-locked on CUDA with `pin_host` (for
+        placements that copy experts to the device). `progress` hears ("load", layer, layers)
         after each MoE layer's experts (the bulk of a big model's load)."""
         dev, dt = self.device, self.dtype
         for block, key, spec in self.arch.walk():
@@ -122,6 +125,8 @@ class MoEModel:
                 rows[e].copy_(staging)
             if progress is not None:
                 progress("load", self.cfg.moe_layers.index(i) + 1, len(self.cfg.moe_layers))
+        if src.ckpt is not None:   # everything is read by now (no placement reads the checkpoint later)
+            src.ckpt.warn_unread(self.cfg.family, self.cfg.family_class.skipped(self.cfg))
 
     # --- sessions and the forward pass ------------------------------------------------------
     def new_session(self, counters: Counters, batch: int, max_tokens: int | None,

@@ -115,6 +115,17 @@ class Family(ABC):
                             cls.routed_experts(cfg))
 
     @classmethod
+    def skipped(cls, cfg: ModelConfig) -> tuple[str, ...]:
+        """Regexes (re.search) of the checkpoint tensors this family leaves unread on purpose; the
+        loader warns about any other tensor no block reads. Every family's: `rotary_emb.inv_freq`
+        buffers, which older checkpoints store and every rope recomputes from config.json (as
+        transformers skips them), and the layers past the model's `num_layers`, which are never
+        built: DeepSeek-V3's and GLM-4.5's multi-token-prediction layers (model.layers.<num_hidden_layers>.*)
+        and the layers a `num_layers` override leaves out."""
+        built = "|".join(str(i) for i in range(cfg.num_layers))
+        return (r"rotary_emb\.inv_freq$", rf"^model\.layers\.(?!(?:{built})\.)\d+\.")
+
+    @classmethod
     def presets(cls) -> dict[str, ModelConfig]:
         """Named configs at real shapes (seeded random weights); gathered into engine.config.PRESETS."""
         return {}

@@ -12,6 +12,8 @@ DeltaNet's input projections (separate `in_proj_qkv/z/b/a` instead of the fused,
 grouped `in_proj_qkvz` / `in_proj_ba`) and having no dense layers; its multimodal rope
 (`mrope_section`) reduces to plain rope for text, where every section has the same position.
 
+The published checkpoints' multi-token-prediction module (`mtp.*`) is not read (`skipped`).
+
 The planner counts the linear layers' state as a fixed per-sequence term (conv inputs + the
 delta-rule state, whatever the context) and KV per token only for the full layers.
 """
@@ -114,6 +116,12 @@ class Qwen3Next(Family):
     @classmethod
     def moe_layers(cls, d: dict[str, Any], n_layers: int) -> tuple[int, ...]:
         return SparseStepFamily.moe_layers(d, n_layers)
+
+    @classmethod
+    def skipped(cls, cfg: ModelConfig) -> tuple[str, ...]:
+        """The multi-token-prediction module too (`mtp.*`, published beside the layers): generation
+        is next-token decoding, as transformers', which skips it the same way."""
+        return (*super().skipped(cfg), r"^mtp\.")
 
     @classmethod
     def hf_config(cls, cfg: ModelConfig) -> dict[str, Any]:

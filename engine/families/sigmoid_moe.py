@@ -19,7 +19,7 @@ hooks replace the base's.
 MTP: DeepSeek-V3 and GLM-4.5 publish `num_nextn_predict_layers` extra layers (stored as
 `model.layers.<num_hidden_layers>.*`) for speculative multi-token prediction. Generation
 here is plain next-token decoding, as transformers' own model: those layers are never built
-or read, and `parse` logs that they are ignored.
+or read (`Family.skipped`: loading does not warn about them), and `parse` logs that they are ignored.
 """
 from __future__ import annotations
 
