@@ -3,7 +3,7 @@
 
 Reports: trace generation time; replay rate (lookups/s) of lru, lfu, fifo through the
 engine's policy classes (on the first --class-layers layers, to keep the run short; the
-rate does not depend on the layer count); the full LRU curve (every capacity 1..64, stack
+rate does not depend on the layer count); the full LRU curve (every capacity 8..64, top_k..n_experts, stack
 distances, all layers) against its 60 s target; Belady at 5 capacities (all layers, fast
 kernel) against its 120 s target. Single process, one core of numpy work.
 Not a test: run `python benchmarks/bench_sim.py [--tokens N] [--class-layers L]`.
@@ -62,7 +62,7 @@ def main() -> None:
     curve = lru_curve(tr)
     dt = time.perf_counter() - t0
     tot = curve[curve.layer == "all"].set_index("capacity").hit_rate
-    print(f"lru curve, capacities 1..{EXPERTS}, all layers: {dt:.1f} s (target < {CURVE_TARGET_S:.0f} s; "
+    print(f"lru curve, capacities {TOP_K}..{EXPERTS}, all layers: {dt:.1f} s (target < {CURVE_TARGET_S:.0f} s; "
           f"{lookups / dt / 1e6:.2f} M lookups/s); hit rate at 8/16/32: "
           f"{tot[8]:.3f}/{tot[16]:.3f}/{tot[32]:.3f}")
 

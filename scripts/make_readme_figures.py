@@ -83,7 +83,7 @@ def cache_curve_figure(out: Path, dest: Path) -> None:
     trace = load_trace(job / "routing.npz")
     curve = lru_curve(trace)
     curve = curve[curve.layer == "all"]
-    bound = replay(trace, ["belady"], list(range(1, 9)))
+    bound = replay(trace, ["belady"], list(range(trace.top_k, trace.n_experts + 1)))   # the capacities the engine runs
     bound = bound[bound.layer == "all"]
     moebench(["-m", "placement=fetch", "cache.policy=lru", "cache.capacity=2,3,4,5,6,7,8", "run.repeats=1",
               "run.ablation=false", "run.timeline=false", "run.sweep_id=curve", *COMMON], out / "sweep")
