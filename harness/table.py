@@ -51,17 +51,22 @@ COLUMNS = (Column("pp tok/s", "prefill_fresh", "tok_per_s", "client", fmt=".1f")
            Column("token agr.", "decode", "token_agreement", "engine"))
 
 
+JOB = ["sweep_id", "job_id"]     # a job's identity: job ids repeat across sweeps (every single run is "run")
+
+
 def _per_job(df: pd.DataFrame, cols: list[str]) -> pd.DataFrame:
     """Each job's value of each column: its first non-null one (a job's early rows may lack a
     column its engine adds later, e.g. llama.cpp's knobs after the load)."""
-    return df.groupby("job_id", sort=False)[cols].first()
+    return df.groupby(JOB, sort=False)[cols].first()
 
 
 def _varying(df: pd.DataFrame) -> list[str]:
+    """The columns that tell the jobs apart: the config columns that vary, and the sweep id
+    where the rows come from several sweeps (the same config measured twice is two rows)."""
     cols = [c for c in CONFIG_COLUMNS if c in df.columns]
     per_job = _per_job(df, cols)
-    varying = [c for c in cols if per_job[c].astype(str).nunique(dropna=False) > 1]
-    return varying or ["placement"]
+    varying = [c for c in cols if per_job[c].astype(str).nunique(dropna=False) > 1] or ["placement"]
+    return ["sweep_id", *varying] if df["sweep_id"].nunique() > 1 else varying
 
 
 def sweep_table(df: pd.DataFrame, columns: Sequence[Column] = COLUMNS) -> pd.DataFrame:
@@ -69,15 +74,16 @@ def sweep_table(df: pd.DataFrame, columns: Sequence[Column] = COLUMNS) -> pd.Dat
     (half the min-max range over repeats), `<label> n` and `<label> source`; failed jobs get
     `status`/`error`."""
     factors = _varying(df)
-    values = _per_job(df, factors)
+    values = _per_job(df, [c for c in factors if c != "sweep_id"])
     speed = speed_rows(df)
     out = []
-    for job_id, job in df.groupby("job_id", sort=False):
-        row = {c: values.loc[job_id, c] for c in factors}
+    for job_key, job in df.groupby(JOB, sort=False):
+        row = {c: job[c].iloc[0] if c == "sweep_id" else values.loc[job_key, c] for c in factors}
         failed = job[job["status"] == "failed"]
         row["status"] = "failed" if len(failed) else "ok"
         row["error"] = str(failed.iloc[0].get("error", "")).splitlines()[0] if len(failed) else None
-        mine = speed[(speed["job_id"] == job_id) & speed["repeat"].notna()]     # the measured repeats
+        mine = speed[(speed["sweep_id"] == job_key[0]) & (speed["job_id"] == job_key[1])
+                     & speed["repeat"].notna()]                                     # the measured repeats
         for col in columns:
             here = mine[(mine["phase"] == col.phase) & (mine["metric"] == col.metric)]
             # the column's source; a job that has only another (llama-bench imports: the engine's

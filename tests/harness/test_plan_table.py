@@ -169,3 +169,20 @@ def test_table_lists_numeric_factors_in_numeric_order(tmp_path):
     t = sweep_table(R.load(tmp_path / "s"))
     assert list(zip(t["placement"], t["context_tokens"])) == [("resident", 512), ("resident", 1024),
                                                               ("fetch", 512), ("fetch", 1024)]
+
+
+def test_jobs_of_different_sweeps_are_never_one_row(tmp_path):
+    """Every single run's job id is "run": two runs in one results dir are two rows, told apart
+    by their sweep ids, with their own repeats -- even when their configs are the same."""
+    factors = {"engine": "moebench", "model": "tiny-mixtral", "cache_policy": None, "prefetch": "none",
+               "workload": "chat", "context_tokens": 128, "gen_tokens": 8, "batch": 1, "dtype": "float32",
+               "cache_capacity": None}
+    dev = {"device_kind": "cpu", "device_name": "cpu (emulated device)", "emulated": True}
+    for sweep, placement, rate in (("run-a", "resident", 300.0), ("run-b", "fetch", 100.0), ("run-c", "fetch", 120.0)):
+        rows = [row for r in range(2) for row in R.make_rows({**factors, "placement": placement}, dev, sweep, "run", r,
+                                                              "decode", {"tok_per_s": rate + r}, "client",
+                                                              extra={"profiler": "none"})]
+        R.write_job(tmp_path / "runs" / sweep, rows, {"t": 1})
+    t = sweep_table(R.load(tmp_path / "runs"))
+    assert list(zip(t["sweep_id"], t["placement"], t["tg tok/s"], t["tg tok/s n"])) == [
+        ("run-a", "resident", 300.5, 2), ("run-b", "fetch", 100.5, 2), ("run-c", "fetch", 120.5, 2)]
