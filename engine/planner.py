@@ -164,6 +164,14 @@ def capacity_from_bytes(cfg: ModelConfig, capacity: int | str | None, capacity_b
     return slots
 
 
+def check_capacity(capacity: int, top_k: int, n_experts: int) -> None:
+    """The expert cache's range, slots per layer: [top_k, n_experts] -- one decode step needs its
+    top_k experts on the device at once (the engine's plan, the simulator and the cost model alike)."""
+    if not top_k <= capacity <= n_experts:
+        raise ValueError(f"cache_capacity must be in [top_k={top_k}, n_experts={n_experts}] "
+                         f"(one decode step needs top_k experts on the device), got {capacity}")
+
+
 def plan_memory(cfg: ModelConfig, placement: str, capacity: int | str | None, budget: int | None,
                 context: int, batch: int, ubatch: int, dtype_bytes: int,
                 placement_options: dict[str, Any] | None = None, reserve: int | None = None,
@@ -218,9 +226,7 @@ def plan_memory(cfg: ModelConfig, placement: str, capacity: int | str | None, bu
         else:
             if isinstance(capacity, bool) or not isinstance(capacity, int):
                 raise ValueError(f"cache_capacity must be an int or 'auto', got {capacity!r}")
-            if not cfg.top_k <= capacity <= cfg.n_experts:
-                raise ValueError(f"cache_capacity must be in [top_k={cfg.top_k}, n_experts={cfg.n_experts}] "
-                                 f"(one decode step needs top_k experts on the device), got {capacity}")
+            check_capacity(capacity, cfg.top_k, cfg.n_experts)
             cap = capacity
     experts = cls.device_expert_bytes(cfg, expert_bytes, cap, options)
     plan = MemoryPlan(placement, budget, non_expert, kv, act, experts, reserve, cap, expert_bytes, context, batch,

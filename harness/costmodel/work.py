@@ -49,6 +49,7 @@ from engine.blocks.attention import KernelCost
 from engine.config import ModelConfig
 from engine.placements import PlacementTraits, needs_cache
 from engine.placements import traits as placement_traits
+from engine.planner import check_capacity
 from engine.policies import make_policy
 from engine.policies.simulate import simulate
 from engine.trace import RoutingTrace
@@ -211,8 +212,8 @@ def scenario_work(cfg: ModelConfig, placement: PlacementSpec, shape: WorkloadSha
                   routing: Routing | None = None) -> dict[str, PhaseWork]:
     """Every phase's passes with expert counts from `routing` replayed through the cache."""
     routing = routing or Routing.synthetic()
-    if placement.uses_cache and not 1 <= placement.capacity <= cfg.n_experts:
-        raise ValueError(f"cache capacity must be in [1, n_experts={cfg.n_experts}], got {placement.capacity}")
+    if placement.uses_cache:
+        check_capacity(placement.capacity, cfg.top_k, cfg.n_experts)
     B, M, E = shape.batch, cfg.n_moe_layers, cfg.n_experts
     layout = phase_passes(shape)
     n_tokens = sum(B * T for passes in layout.values() for T, _ in passes)

@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from engine.planner import check_capacity
 from engine.policies import make_policy
 from engine.policies.simulate import simulate
 from engine.registry import POLICIES
@@ -202,11 +203,11 @@ def _as_list(value: Any, kind: type) -> list:
 
 
 def _check_capacities(caps: list[int], n_experts: int, top_k: int) -> list[int]:
-    """The engine's range (engine.planner): one step's top_k experts must fit in a layer's cache."""
-    bad = [c for c in caps if not top_k <= c <= n_experts]
-    if bad or not caps:
-        raise ValueError(f"cache capacity must be in [top_k={top_k}, n_experts={n_experts}] (as in the engine's "
-                         f"cache: one step needs its top_k experts in it), got {bad or caps}")
+    """The engine's range (engine.planner.check_capacity), and at least one capacity."""
+    if not caps:
+        raise ValueError("give at least one cache capacity")
+    for c in caps:
+        check_capacity(c, top_k, n_experts)
     return list(dict.fromkeys(caps))
 
 

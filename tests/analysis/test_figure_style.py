@@ -67,7 +67,7 @@ def hit_rates(samples: pd.DataFrame, third_party: bool) -> Figure:
     sims = []
     for path in sorted(SAMPLES.rglob("routing.npz")):
         ctx = int(R.load(path.parent)["context_tokens"].dropna().iloc[0])
-        sims.append(replay(load_trace(path), ["lru", "fifo", "belady"], [1, 2, 4, 6, 8]).assign(context_tokens=ctx))
+        sims.append(replay(load_trace(path), ["lru", "fifo", "belady"], [2, 4, 6, 8]).assign(context_tokens=ctx))
     measured = plots.measured_hit_rates(samples)
     if third_party:
         measured = pd.concat([measured, measured.head(2).assign(placement=THIRD_PARTY)], ignore_index=True)

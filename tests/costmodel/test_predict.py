@@ -226,7 +226,7 @@ def test_missing_figure_and_bad_options_fail_clearly():
         predict("tiny-mixtral", "teleport", MIXTRAL, "h200-sxm-141gb")
     with pytest.raises(ValueError, match="needs a cache capacity"):
         predict("tiny-mixtral", "fetch", MIXTRAL, "h200-sxm-141gb")
-    with pytest.raises(ValueError, match=r"capacity must be in \[1, n_experts=8\]"):
+    with pytest.raises(ValueError, match=r"capacity must be in \[top_k=2, n_experts=8\]"):
         predict("tiny-mixtral", "fetch", MIXTRAL, "h200-sxm-141gb", capacity=9)
 
 
