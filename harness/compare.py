@@ -116,8 +116,11 @@ class Check:
 
     def verdict(self, ratio: float, significant: bool) -> str:
         change = ratio - 1
-        bad = change < self.threshold if self.threshold < 0 else change > self.threshold
-        good = change > -self.threshold if self.threshold < 0 else change < -self.threshold
+        t = self.threshold
+        # beyond, not at: a change of exactly X% (exact counters: 1.01e6 / 1e6 - 1 > 0.01 in floating point) is not beyond X%
+        at = math.isclose(abs(change), abs(t), rel_tol=1e-9)
+        bad = not at and (change < t if t < 0 else change > t)
+        good = not at and (change > -t if t < 0 else change < -t)
         if bad:
             return "regression" if significant else "inconclusive"
         if good and significant:
@@ -142,14 +145,14 @@ def difference(a: Sequence[float], b: Sequence[float], alpha: float = ALPHA) -> 
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if len(a) < 1 or len(b) < 1:
         return False, None, "too few"
-    if np.ptp(a) == 0 and np.ptp(b) == 0 and len(a) > 1 and len(b) > 1:
+    if len(a) < 2 or len(b) < 2:                   # one sample on a side: never significant (1 vs 40: p < 0.05)
+        return False, None, "too few"
+    if np.ptp(a) == 0 and np.ptp(b) == 0:
         return bool(a[0] != b[0]), None, "constant"
     if min_mwu_p(len(a), len(b)) < alpha:
         from scipy.stats import mannwhitneyu
         p = float(mannwhitneyu(a, b, alternative="two-sided").pvalue)
         return p < alpha, p, "mwu"
-    if len(a) < 2 or len(b) < 2:
-        return False, None, "too few"
     lo_a, hi_a = _t_interval(a)
     lo_b, hi_b = _t_interval(b)
     return bool(hi_a < lo_b or hi_b < lo_a), None, "ci"
@@ -167,7 +170,8 @@ def read_manifests(path: str | os.PathLike[str]) -> pd.DataFrame:
     """One row per job manifest under `path` (or beside a results file): the facts compare
     needs -- host, CPU, GPU, git commit, engine versions -- keyed by (sweep_id, job_id)."""
     root = Path(path)
-    files = [root.parent / MANIFEST_FILE] if root.is_file() else sorted(root.rglob(MANIFEST_FILE))
+    # beside a results file: its job's manifest, or a sweep table's jobs' manifests in the dirs beside it
+    files = sorted((root.parent if root.is_file() else root).rglob(MANIFEST_FILE))
     rows = []
     for file in files:
         try:
@@ -342,9 +346,9 @@ def _side(df: pd.DataFrame, manifests: pd.DataFrame | None) -> pd.DataFrame:
 
 def _splits(col: str, base: pd.DataFrame, new: pd.DataFrame) -> bool:
     """Whether config column `col` tells configs apart: both sides have it, or the one side that
-    has it holds more than one value of it."""
+    has it holds more than one value of it (a null -- rows that did not record it -- is not one)."""
     have = [df for df in (base, new) if col in df.columns]
-    return len(have) == 2 or (len(have) == 1 and have[0][col].nunique(dropna=False) > 1)
+    return len(have) == 2 or (len(have) == 1 and have[0][col][have[0][col] != "<na>"].nunique() > 1)
 
 
 def _groups(df: pd.DataFrame, cfg_cols: list[str]) -> dict[tuple, np.ndarray]:
@@ -361,9 +365,10 @@ def _facts(df: pd.DataFrame, cfg_cols: list[str]) -> dict[tuple, dict[str, set]]
         key = key if isinstance(key, tuple) else (key,)
         engine = g["engine"].iloc[0] if "engine" in g.columns else "moebench"
         name, version_col = ENGINE_VERSIONS.get(engine, ("moebench", "moebench_version"))
+        devices = list(g.drop_duplicates(["device_kind", "device_name", "emulated", "cpu_model", "cpu_cores"]).itertuples())
         out[key] = {
-            "device": {_device_id(r) for r in g.drop_duplicates(["device_kind", "device_name", "emulated",
-                                                                   "cpu_model", "cpu_cores"]).itertuples()},
+            "device": {_device_id(r) for r in devices},
+            "device_only": {_device_id(r, host=False) for r in devices},
             "version": {f"{name} {v}" for v in g[version_col].dropna().unique()},
             "schema": {str(v) for v in g["schema_version"].dropna().unique()},
             "commit": {f"{str(c)[:10]}{'+dirty' if d else ''}" for c, d in
@@ -373,9 +378,13 @@ def _facts(df: pd.DataFrame, cfg_cols: list[str]) -> dict[tuple, dict[str, set]]
     return out
 
 
-def _device_id(r: Any) -> str:
-    cpu = f"{r.cpu_model or '?'} x{int(r.cpu_cores)}" if pd.notna(r.cpu_cores) and r.cpu_cores else (r.cpu_model or "?")
+def _device_id(r: Any, host: bool = True) -> str:
+    """The device a row ran on, and with `host` the host CPU its manifest names ('?' when it names none)."""
     emu = " (emulated)" if (pd.notna(r.emulated) and bool(r.emulated)) else ""
+    if not host:
+        return f"{r.device_kind}:{r.device_name}{emu}"
+    model = r.cpu_model if pd.notna(r.cpu_model) and r.cpu_model else "?"
+    cpu = f"{model} x{int(r.cpu_cores)}" if pd.notna(r.cpu_cores) and r.cpu_cores else model
     return f"{r.device_kind}:{r.device_name}{emu} on {cpu}"
 
 
@@ -383,7 +392,9 @@ def _not_comparable(config: tuple, a: np.ndarray | None, b: np.ndarray | None, f
     if a is None or b is None:
         return f"only in {'new' if a is None else 'base'}"
     fb, fn = facts["base"][config], facts["new"][config]
-    for what, label in (("device", "device differs"), ("version", "engine version differs"),
+    # a side with no manifest names no host CPU: its device alone is checked (`_notes` says so)
+    device = "device_only" if {False} in (fb["manifest"], fn["manifest"]) else "device"
+    for what, label in ((device, "device differs"), ("version", "engine version differs"),
                         ("schema", "results schema differs")):
         if fb[what] and fn[what] and fb[what] != fn[what]:
             return f"{label}: base {sorted(fb[what])} vs new {sorted(fn[what])}"

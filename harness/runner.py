@@ -211,19 +211,20 @@ class Job:
                 self.reference = reference_for(spec, sample, Path(spec.run.out))
             self.extra["reference"] = self.reference.origin if spec.run.check_reference else None
         eng, loaded = self._load(spec)
-        self.extra.update(ubatch=spec.workload.ubatch, token_source=sample.token_source,
-                          resolved_capacity=eng.resolved_capacity, placement_options=repr(spec.placement_options),
-                          expert_cache_mode=spec.run.expert_cache)
+        known = dict(ubatch=spec.workload.ubatch, token_source=sample.token_source,
+                     resolved_capacity=eng.resolved_capacity, placement_options=repr(spec.placement_options),
+                     expert_cache_mode=spec.run.expert_cache)
         knobs = dict(eng.knobs())                   # an engine's own knobs (llama.cpp's -ngl, -ub, -t ...)
         knobs.pop("kv_dtype", None)                 # the factor column names the kv.dtype treatment; llama.cpp's
-        self.extra.update(knobs)                    # own cache types stay in cache_type_k / cache_type_v
+        known.update(knobs)                         # own cache types stay in cache_type_k / cache_type_v
         if eng.compute_dtype is not None:           # a dtype this machine runs slower than float32 (16.4)
             speed = dtype_speed(eng.compute_dtype, eng.device_kind)
-            self.extra.update(speed.as_extra())
-            for row in self.rows:                   # the load rows came before the dtype was known
-                row.update(speed.as_extra())
+            known.update(speed.as_extra())
             if speed.warning():
                 self.reporter.warn(speed.warning())
+        self.extra.update(known)
+        for row in self.rows:                       # the load rows came first: the same settings columns, so
+            row.update(known)                       # tables and comparisons tell their configs apart too
         gen, run_cfg = spec.workload.gen_tokens, spec.run
         for i in range(run_cfg.warmup):                                 # excluded from every table
             with self.reporter.step(f"warm-up {i + 1}/{run_cfg.warmup}"):

@@ -37,11 +37,13 @@ FACTOR_COLUMNS = ["engine", "model", "placement", "cache_capacity", "cache_polic
 ADDED_COLUMNS: dict[str, dict[str, str]] = {"expert_quant": {"moebench": "none"}, "kv_dtype": {"moebench": "model"}}
 DEVICE_COLUMNS = ["device_kind", "device_name", "emulated"]
 # every row column that tells one configuration from another: the factors, then what a job adds
-# beside them (placement options, the micro-batch, the token source, the expert-cache start, the
-# thread count, llama.cpp's configuration, GGUF type and knobs, and the knobs a llama-bench import
-# keeps). What tables, comparisons and plots group by, so no two settings pool into one number.
+# beside them (a cache given in bytes -- cache_capacity "bytes" -- placement options, the
+# micro-batch, the token source, the expert-cache start, the thread count, llama.cpp's
+# configuration, GGUF type and knobs, and the knobs a llama-bench import keeps). What tables,
+# comparisons and plots group by, so no two settings pool into one number.
 CONFIG_COLUMNS = list(dict.fromkeys([
-    *FACTOR_COLUMNS, "placement_options", "ubatch", "token_source", "expert_cache_mode", "threads",
+    *FACTOR_COLUMNS, "cache_capacity_bytes", "placement_options", "ubatch", "token_source", "expert_cache_mode",
+    "threads",
     "llamacpp_config", "gguf_type", *KNOB_COLUMNS.values(), *BENCH_ONLY_KNOBS]))
 REQUIRED_COLUMNS = ROW_COLUMNS + FACTOR_COLUMNS + DEVICE_COLUMNS
 

@@ -12,6 +12,7 @@ import pytest
 from harness import compare as C
 from harness import results as R
 from harness.analysis_cli import compare_main
+from harness.callbacks import write_sweep_table
 
 FACTORS = {"engine": "moebench", "model": "tiny-mixtral", "placement": "fetch", "cache_capacity": "4",
            "cache_policy": "lru", "prefetch": "none", "workload": "chat", "context_tokens": 512, "gen_tokens": 32,
@@ -143,6 +144,39 @@ def test_a_column_only_one_side_has_splits_only_where_it_varies(tmp_path: Path) 
         R.write_job(new / job, job_rows("s", job, samples(1000, 5, 2), factors={**FACTORS, "expert_cache_mode": mode}),
                     manifest("s", job))
     assert set(C.compare_paths(base, new, CHECKS).table["verdict"]) == {"not comparable"}
+    # rows of the new side that did not record it (null) are not a second value of it
+    mixed = tmp_path / "new3" / "sweeps" / "s"
+    rows = job_rows("s", "0", samples(1000, 5, 3), factors={**FACTORS, "expert_cache_mode": "cold"})
+    rows += R.make_rows(FACTORS, DEVICE, "s", "0", 0, "load", {"time_s": 1.0}, "client", extra={"profiler": "none"})
+    R.write_job(mixed / "0", rows, manifest("s", "0"))
+    t = C.compare_paths(base, mixed, CHECKS).table
+    assert set(t[t["phase"] == "load"]["note"]) == {"only in new"}                 # the base has no load rows
+    assert "not comparable" not in set(t[t["phase"] != "load"]["verdict"]) and set(t[t["phase"] != "load"]["n_base"]) == {5}
+
+
+def test_a_cache_given_in_bytes_is_its_own_config(tmp_path: Path) -> None:
+    """cache.capacity_bytes=768KiB and =3MiB are both cache_capacity "bytes": the bytes tell them apart."""
+    sides = {}
+    for name, size in (("base", "3MiB"), ("new", "768KiB")):
+        f = {**FACTORS, "cache_capacity": "bytes", "cache_capacity_bytes": size}
+        sides[name] = write(tmp_path / name, "s", samples(1000, 5, 0), factors=f)
+    assert set(C.compare_paths(sides["base"], sides["new"], CHECKS).table["verdict"]) == {"not comparable"}
+
+
+def test_a_side_without_manifests_is_compared_with_a_note(tmp_path: Path) -> None:
+    """A results file alone (no job dirs beside it) is compared on its device, with a note that the
+    host CPU and engine version went unchecked; beside its sweep's job dirs it finds their manifests."""
+    base = write(tmp_path / "b", "s", samples(1000, 5, 0))
+    write_sweep_table(base, quiet=True)                           # the sweep's results.parquet beside its job dirs
+    lone = tmp_path / "lone" / "rows.parquet"
+    lone.parent.mkdir()
+    lone.write_bytes((base / "0" / "rows.parquet").read_bytes())
+    cmp = C.compare_paths(lone, write(tmp_path / "n", "s", samples(1000, 5, 1)), CHECKS)
+    compared = cmp.table[cmp.table["verdict"] != "not comparable"]
+    assert len(compared) == len(cmp.table) > 0
+    assert compared["note"].str.contains("no manifest on base").all()
+    beside = C.compare_paths(base / "results.parquet", write(tmp_path / "n2", "s", samples(1000, 5, 1)), CHECKS)
+    assert len(beside.table) and not beside.table["note"].str.contains("no manifest").any()
 
 
 @pytest.mark.parametrize("change, why", [
@@ -195,6 +229,9 @@ def test_small_samples_fall_back_to_confidence_intervals() -> None:
     assert C.difference([1000], [500]) == (False, None, "too few")
     assert C.difference([5.0] * 3, [5.0] * 3)[0] is False            # exact counters, unchanged
     assert C.difference([5.0] * 3, [6.0] * 3) == (True, None, "constant")
+    # one sample is never significant, however many the other side has (a U test would give p < 0.05)
+    assert C.difference([1000], samples(500, 40, 0)) == (False, None, "too few")
+    assert C.difference(samples(500, 40, 0), [5.0]) == (False, None, "too few")
 
 
 def test_check_parsing() -> None:
@@ -204,6 +241,10 @@ def test_check_parsing() -> None:
     assert c.verdict(0.97, True) == "ok" and c.verdict(1.10, True) == "improvement"
     up = C.Check.parse("*.h2d_bytes:+1%")
     assert up.matches("prefill_fresh", "h2d_bytes") and up.verdict(1.5, True) == "regression"
+    # a change of exactly the threshold is not beyond it (exact counters: 1.01e6 / 1e6 - 1 > 0.01 in floats)
+    assert up.verdict(1_010_000 / 1_000_000, True) == "ok" and up.verdict(1_010_001 / 1_000_000, True) == "regression"
+    assert c.verdict(950 / 1000, True) == "ok" and c.verdict(949 / 1000, True) == "regression"
+    assert up.verdict(990_000 / 1_000_000, True) == "ok" and up.verdict(989_999 / 1_000_000, True) == "improvement"
     for bad in ("decode.tok_per_s", "decode.tok_per_s:5%", "nophase.tok_per_s:-5%", "decode.nometric:-5%",
                 "decode.tok_per_s:-0%"):
         with pytest.raises(C.CompareError):

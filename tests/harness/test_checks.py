@@ -230,3 +230,14 @@ def test_transformers_runs_the_second_wave_presets(tmp_path, model):
     agree = ok[ok.metric == "token_agreement"]
     assert set(agree.phase) == {"prefill_fresh", "decode", "prefill_continuation", "prefill_restored"}
     assert (agree["value"] == 1.0).all() and (ok[ok.metric == "max_abs_logit_diff"]["value"] <= 1e-4).all()
+
+
+def test_load_rows_carry_the_settings_columns_every_other_row_has(tmp_path):
+    """Tables and comparisons tell configs apart by these columns: a load row without them would
+    pool `placement.n_cpu_layers=0` with `=2` (its placement_options null on both)."""
+    out, df = job(tmp_path, "placement=hybrid", "placement.n_cpu_layers=1", "run.repeats=1", "run.ablation=false", *SMALL)
+    assert out.error is None, out.error
+    cols = ["placement_options", "ubatch", "token_source", "resolved_capacity", "expert_cache_mode", "threads"]
+    load, decode = df[df.phase == "load"], df[(df.phase == "decode") & (df.profiler == "none")]
+    assert len(load) and load[[c for c in cols if c != "resolved_capacity"]].notna().all().all()   # no cache: null
+    assert load[cols].drop_duplicates().values.tolist() == decode[cols].drop_duplicates().values.tolist()
