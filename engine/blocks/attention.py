@@ -20,9 +20,11 @@ none for decode -- with torch 2.13.0+cpu, H=16, K=4, h=64, 1 thread): fp32, bf16
 and a chunk after a prefix (T=256, S=768); no math-kernel op (`aten::bmm`, `aten::_softmax`,
 `aten::repeat_interleave`) appears. The math kernel, forced with `sdpa_kernel(SDPBackend.MATH)`,
 is 3.3x (fp32) to 9x (bf16) slower at T=S=512, so the flash kernel is also the fast one here.
-`is_causal=True` in place of the mask gave bitwise-equal output at T=S=512 fp32 and no measurable
-gain (S <= 512 is a single kv block of the CPU kernel), so prefill keeps the explicit mask, which
-also covers chunks after a prefix and sliding windows. On CUDA the mask rules out the flash
+A plain causal pass (a fresh prefill chunk: queries and keys the same positions, no window cut)
+is passed as `is_causal=True` (engine.layers.sdpa), bitwise the masked form, and the kernel skips
+the keys above the diagonal (0.91 / 0.65 / 0.51 of the masked call's time at T=S=512 / 1024 / 2048);
+chunks after a prefix and sliding windows keep the explicit mask, whose whole rectangle it computes
+(`score_pairs` counts either for the cost model and the roofline). On CUDA the mask rules out the flash
 kernel (engine.planner plans for math); unmeasured here.
 
 Dimension legend: B=batch, T=new tokens, S=tokens attended, D=hidden, H/K=query/kv heads,
@@ -117,6 +119,13 @@ class AttentionBlock(Block, ABC):
         return self.forward(x, state, p)
 
 
+def score_pairs(tokens: int, keys: int, causal: bool) -> int:
+    """Query-key pairs per head one SDPA call computes for `tokens` queries over `keys` keys: the
+    lower triangle T(T+1)/2 for a plain causal pass (is_causal: the kernel skips what lies above the
+    diagonal), else the whole T x S rectangle under its mask."""
+    return tokens * (tokens + 1) // 2 if causal else tokens * keys
+
+
 def sdpa_workspace_bytes(batch: int, heads: int, head_dim: int, tokens: int, context: int, dtype_bytes: int,
                          device_kind: str, kv_heads: int | None = None) -> int:
     """Worst-case scaled_dot_product_attention workspace for `tokens` new tokens per sequence
@@ -143,6 +152,8 @@ def sdpa_workspace_bytes(batch: int, heads: int, head_dim: int, tokens: int, con
 
 class GQAAttention(AttentionBlock):
     """Grouped-query attention over a full KV cache (Mixtral, Qwen2/3-MoE, OLMoE; GLM-4.5's shape)."""
+
+    causal_skips: ClassVar[bool] = True     # `attend` passes a plain causal mask as is_causal (engine.layers.sdpa)
 
     def __init__(self, layer: int, prefix: str, hidden: int, heads: int, kv_heads: int, head_dim: int, rope: Rope,
                  eps: float, qkv_bias: bool = False, o_bias: bool = False, qk_norm: str = "none",
@@ -244,18 +255,20 @@ class GQAAttention(AttentionBlock):
 
     def held_keys(self, tokens: int, past: int) -> int:
         """Keys a pass over `tokens` new tokens after `past` attends: the whole context, or the
-        window's held tokens and the new ones (the mask covers that whole rectangle)."""
+        window's held tokens and the new ones."""
         return past + tokens if self.window is None else min(past + tokens, self.window - 1 + tokens)
 
     def kernel_cost(self, batch: int, tokens: int, past: int, dtype_bytes: int,
                     kv_dtype: str | None = None) -> KernelCost:
-        # one SDPA call on q [B, H, T, h] and the state's k/v [B, K, S, h] with enable_gqa: the
-        # full T x S rectangle of scores and weighted sums; K/V read once at K heads, q read and
-        # the output written at H heads
+        # one SDPA call on q [B, H, T, h] and the state's k/v [B, K, S, h] with enable_gqa: scores
+        # and weighted sums over the causal triangle of a fresh pass, else the mask's whole T x S
+        # rectangle; K/V read once at K heads, q read and the output written at H heads
         B, T, S, H, hd = batch, tokens, self.held_keys(tokens, past), self.H, self.hd
+        causal = self.causal_skips and past == 0 and (self.window is None or self.window >= T)
+        pairs = score_pairs(T, S, causal)
         state = self.state_term(dtype_bytes, kv_dtype).per_token * S * B
-        return KernelCost(flops=4.0 * B * H * hd * T * S, bytes=float(state + 2 * B * T * H * hd * dtype_bytes),
-                          scores=float(B * H * T * S))
+        return KernelCost(flops=4.0 * B * H * hd * pairs, bytes=float(state + 2 * B * T * H * hd * dtype_bytes),
+                          scores=float(B * H * pairs))
 
     def workspace_bytes(self, batch: int, tokens: int, context: int, dtype_bytes: int, device_kind: str) -> int:
         if self.window is None:

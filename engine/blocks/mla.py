@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.blocks.attention import AttentionBlock, KernelCost, sdpa_workspace_bytes
+from engine.blocks.attention import AttentionBlock, KernelCost, score_pairs, sdpa_workspace_bytes
 from engine.blocks.base import Block, Pass, TensorSpec, Transient
 from engine.blocks.norms import RMSNorm, norm_temp_bytes
 from engine.blocks.rope import Rope
@@ -214,19 +214,22 @@ class MLAAttention(AttentionBlock):
 
     def kernel_cost(self, batch: int, tokens: int, past: int, dtype_bytes: int,
                     kv_dtype: str | None = None) -> KernelCost:
-        # absorbed: multi-query attention in latent space, scores over r + d dims, the weighted
-        # sum over the r latent dims, the latent read once (the up-projections are weights,
-        # applied per query token); expanded: every pass re-expands the whole latent to per-head
-        # keys and values (written and read) before attention at n + d / v dims
+        # absorbed: multi-query attention in latent space, the whole [latent | rope] row (r + d)
+        # as key and as value, so scores and weighted sum both over r + d dims; the latent read
+        # once (the up-projections are weights, applied per query token); expanded: every pass
+        # re-expands the whole latent to per-head keys and values (written and read) before
+        # attention at n + d / v dims. Pairs: the causal triangle of a fresh pass (is_causal)
         B, T, S, H, r, d, n, v, db = batch, tokens, past + tokens, self.H, self.r, self.d, self.n, self.v, dtype_bytes
+        pairs = B * H * score_pairs(T, S, causal=past == 0)
         latent = self.state_term(db, kv_dtype).per_token * S * B
         if self.kernel == "absorbed":
-            return KernelCost(flops=2.0 * B * H * T * S * (2 * r + d), bytes=float(latent + B * T * H * (2 * r + d) * db),
-                              scores=float(B * H * T * S))
-        expand_flops = 2.0 * B * S * r * H * (n + v)
+            return KernelCost(flops=4.0 * pairs * (r + d), bytes=float(latent + B * T * H * (2 * r + d) * db),
+                              scores=float(pairs))
+        # kv_b over the S - T held rows: the new rows' is counted with the per-token weights
+        expand_flops = 2.0 * B * (S - T) * r * H * (n + v)
         expanded = 2 * B * S * H * (n + d + v) * db
-        return KernelCost(flops=expand_flops + 2.0 * B * H * T * S * (n + d + v),
-                          bytes=float(latent + expanded + B * T * H * (n + d + v) * db), scores=float(B * H * T * S))
+        return KernelCost(flops=expand_flops + 2.0 * pairs * (n + d + v),
+                          bytes=float(latent + expanded + B * T * H * (n + d + v) * db), scores=float(pairs))
 
     def workspace_bytes(self, batch: int, tokens: int, context: int, dtype_bytes: int, device_kind: str) -> int:
         B, S, H, db = batch, context, self.H, dtype_bytes

@@ -38,6 +38,8 @@ def attention_with_sinks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask
 
 
 class SinkAttention(GQAAttention):
+    causal_skips = False        # the sink column pads the mask: an explicit one, its whole rectangle computed
+
     def tensors(self) -> dict[str, TensorSpec]:
         return super().tensors() | {"sinks": TensorSpec(self.prefix + "sinks", (self.H,))}
 

@@ -25,8 +25,9 @@ roof(flops, bytes) = max(s * flops / FLOP rate, bytes / bandwidth). Rates are th
 run's dtype (`HardwareProfile.rate`): FLOP/s per dtype, and for weight reads (dense and expert
 matmuls) the GEMV rate at that dtype where the profile has one, else the memory bandwidth; a
 FLOP rate the profile lacks for the dtype is refused, never borrowed from another dtype.
-Attention counts the full T x S score rectangle the engine's SDPA call computes (mask
-applied, nothing skipped) and its K/V read once at K heads (enable_gqa). s is
+Attention counts the score pairs the engine's SDPA call computes -- a fresh pass's causal triangle
+(is_causal: the keys above the diagonal skipped), a masked pass's whole T x S rectangle
+(engine.blocks.attention.score_pairs) -- and its K/V read once at K heads (enable_gqa). s is
 `Overheads.compute_scale`: 1 for a datasheet profile (peak rates); for a calibrated one a
 fitted scale that, with the per-row/slot/score costs, accounts for how far the engine's small,
 oddly shaped matmuls and elementwise work are from the profile's large-GEMM FLOP rate. It

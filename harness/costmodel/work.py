@@ -324,7 +324,7 @@ class PassFlops:
 
     dense_flops: float          # device: attention projections, router, dense/shared MLPs, lm_head
     dense_bytes: float          # device: their weights and activations
-    attn_flops: float           # device: scores and weighted sum over the KV (full T x S rectangle)
+    attn_flops: float           # device: scores and weighted sum over the KV (score_pairs: triangle or rectangle)
     attn_bytes: float           # device: K/V read once at K heads, q read and output written at H heads
     dev_expert_flops: np.ndarray    # [M] routed experts run on the device
     dev_expert_bytes: np.ndarray    # [M] their weights (U experts each)

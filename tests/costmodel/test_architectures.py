@@ -20,14 +20,14 @@ def decode_pass(cfg, past: int) -> PassWork:
 
 def test_mla_reads_the_latent_not_expanded_keys_and_values():
     """DeepSeek-V3 decode of one token at 32K, bf16, the absorbed kernel: per layer the latent
-    (512 + 64) x 2 B per position is read once; 128 heads score over 512 + 64 dims and sum over
-    the 512 latent dims; the absorbed query [128, 576] and the latent output [128, 512] are the
-    kernel's own reads and writes."""
+    (512 + 64) x 2 B per position is read once; 128 heads score over 512 + 64 dims and sum the
+    same rows, the whole [latent | rope] row being the value; the absorbed query [128, 576] and the
+    latent output [128, 512] are the kernel's own reads and writes."""
     cfg = preset("deepseek-v3")
     S, L, H, r, d = 32768, 61, 128, 512, 64
     a = attention_cost(cfg, 1, 1, S - 1, 2)
     assert a.bytes == L * ((r + d) * 2 * S + H * (2 * r + d) * 2)
-    assert a.flops == L * 2 * H * S * (2 * r + d)
+    assert a.flops == L * 4 * H * S * (r + d)
     # expanded K/V would be 128 heads x (192 + 128) x 2 B per position: 71x the latent
     assert a.bytes < L * H * (128 + 64 + 128) * 2 * S / 50
 
@@ -39,6 +39,32 @@ def test_expanded_mla_pays_for_re_expanding_the_latent():
     # every pass turns 4096 latents into 128 heads of keys (128 nope) and values (128): 2 r H (n + v) per position
     assert exp.flops > 2 * 61 * 4096 * 512 * 128 * 256
     assert exp.bytes > 10 * absorbed.bytes
+
+
+def test_a_fresh_causal_pass_counts_the_triangle_a_masked_one_the_rectangle():
+    """A fresh prefill chunk runs is_causal (the kernel skips the keys above the diagonal):
+    T(T+1)/2 pairs per head; a chunk after a prefix runs under its mask: T x S. Mixtral-8x7B:
+    32 layers, 32 query heads of 128."""
+    cfg = preset("mixtral-8x7b")
+    L, H, h, T = 32, 32, 128, 2048
+    assert attention_cost(cfg, 1, T, 0, 2).flops == L * 4 * H * h * T * (T + 1) // 2
+    assert attention_cost(cfg, 1, T, 512, 2).flops == L * 4 * H * h * T * (T + 512)
+    assert attention_cost(cfg, 1, 1, 4095, 2).flops == L * 4 * H * h * 4096                  # decode: one row
+    # GPT-OSS's sinks pad the mask with their column: an explicit mask, its whole rectangle, fresh or not
+    oss = preset("gpt-oss-20b")
+    full = [layer.attention for layer in oss.architecture().layers if layer.attention.window is None]
+    assert full and all(a.kernel_cost(1, T, 0, 2).scores == a.H * T * T for a in full)
+
+
+def test_expanded_mla_expands_each_row_once():
+    """The new rows' kv_b up-projection is a per-token weight (dense_weights); the kernel adds only
+    the held rows', so a fresh pass adds none and a pass after P held rows adds P."""
+    cfg = preset("deepseek-v3").replace(mla_kernel="expanded")
+    H, r, n, v, d, T = 128, 512, 128, 128, 64, 512
+    L = cfg.num_layers
+    fresh, after = attention_cost(cfg, 1, T, 0, 2), attention_cost(cfg, 1, T, 1024, 2)
+    assert fresh.flops == L * 2 * H * (T * (T + 1) // 2) * (n + d + v)
+    assert after.flops == L * (2 * 1024 * r * H * (n + v) + 2 * H * T * (T + 1024) * (n + d + v))
 
 
 def test_sliding_layers_read_only_their_window():
