@@ -29,6 +29,20 @@ class Roofline:
     profile: str | None
     phases: dict[str, float | None] = field(default_factory=dict)     # phase -> roofline tok/s
     reason: str | None = None                                          # why there is none
+    basis: str = BASIS                                                 # what the bound assumes
+
+
+def assumptions(spec: RunSpec, counted: bool) -> str:
+    """BASIS, and what the bound takes from a model rather than the run: the distinct experts of a
+    batched decode step where the placement counts no cache lookups (`counted` False: uniform
+    routing simulated), and a mixed expert format's bytes at the mean over its experts (the
+    popular ones, which decode reads most, are the larger int8 ones)."""
+    parts = [BASIS]
+    if spec.workload.batch > 1 and not counted:
+        parts.append("distinct experts per batched step from simulated uniform routing (no lookups counted)")
+    if getattr(spec.expert_quant, "mode", None) == "mixed":
+        parts.append("mixed expert formats at their mean bytes")
+    return "; ".join(parts)
 
 
 def _profile(spec: RunSpec):
@@ -69,7 +83,8 @@ def roofline(spec: RunSpec, counts: dict[str, dict[str, float]], capacity: int |
                     overlap="full", overheads=Overheads())
     except (ProfileError, ValueError, KeyError) as exc:
         return Roofline(profile.name, reason=f"cannot bound this job on profile {profile.name!r}: {exc}")
-    return Roofline(profile.name, {ph: est.tok_per_s for ph, est in p.phases.items()})
+    return Roofline(profile.name, {ph: est.tok_per_s for ph, est in p.phases.items()},
+                    basis=assumptions(spec, bool(counts)))
 
 
 def frac(measured_tok_per_s: float | None, bound: float | None) -> float | None:

@@ -48,7 +48,7 @@ from harness.passes import (CudaProfilerRange, relaunch_under_nsys, timeline_pas
 from harness.profiling.torchprof import PROFILER_UNITS
 from harness.quality import compare as quality_compare, quality_pass
 from harness.reference import Reference, reference_for
-from harness.roofline import BASIS, Roofline, frac, roofline
+from harness.roofline import Roofline, frac, roofline
 from harness.report import Reporter
 from harness.scenario import RepeatResult, check_phase, run_repeat
 from harness.sweep import job_fingerprint, measurement_key, resume_decision, twin_of
@@ -329,7 +329,7 @@ class Job:
                 continue
             b = bound.phases.get(phase)
             self.emit(None, phase, {"roofline_tok_per_s": b, "frac_of_roofline": frac(med[phase].get("tok_per_s"), b)},
-                      "model", roofline_profile=bound.profile, roofline_basis=BASIS, roofline_reason=bound.reason)
+                      "model", roofline_profile=bound.profile, roofline_basis=bound.basis, roofline_reason=bound.reason)
 
     # --- instrumented passes: each may fail on its own ---------------------------------------
     def _passes(self, spec: RunSpec, eng: Adapter, sample: WorkloadSample, warm: WorkloadSample | None) -> None:

@@ -66,6 +66,11 @@ class Embedding(Block):
     def tensors(self) -> dict[str, TensorSpec]:
         return {"weight": TensorSpec(self.name, (self.vocab, self.hidden))}
 
+    def applied(self) -> list[TensorSpec]:
+        """The weights every token is multiplied by (read whole each pass, 2 FLOPs per element
+        per token), beside the tables it only looks rows up in: none for a plain embedding."""
+        return []
+
     def __call__(self, ids: torch.Tensor, p: Pass | None = None) -> torch.Tensor:
         """ids [B, T] -> [B, T, D]; `p`: the pass, for an embedding that hands the layers more
         than x (Gemma 4's per-layer inputs)."""

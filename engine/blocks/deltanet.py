@@ -152,13 +152,17 @@ class GatedDeltaNet(AttentionBlock):
 
     def kernel_cost(self, batch: int, tokens: int, past: int, dtype_bytes: int,
                     kv_dtype: str | None = None) -> KernelCost:
-        # per token and value head the step form decays the [dk, dv] state, reads it with k,
-        # adds the outer-product update and reads it with q (7 dk dv); the chunked form adds a
-        # chunk's [c, c] products (2 c (dk + dv) per token); the causal conv 2 K per channel.
-        # The fixed state is read and written once per pass, whatever the context.
+        # per token and value head the step form (one token after a prefix) decays the [dk, dv]
+        # state, reads it with k, adds the outer-product update and reads it with q (7 dk dv); the
+        # chunked form (engine.blocks.delta_rule.chunked_delta_rule, chunks of c) reads the state
+        # with w and q and updates it once per chunk (6 dk dv per token), forms the chunk's [c, c]
+        # products k k^T, q k^T and (q k^T) u (c (4 dk + 2 dv)) and solves the two unit-triangular
+        # systems (c (dk + dv)); the causal conv 2 K per channel. The fixed state is read and
+        # written once per pass, whatever the context.
         B, T, H, dk, dv = batch, tokens, self.H, self.dk, self.dv
-        c = min(CHUNK, T) if T > 1 else 0
-        flops = B * T * (H * (7 * dk * dv + 2 * c * (dk + dv)) + 2 * self.C * self.K)
+        c = min(CHUNK, T)
+        per_head = 7 * dk * dv if T == 1 and past > 0 else 6 * dk * dv + c * (5 * dk + 3 * dv)   # as forward chooses
+        flops = B * T * (H * per_head + 2 * self.C * self.K)
         state = 2 * self.state_term(dtype_bytes, kv_dtype).bytes(past + T, B)
         return KernelCost(flops=float(flops), bytes=float(state + 2 * B * T * self.C * dtype_bytes))
 

@@ -162,6 +162,12 @@ class Gemma4Embedding(Embedding):
     def children(self) -> tuple[Block, ...]:
         return () if self.norm is None else (self.norm,)
 
+    def applied(self) -> list[TensorSpec]:
+        """The per-layer projection of x and its norm (the per-layer table is looked up)."""
+        if not self.P:
+            return []
+        return [self.tensors()["per_layer_proj"], *(spec for _, _, spec in self.norm.walk())]
+
     def __call__(self, ids: torch.Tensor, p: Pass | None = None) -> torch.Tensor:
         x = super().__call__(ids, p)                                                     # [B, T, D]
         if self.P and p is not None:

@@ -351,8 +351,9 @@ def expert_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
 @dataclass(frozen=True)
 class DenseWeights:
     """The non-expert weights one pass reads and the parameters it multiplies per token: every
-    layer's attention projections, norms, routers, dense and shared MLPs, and the head (a tied
-    head reads the embedding); the embedding table itself is only looked up."""
+    layer's attention projections, norms, routers, dense and shared MLPs, what the embedding
+    multiplies (Gemma 4's per-layer projection: `Embedding.applied`) and the head (a tied head
+    reads the embedding); the embedding tables themselves are only looked up."""
 
     per_token_params: int       # multiplied by every token of the pass (2 FLOPs each)
     head_params: int            # the vocabulary projection, at the last position only
@@ -362,7 +363,7 @@ class DenseWeights:
 @functools.lru_cache(maxsize=256)
 def dense_weights(cfg: ModelConfig, dtype_bytes: int) -> DenseWeights:
     arch = _architecture(cfg)
-    layer_specs = [spec for layer in arch.layers for _, _, spec in layer.walk()]
+    layer_specs = [spec for layer in arch.layers for _, _, spec in layer.walk()] + arch.embedding.applied()
     head = arch.head.vocab * arch.head.hidden
     norm_specs = [spec for _, _, spec in arch.head.norm.walk()]
     return DenseWeights(per_token_params=sum(s.numel for s in layer_specs + norm_specs), head_params=head,

@@ -117,6 +117,13 @@ def test_dense_weights_are_the_architecture_s_non_expert_tensors():
     assert w.per_token_params == cfg.non_expert_params() - emb - head
     assert w.head_params == head
     assert w.bytes > 2 * w.per_token_params          # the fp32 router biases count 4 bytes
+    # Gemma 4's per-layer inputs: its table [Vp, L*P] is looked up, its projection [L*P, D] and the
+    # projection's norm [P] multiply every token
+    ple = preset("tiny-gemma4").replace(hidden_size_per_layer_input=16, vocab_size_per_layer_input=512)
+    arch = ple.architecture()
+    layers = sum(spec.numel for layer in arch.layers for _, _, spec in layer.walk())
+    head_norm = sum(spec.numel for _, _, spec in arch.head.norm.walk())
+    assert dense_weights(ple, 4).per_token_params == layers + head_norm + ple.num_layers * 16 * ple.hidden_size + 16
 
 
 @pytest.mark.parametrize("model", ["deepseek-v3", "glm-4.5-air", "gpt-oss-120b", "qwen3-next-80b-a3b",

@@ -2,6 +2,8 @@
 and the measurement's fraction of it; null with the reason when the machine has no measured rates."""
 from __future__ import annotations
 
+import json
+
 import pytest
 from hydra import compose, initialize_config_dir
 
@@ -53,3 +55,22 @@ def test_without_measured_rates_the_rows_say_why():
         assert bound.profile == "measured" and bound.phases["decode"] > 0
     else:
         assert bound.profile is None and not bound.phases and "moebench calibrate" in bound.reason
+
+
+def test_the_basis_says_what_the_bound_takes_from_a_model_rather_than_the_run(tmp_path):
+    """A batched decode where no lookups are counted (resident) takes its distinct experts from
+    simulated routing; mixed expert formats are at their mean bytes; a counted fetch run at batch
+    1 with exact experts assumes neither."""
+    plain = roofline(validate(cfg_with(*SMALL, *RATES, "hardware.device_mem_gbps=10")), {}, None)
+    assert plain.basis.startswith("bytes and FLOPs") and "simulated" not in plain.basis and "mean" not in plain.basis
+    batched = roofline(validate(cfg_with(*SMALL, *RATES, "hardware.device_mem_gbps=10", "workload.batch=2")), {}, None)
+    assert "distinct experts per batched step from simulated uniform routing" in batched.basis
+    counted = roofline(validate(cfg_with(*SMALL, *RATES, "hardware.device_mem_gbps=10", "workload.batch=2",
+                                         "placement=fetch", "cache.capacity=4")),
+                       {"decode": {"expert_hits": 10, "expert_misses": 2}}, 4)
+    assert "simulated" not in counted.basis
+    table = tmp_path / "pop.json"                                     # tiny-mixtral: 4 MoE layers of 8 experts
+    table.write_text(json.dumps([[float(e) for e in range(8)]] * 4))
+    mixed = roofline(validate(cfg_with(*SMALL, *RATES, "hardware.device_mem_gbps=10", "experts.quant=mixed",
+                                       f"experts.popularity={table}", "experts.mixed_count=2")), {}, None)
+    assert "mixed expert formats at their mean bytes" in mixed.basis
