@@ -31,7 +31,8 @@ def step_protection(refs: Sequence[int], steps: Sequence[int],
         end[t] = end[t + 1] if t + 1 < len(refs) and steps[t + 1] == steps[t] else t + 1
 
     def protected(t: int) -> Set[int]:
-        return still_needed(set(refs[t + 1:end[t]]), policy)
+        stop = end[t]
+        return frozenset() if stop == t + 1 else still_needed(set(refs[t + 1:stop]), policy)   # last of its step
     return protected
 
 
