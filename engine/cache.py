@@ -119,8 +119,8 @@ class ExpertCache:
         """Empty every slot and reset policies and clocks (a cold cache)."""
         layers = list(self.slots)
         self.device.synchronize()                                               # no copy still in flight
-        for key in getattr(self, "prefetched", set()):                          # never used: wasted
-            self.counters.add("prefetch_wasted_bytes", self.store.expert_nbytes(*key), key[0])
+        # prefetched experts still unused here are booked nowhere: a repeat's counters start at zero
+        # right after (Engine.reset), so prefetch_wasted_bytes counts the ones evicted unused
         self.slot_of: dict[int, dict[int, int]] = {l: {} for l in layers}     # expert -> slot (resident)
         self.free: dict[int, list[int]] = {l: list(range(self.capacity - 1, -1, -1)) for l in layers}
         self.policy = {l: self.policy_factory(l) for l in layers}

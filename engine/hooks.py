@@ -24,6 +24,8 @@ class Instrument:
     """Base and no-op default. Override `span` to record; keep `enabled` False when off."""
 
     enabled = False
+    times_copies = False    # it times copies itself (copy / copy_events): CUDA copies then get timing
+                            # events and the idle-stream gate (engine.devices); NVTX ranges do not
 
     def span(self, kind: str, **attrs: Any) -> AbstractContextManager:
         return _NULL_CTX

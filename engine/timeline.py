@@ -57,6 +57,7 @@ class Span:
 
 class Timeline(Instrument):
     enabled = True
+    times_copies = True
 
     def __init__(self, device_kind: str = "cpu") -> None:
         self.device_kind = device_kind
@@ -199,6 +200,7 @@ class Instruments(Instrument):
     def __init__(self, *parts: Instrument) -> None:
         self.parts = [p for p in parts if p.enabled]
         self.enabled = bool(self.parts)
+        self.times_copies = any(p.times_copies for p in self.parts)
 
     @contextmanager
     def _each(self, hook: str, *args: Any, **attrs: Any) -> Iterator[None]:

@@ -222,6 +222,9 @@ class Job:
             known.update(speed.as_extra())
             if speed.warning():
                 self.reporter.warn(speed.warning())
+        if spec.hardware.device_memory and (gap := eng.budget_gap()):   # DESIGN §4: one budget for every engine
+            self.reporter.warn(f"hardware.device_memory={spec.hardware.device_memory} is not held by "
+                               f"engine={spec.engine}: {gap}")
         self.extra.update(known)
         for row in self.rows:                       # the load rows came first: the same settings columns, so
             row.update(known)                       # tables and comparisons tell their configs apart too
@@ -277,6 +280,8 @@ class Job:
                 "peak_device_reserved_bytes": probe.peak_device_reserved_bytes if loaded else None,
                 "emulated_device_peak_bytes": eng.device_peak() if loaded else None}
         self.emit(0, "load", load, "client", model_load="cold" if loaded else "reused", expert_cache="cold")
+        if loaded:        # the engine's own load, without one-time setup (imports, a GGUF conversion, probes)
+            self.emit(0, "load", {"time_s": eng.load_s}, "engine", model_load="cold", expert_cache="cold")
         return eng, loaded
 
     # --- quality against the exact reference (exact runs too: 0 / 1 there) -------------------------

@@ -36,6 +36,16 @@ class Produced:
     top_logprobs: list[dict[int, float] | None] | None = None
 
 
+def refuse_truncation(spec: Any, engine: str) -> None:
+    """An engine that runs a checkpoint as saved cannot drop layers: `model.num_layers` with a
+    `model.path` would measure a deeper model than ours and the reference (presets are built
+    truncated, so they are fine)."""
+    if spec.model.path and spec.model.num_layers:
+        raise ValueError(f"engine={engine} runs the checkpoint as saved: model.num_layers={spec.model.num_layers} "
+                         "with model.path applies to engine=moebench only (a preset model is built truncated "
+                         "for every engine)")
+
+
 class EngineAdapter(ABC):
     name: ClassVar[str] = ""
     Options: ClassVar[type] = NoOptions
@@ -50,6 +60,12 @@ class EngineAdapter(ABC):
                                              # at another run.threads needs another engine, never this one
     compute_dtype: str | None = None   # the torch dtype its matmuls run in; None: the engine picks per tensor
     lossy: bool = False                # it runs a lossy treatment (a KV format that loses precision, ...)
+    load_s: float | None = None        # its own model load, s (the load row's source=engine time_s): the
+                                       # client's time_s also holds one-time setup (imports, a GGUF conversion)
+
+    def budget_gap(self) -> str | None:
+        """How this engine falls short of holding `hardware.device_memory` (the runner warns), or None."""
+        return None
 
     @classmethod
     @abstractmethod

@@ -3,7 +3,7 @@ reference beside ours; on CUDA, accelerate's `device_map` offload within the dev
 
 Owns: loading the checkpoint (a preset is exported with engine.export first, so both engines run
 the same seeded weights), the same work as ours per pass (logits of the last position only,
-`logits_to_keep=1`), its KV cache as a session, and moving that cache to host RAM and back.
+`logits_to_keep=1`; a prefill in micro-batches of `workload.ubatch` tokens), its KV cache as a session, and moving that cache to host RAM and back.
 Counters it cannot give stay None (never 0). MXFP4 checkpoints (GPT-OSS) load through
 transformers' own dequantisation (`Mxfp4Config(dequantize=True)`: bf16 expert weights, exact),
 cast to the run's dtype off CUDA so an fp32 run is fp32 throughout; recurrent layers' states
@@ -12,6 +12,7 @@ cast to the run's dtype off CUDA so an fp32 run is fp32 throughout; recurrent la
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ import torch
 
 from engine.dtypes import DTYPES, dtype_name
 from engine.export import export_preset
-from harness.engines.base import EngineAdapter, Produced, argmax
+from harness.engines.base import EngineAdapter, Produced, argmax, refuse_truncation
 
 
 class HFAdapter(EngineAdapter):
@@ -30,6 +31,8 @@ class HFAdapter(EngineAdapter):
     def __init__(self, spec: Any) -> None:
         import transformers
 
+        refuse_truncation(spec, self.name)
+        self.ubatch = spec.workload.ubatch
         path = spec.model.path or str(export_preset(spec.model.name, spec.model.seed, spec.model_config,
                                                     Path(spec.run.out) / ".checkpoints"))
         dtype = "auto" if spec.model.dtype == "auto" else DTYPES[spec.model.dtype]
@@ -43,7 +46,9 @@ class HFAdapter(EngineAdapter):
                  ).get("quant_method") == "mxfp4"
         if mxfp4:
             kwargs["quantization_config"] = transformers.Mxfp4Config(dequantize=True)
+        t0 = time.perf_counter()
         self.model = transformers.AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
+        self.load_s = time.perf_counter() - t0
         if mxfp4 and not cuda and dtype != "auto":
             self.model = self.model.to(dtype)       # dequantised experts come back bf16 whatever `dtype` asked
         self.device = torch.device("cuda") if cuda else torch.device("cpu")
@@ -56,6 +61,11 @@ class HFAdapter(EngineAdapter):
     def build(cls, spec: Any, options: Any, **kw: Any) -> "HFAdapter":   # progress etc. do not apply
         return cls(spec)
 
+    def budget_gap(self) -> str | None:
+        if self.device_kind == "cpu":
+            return "transformers runs on the CPU here: nothing is on a device to hold to it"
+        return "accelerate's max_memory holds transformers' weights to it; its KV and activations come on top"
+
     def new_session(self, batch: int):
         from transformers import DynamicCache
         return {"past": DynamicCache(config=self.model.config)}
@@ -67,7 +77,10 @@ class HFAdapter(EngineAdapter):
         return out.logits[:, -1]
 
     def prefill(self, sess, rows) -> Produced:
-        out = self._forward(sess, torch.tensor(rows))
+        """In micro-batches of `workload.ubatch` tokens, as ours and llama.cpp's -ub prefill."""
+        ids = torch.tensor(rows)
+        for start in range(0, ids.shape[1], self.ubatch):
+            out = self._forward(sess, ids[:, start:start + self.ubatch])
         return Produced(argmax(out), out)
 
     def decode(self, sess, tokens: list[int], steps: int) -> Iterator[Produced]:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.engines.base import EngineAdapter, Produced
+from harness.engines.base import EngineAdapter, Produced, refuse_truncation
 from harness.machine import default_threads
 
 log = logging.getLogger(__name__)
@@ -119,16 +119,18 @@ class LlamaCppAdapter(EngineAdapter):
         if spec.workload.batch != 1:
             raise ValueError(f"engine=llamacpp: workload.batch={spec.workload.batch}; this adapter drives one "
                              "server slot per job, so allowed: workload.batch=1")
+        refuse_truncation(spec, self.name)
         self.options = options
         self.binaries = find_binaries()        # a clear error saying how to build when missing
         threads = spec.run.threads or default_threads()
         self.weights = options.weights_for(spec.dtype)
         self.flags = options.flags(spec.workload.ubatch, session_tokens_of(spec) + 1, threads,
                                    getattr(spec, "kv_dtype", "model"), spec.dtype)
-        # lossy: weights or a KV cache type other than the model dtype's own
+        # lossy: weights or a KV cache type other than the model dtype's own, or flash attention
+        # not off (its CPU path drifts from the reference: harness.llamacpp.flags)
         own = OWN_TYPES.get(spec.dtype)
-        self.lossy = getattr(spec, "lossy", False) or not (self.weights == self.flags.cache_type_k
-                                                           == self.flags.cache_type_v == own)
+        self.lossy = getattr(spec, "lossy", False) or self.flags.flash_attn != "off" or not (
+            self.weights == self.flags.cache_type_k == self.flags.cache_type_v == own)
         self.flags.server_argv(self.binaries.server)           # validated against this build before launch
         self.gguf = (convert(spec.model.path, self.weights) if spec.model.path else
                      convert_preset(spec.model.name, spec.model.seed, self.weights, cfg=spec.model_config))
@@ -139,6 +141,7 @@ class LlamaCppAdapter(EngineAdapter):
         except BaseException:                  # the failure carries the log's tail; the dir goes
             shutil.rmtree(self.workdir, ignore_errors=True)
             raise
+        self.load_s = self.server.load_s       # start -> /health ok: the model load, no conversion or probe
         backend = (self.binaries.info.backend if self.binaries.info else "unknown").lower()
         self.device_kind = "cuda" if "cuda" in backend else "cpu"
         self.device_name = f"llama.cpp {backend}"
@@ -149,6 +152,11 @@ class LlamaCppAdapter(EngineAdapter):
     @classmethod
     def build(cls, spec: Any, options: Any, **kw: Any) -> "LlamaCppAdapter":
         return cls(spec, options)
+
+    def budget_gap(self) -> str | None:
+        return ("llama.cpp puts on the device what its knobs say (engine.n_gpu_layers, engine.n_cpu_moe, ...), "
+                "whatever the budget" if self.device_kind == "cuda" else
+                "this llama.cpp build runs on the CPU: nothing is on a device to hold to it")
 
     # --- rows ---------------------------------------------------------------------------------
     def knobs(self) -> dict[str, Any]:
@@ -191,11 +199,14 @@ class LlamaCppAdapter(EngineAdapter):
     def prefill(self, sess: _Session, rows: list[list[int]]) -> Produced:
         fresh = not sess.history
         prompt = [*sess.history, *rows[0]]
-        r = self.server.complete(prompt, 1, cache_prompt=True, n_probs=self._probs())
+        r = self.server.complete(prompt, 1, cache_prompt=True, n_probs=self._probs(), ignore_eos=True)
         t = r.timings
         if fresh and t.cache_n:
             raise RuntimeError(f"llama-server reused {t.cache_n} cached tokens for a fresh prefill (its prompt cache "
                                "is on? engine.cache_ram=0 turns it off)")
+        if not fresh and t.cache_n is not None and t.cache_n != len(sess.history):
+            raise RuntimeError(f"llama-server reused {t.cache_n} cached tokens of the session's {len(sess.history)}: "
+                               "this turn would not be the prefix-cache hit it is measured as")
         self._metrics.update(time_s=t.prompt_ms / 1e3, tokens=float(t.prompt_n), tok_per_s=t.prefill_tok_per_s,
                              reused_tokens=None if t.cache_n is None else float(t.cache_n))
         sess.history = prompt
@@ -204,7 +215,11 @@ class LlamaCppAdapter(EngineAdapter):
     def decode(self, sess: _Session, tokens: list[int], steps: int) -> Iterator[Produced]:
         prompt = [*sess.history, tokens[0]]
         made: list[int] = []
-        chunks = self.server.stream(prompt, steps, cache_prompt=True, n_probs=self._probs(), timings_per_token=True)
+        # ignore_eos: every engine generates the same number of tokens (llama.cpp would stop at an
+        # end-of-generation token, which ours never does); it masks those tokens, so where the exact
+        # greedy token is one, its continuation differs from ours from there (token_agreement says so)
+        chunks = self.server.stream(prompt, steps, cache_prompt=True, n_probs=self._probs(), timings_per_token=True,
+                                    ignore_eos=True)
         final = None
         for chunk in chunks:
             for i, tok in enumerate(chunk.tokens):
@@ -214,6 +229,9 @@ class LlamaCppAdapter(EngineAdapter):
             final = chunk.final or final
         if final is None:
             raise RuntimeError("llama-server's stream ended without its timings")
+        if len(made) != steps:
+            raise RuntimeError(f"llama-server generated {len(made)} of the {steps} decode tokens asked for: the "
+                               "phase would not be the work the other engines do")
         t = final.timings
         per_step = _diffs(final.token_server_ms)
         self._metrics.update(time_s=(t.prompt_ms + t.predicted_ms) / 1e3, tokens=float(len(made)),

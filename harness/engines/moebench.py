@@ -9,6 +9,7 @@ sessions, passes, KV displacement, counters, instrumentation and the emulated de
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,6 +33,7 @@ class MoebenchAdapter(EngineAdapter):
         overrides = {"num_layers": spec.model_config.num_layers, "moe_layers": spec.model_config.moe_layers} \
             if spec.model.num_layers else None
         resident = placement == "resident"
+        t0 = time.perf_counter()
         self.engine = Engine.from_pretrained(
             src, placement="resident" if resident else spec.placement,
             cache_capacity=None if resident else spec.capacity, cache_policy=spec.policy or "lru",
@@ -45,6 +47,7 @@ class MoebenchAdapter(EngineAdapter):
             prefetch_options=None if resident else prefetch_options, progress=progress,
             kv_dtype=DEFAULT_KV_DTYPE if exact else getattr(spec, "kv_dtype", DEFAULT_KV_DTYPE),
             **({} if resident else spec.placement_options))
+        self.load_s = time.perf_counter() - t0
         dev = self.engine.device
         self.device_kind, self.device_name, self.emulated = dev.kind, dev.name, dev.emulated
         self.resolved_capacity = self.engine.plan.capacity

@@ -11,6 +11,7 @@ from hydra import compose, initialize_config_dir
 import harness.cli  # noqa: F401 -- registers the ConfigStore
 from engine.planner import plan_memory
 from engine.config import preset
+from engine.export import export_preset
 from harness import engines, results, runner
 from harness.cli import CONF_DIR
 from harness.config import validate
@@ -241,3 +242,44 @@ def test_load_rows_carry_the_settings_columns_every_other_row_has(tmp_path):
     load, decode = df[df.phase == "load"], df[(df.phase == "decode") & (df.profiler == "none")]
     assert len(load) and load[[c for c in cols if c != "resolved_capacity"]].notna().all().all()   # no cache: null
     assert load[cols].drop_duplicates().values.tolist() == decode[cols].drop_duplicates().values.tolist()
+
+
+def test_transformers_prefills_in_micro_batches_of_ubatch_tokens(tmp_path):
+    """The same work as ours and llama.cpp's -ub: a 100-token prefill at ubatch 32 is 4 forward
+    passes, and its logits match one pass over the whole prompt."""
+    spec = validate(cfg_with("engine=hf", "placement=resident", "workload.ubatch=32", f"run.out={tmp_path}", *SMALL))
+    from harness.engines.hf import HFAdapter
+    hf = HFAdapter(spec)
+    passes = []
+    hook = hf.model.lm_head.register_forward_hook(lambda m, i, o: passes.append(1))
+    chunked = hf.prefill(hf.new_session(1), [list(range(10, 110))]).logits
+    hook.remove()
+    hf.ubatch = 512
+    whole = hf.prefill(hf.new_session(1), [list(range(10, 110))]).logits
+    assert len(passes) == 4 and torch.allclose(chunked, whole, atol=1e-4)
+
+
+@pytest.mark.parametrize("engine", ["hf", "llamacpp"])
+def test_engines_that_run_a_checkpoint_as_saved_refuse_a_layer_count(tmp_path, engine):
+    """model.num_layers with model.path would measure the whole checkpoint against our truncated one."""
+    ckpt = export_preset("tiny-mixtral", 0, preset("tiny-mixtral"), tmp_path / "ckpt")
+    out, df = job(tmp_path, f"engine={engine}", f"model.path={ckpt}", "model.num_layers=2", "run.repeats=1",
+                  "run.ablation=false", *SMALL)
+    assert out.error and "runs the checkpoint as saved: model.num_layers=2" in out.error
+
+
+def test_an_engine_that_does_not_hold_the_budget_says_so(tmp_path, capsys):
+    reporter = Reporter(quiet=False)
+    run_job(cfg_with("engine=hf", "placement=resident", "hardware.device_memory=64KiB", "run.repeats=1",
+                     "run.ablation=false", f"run.out={tmp_path}", *SMALL), JobContext(tmp_path / "job", "s", "j"), reporter)
+    assert "hardware.device_memory=64KiB is not held by engine=hf: transformers runs on the CPU here" in \
+        capsys.readouterr().err
+
+
+def test_the_load_row_has_the_engine_s_own_load_beside_the_client_s(tmp_path):
+    """The client's time_s holds one-time setup too (imports, a GGUF conversion); source=engine is
+    the model load alone, never longer."""
+    out, df = job(tmp_path, "engine=hf", "placement=resident", "run.repeats=1", "run.ablation=false", *SMALL)
+    assert out.error is None, out.error
+    load = df[(df.phase == "load") & (df.metric == "time_s")].set_index("source")["value"]
+    assert 0 < load["engine"] <= load["client"]

@@ -114,7 +114,7 @@ def test_jobs_of_one_engine_configuration_share_one_load(tmp_path):
     moebench(["-m", "workload.seed=0,1", "run.repeats=1", "run.warmup=0", "run.timeline=false",
               "run.ablation=false", *SMALL], tmp_path)
     df = results.load(sweep_dir(tmp_path) / "results.parquet")
-    loads = df[(df.phase == "load") & (df.metric == "time_s")].sort_values("job_id")
+    loads = df[(df.phase == "load") & (df.metric == "time_s") & (df.source == "client")].sort_values("job_id")
     assert df.job_id.nunique() == 2 and sorted(loads.model_load) == ["cold", "reused"]
     assert loads[loads.model_load == "reused"].value.isna().all()  # a reused engine's load was not measured
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -129,7 +130,7 @@ def test_unsupported_knobs_fail_before_any_server_starts(tmp_path):
 def test_a_server_killed_mid_job_becomes_a_failed_row_with_its_log(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     args = ["-m", "engine.n_cpu_moe=0,1", "run.sweep_id=k", *[a for a in SMALL if not a.startswith("run.repeats")],
-            "run.repeats=40", "workload.gen_tokens=16"]
+            "run.repeats=200", "workload.gen_tokens=16"]   # ~10 s a job here: the kill lands inside it
     proc = subprocess.Popen([sys.executable, "-m", "harness.cli", *args], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     victim = None
@@ -137,7 +138,7 @@ def test_a_server_killed_mid_job_becomes_a_failed_row_with_its_log(tmp_path):
     while victim is None and time.time() < deadline and proc.poll() is None:
         servers = [c for c in psutil.Process(proc.pid).children(recursive=True) if "llama-server" in c.name()]
         if servers:
-            time.sleep(2.0)                   # mid-job: past the server's start, inside the repeats
+            time.sleep(1.0)                   # mid-job: past the server's start, inside the repeats
             try:
                 servers[0].send_signal(signal.SIGKILL)     # psutil refuses a pid that is no longer that server
                 victim = servers[0]
@@ -179,3 +180,34 @@ def test_an_artifact_that_cannot_be_saved_loses_no_measurement(tmp_path):
     assert ok[(ok.phase == "decode") & (ok.metric == "tok_per_s")].value.notna().all()
     failed = df[df.status == "failed"]
     assert list(failed.phase) == ["artifacts"] and proc.returncode == 1
+
+
+def test_an_end_of_generation_token_neither_shortens_the_decode_nor_passes_as_agreement(tmp_path):
+    """A checkpoint with its own tokenizer and an eos_token_id that our greedy decode emits at its
+    second step: llama.cpp would stop there (2 tokens timed, 3 counted, agreement over 2). It
+    generates every token asked for instead (ignore_eos), the engine and the client count the same
+    tokens, and the agreement is over all of the reference's tokens."""
+    from engine import Engine
+    from engine.config import preset
+    from engine.export import export_preset
+    from harness.llamacpp.convert import _placeholder_sentencepiece
+    from workloads import build as build_workload
+    from workloads.tokenize import load_tokenizer
+
+    ckpt = tmp_path / "ckpt"                                            # the default preset, as a checkpoint
+    shutil.copytree(export_preset("tiny-mixtral", 0, preset("tiny-mixtral"), tmp_path / "export"), ckpt)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    tok = load_tokenizer(str(ckpt), cfg["vocab_size"], "text")
+    sample = build_workload("chat", tok, 256, 64, 1, 0, "text")      # the job's prompt (SMALL, defaults)
+    ours = Engine.from_pretrained(ckpt, device="cpu").generate(sample.contexts, 8).tokens[0]
+    cfg["eos_token_id"] = ours[2]                                   # the second decode step's token
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    (ckpt / "tokenizer.model").write_bytes(_placeholder_sentencepiece(cfg["vocab_size"]))
+    cli([*SMALL, f"model.path={ckpt}"], tmp_path)
+    df = results.load(run_dir(tmp_path))
+    assert (df.status == "ok").all()
+    decode = df[(df.phase == "decode") & (df.profiler == "none")]
+    tokens = decode[decode.metric == "tokens"].set_index("source")["value"]
+    assert tokens["engine"] == tokens["client"] == 7
+    agreement = decode[decode.metric == "token_agreement"].value.iloc[0]
+    assert agreement < 1.0           # the masked end-of-generation token: a different continuation, said so
