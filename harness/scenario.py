@@ -15,9 +15,12 @@ session, so `reused_tokens` is the session length before the turn.
 """
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -28,6 +31,8 @@ from harness.engines.base import EngineAdapter as Adapter, Produced
 from harness.measure import PhaseProbe, percentile, rates
 from harness.profiling.overlap import OVERLAP_METRICS, overlap_metrics
 from workloads.base import WorkloadSample
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -94,12 +99,25 @@ def prime_expert_cache(eng: Adapter, sample: WorkloadSample, gen_tokens: int) ->
     """Leave the expert cache as one turn of *another* session leaves it: prefill its context and
     decode `gen_tokens - 1` steps, then drop that session (its KV, never its expert state)."""
     sess = eng.new_session(len(sample.contexts))
-    try:
+    with closing_session(eng, sess):
         tok = eng.prefill(sess, sample.contexts).tokens
         for _ in eng.decode(sess, tok, gen_tokens - 1):
             pass
-    finally:
-        eng.close_session(sess)
+
+
+@contextmanager
+def closing_session(eng: Adapter, sess: Any) -> Iterator[None]:
+    """Close `sess` after the block; when the block failed, a failing close (a dead server's) is
+    logged and the block's own error is the one raised."""
+    try:
+        yield
+    except BaseException:
+        try:
+            eng.close_session(sess)
+        except Exception as exc:  # noqa: BLE001 -- the first error says what went wrong
+            log.warning("closing the session after a failure failed too: %s: %s", type(exc).__name__, exc)
+        raise
+    eng.close_session(sess)
 
 
 def run_repeat(eng: Adapter, sample: WorkloadSample, gen_tokens: int, keep_logits: bool,
@@ -134,7 +152,7 @@ def run_repeat(eng: Adapter, sample: WorkloadSample, gen_tokens: int, keep_logit
         result.windows.append((name, p.t_start, p.t_end))
         return res
 
-    try:
+    with closing_session(eng, sess):
         produced: list[Produced] = []
 
         def fresh() -> tuple[int, dict]:
@@ -192,8 +210,6 @@ def run_repeat(eng: Adapter, sample: WorkloadSample, gen_tokens: int, keep_logit
             ph = measured(name, turn, "warm" if cached else None)
             ph.client["ttft_s"] = ph.client["time_s"]
             tok = _note(ph, produced[0], keep_logits)
-    finally:
-        eng.close_session(sess)
     return result
 
 

@@ -66,6 +66,8 @@ def get_adapter(spec: Any, key_extra: tuple = (), **kw: Any) -> tuple[EngineAdap
     """(the job's measured adapter, loaded_now). Reuses the engine already loaded in this process
     for the same key; any other cached engine is freed first, never held beside it."""
     key = (*engine_key(spec), *key_extra)
+    if key in _CACHE and not _CACHE[key].alive():   # e.g. a server killed between jobs: start a new one
+        release_cached()
     if key in _CACHE:
         _CACHE.move_to_end(key)
         return _CACHE[key], False

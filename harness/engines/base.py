@@ -63,6 +63,10 @@ class EngineAdapter(ABC):
     load_s: float | None = None        # its own model load, s (the load row's source=engine time_s): the
                                        # client's time_s also holds one-time setup (imports, a GGUF conversion)
 
+    def alive(self) -> bool:
+        """Whether a cached adapter can serve another job (a server process can die between jobs)."""
+        return True
+
     def budget_gap(self) -> str | None:
         """How this engine falls short of holding `hardware.device_memory` (the runner warns), or None."""
         return None

@@ -153,6 +153,9 @@ class LlamaCppAdapter(EngineAdapter):
     def build(cls, spec: Any, options: Any, **kw: Any) -> "LlamaCppAdapter":
         return cls(spec, options)
 
+    def alive(self) -> bool:
+        return self.server.proc is not None and self.server.proc.poll() is None
+
     def budget_gap(self) -> str | None:
         return ("llama.cpp puts on the device what its knobs say (engine.n_gpu_layers, engine.n_cpu_moe, ...), "
                 "whatever the budget" if self.device_kind == "cuda" else

@@ -151,6 +151,7 @@ def test_a_server_killed_mid_job_becomes_a_failed_row_with_its_log(tmp_path):
     df = results.load(tmp_path / "results" / "sweeps" / "k" / results.SWEEP_TABLE)
     failed = df[df.status == "failed"]
     assert failed.job_id.nunique() == 1 and "last lines of the llama-server log" in failed.error.iloc[0]
+    assert "action=erase" not in failed.error.iloc[0]          # the request that failed, not the clean-up after it
     assert (df[df.status == "ok"].groupby("job_id").size() > 0).sum() == 1      # the next job ran on a new server
     job_dir = next(p for p in (tmp_path / "results" / "sweeps" / "k").iterdir()
                    if p.is_dir() and (p / "DONE").is_file() and json.loads((p / "DONE").read_text())["status"] == "failed")
@@ -211,3 +212,26 @@ def test_an_end_of_generation_token_neither_shortens_the_decode_nor_passes_as_ag
     assert tokens["engine"] == tokens["client"] == 7
     agreement = decode[decode.metric == "token_agreement"].value.iloc[0]
     assert agreement < 1.0           # the masked end-of-generation token: a different continuation, said so
+
+
+def test_a_cached_server_that_died_between_jobs_is_replaced(tmp_path):
+    """The next job of the same engine configuration starts a new server instead of failing on
+    the dead one (a real SIGKILL of the real process)."""
+    from hydra import compose, initialize_config_dir
+
+    import harness.cli  # noqa: F401 -- registers the ConfigStore
+    from harness.cli import CONF_DIR
+    from harness.config import validate
+    from harness.engines import get_adapter, release_cached
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        spec = validate(compose(config_name="config", overrides=[*SMALL, f"run.out={tmp_path}"]))
+    try:
+        first, loaded = get_adapter(spec)
+        assert loaded and first.alive()
+        os.kill(first.server.pid, signal.SIGKILL)
+        first.server.proc.wait(timeout=30)
+        second, loaded = get_adapter(spec)
+        assert loaded and second is not first and second.alive()
+    finally:
+        release_cached()
