@@ -39,14 +39,15 @@ NSYS_CHILD_ENV = "MOEBENCH_NSYS_CHILD"
 
 
 def timeline_pass(eng: Adapter, sample: WorkloadSample, gen_tokens: int, nvtx_on: bool,
-                  trace_path: Path | None) -> RepeatResult | None:
-    """One instrumented repeat; None when the engine has no instrumentation hook."""
+                  trace_path: Path | None, warm_with: WorkloadSample | None = None) -> RepeatResult | None:
+    """One instrumented repeat, from the expert-cache state the measured repeats start from
+    (`warm_with`: run_repeat's); None when the engine has no instrumentation hook."""
     tl = Timeline(eng.device_kind)
     inst = Instruments(tl, NvtxRanges()) if nvtx_on else tl
     if not eng.set_instrument(inst):
         return None
     try:
-        res = run_repeat(eng, sample, gen_tokens, keep_logits=False, timeline=tl)
+        res = run_repeat(eng, sample, gen_tokens, keep_logits=False, timeline=tl, warm_with=warm_with)
     finally:
         eng.set_instrument(None)
     if trace_path is not None:
@@ -72,14 +73,15 @@ def trace_pass(eng: Adapter, sample: WorkloadSample, gen_tokens: int, path: Path
     return res
 
 
-def torch_profile_pass(eng: Adapter, sample: WorkloadSample, gen_tokens: int,
-                       trace_path: Path) -> tuple[RepeatResult, dict[str, float | None]]:
-    """One repeat under torch.profiler; exports a Chrome trace and sums its memcpy events."""
+def torch_profile_pass(eng: Adapter, sample: WorkloadSample, gen_tokens: int, trace_path: Path,
+                       warm_with: WorkloadSample | None = None) -> tuple[RepeatResult, dict[str, float | None]]:
+    """One repeat under torch.profiler (from the measured repeats' expert-cache state, `warm_with`);
+    exports a Chrome trace and sums its memcpy events."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if eng.device_kind == "cuda" else [])
     with profile(activities=activities, record_shapes=True) as prof:
-        res = run_repeat(eng, sample, gen_tokens, keep_logits=False)
+        res = run_repeat(eng, sample, gen_tokens, keep_logits=False, warm_with=warm_with)
     prof.export_chrome_trace(str(trace_path))
     return res, memcpy_summary(json.loads(trace_path.read_text()))
 

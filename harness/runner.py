@@ -343,7 +343,8 @@ class Job:
         if run_cfg.timeline or run_cfg.trace:
             try:
                 with self.reporter.step("timeline pass"):
-                    res = timeline_pass(eng, sample, gen, run_cfg.nvtx, job_dir / "trace.json" if run_cfg.trace else None)
+                    res = timeline_pass(eng, sample, gen, run_cfg.nvtx, job_dir / "trace.json" if run_cfg.trace else None,
+                                        warm_with=warm)
                 if res is not None:
                     self._emit_pass(res, "timeline", copy_timing=timing)
             except Exception as exc:  # noqa: BLE001
@@ -359,7 +360,7 @@ class Job:
         if run_cfg.profiler == "torch":
             try:
                 with self.reporter.step("torch.profiler pass"):
-                    res, summary = torch_profile_pass(eng, sample, gen, job_dir / "torch_trace.json")
+                    res, summary = torch_profile_pass(eng, sample, gen, job_dir / "torch_trace.json", warm_with=warm)
                 self._emit_pass(res, "torch")
                 self.emit(0, "all", summary, "torch", "torch", units=PROFILER_UNITS)
             except Exception as exc:  # noqa: BLE001

@@ -79,6 +79,10 @@ class LlamaFlags:
             raise FlagError(f"n_gpu_layers must be an integer >= 0, 'auto' or 'all', got {self.n_gpu_layers!r}")
         if self.flash_attn is not None and self.flash_attn not in FLASH_ATTN:
             raise FlagError(f"flash_attn must be one of {FLASH_ATTN} or None, got {self.flash_attn!r}")
+        if self.batch is not None and self.ubatch is not None and self.ubatch > self.batch:
+            raise FlagError(f"ubatch {self.ubatch} > batch {self.batch}: llama.cpp would clamp -ub to -b and run "
+                            f"micro-batches of {self.batch}; give a batch (engine.batch) of at least the ubatch "
+                            "(workload.ubatch)")
         if self.cpu_moe and self.n_cpu_moe is not None:
             raise FlagError(f"cpu_moe=True and n_cpu_moe={self.n_cpu_moe} both given; cpu_moe already puts "
                             "every layer's experts on the CPU")

@@ -283,3 +283,14 @@ def test_the_load_row_has_the_engine_s_own_load_beside_the_client_s(tmp_path):
     assert out.error is None, out.error
     load = df[(df.phase == "load") & (df.metric == "time_s")].set_index("source")["value"]
     assert 0 < load["engine"] <= load["client"]
+
+
+def test_the_timeline_pass_starts_from_the_measured_repeats_expert_cache_state(tmp_path):
+    """run.expert_cache=warm: the instrumented repeat is warm too, moving the bytes the speed rows moved."""
+    out, df = job(tmp_path, "placement=fetch", "cache.capacity=2", "run.repeats=1", "run.ablation=false",
+                  "run.expert_cache=warm", "run.timeline=true", *[a for a in SMALL if a != "run.timeline=false"])
+    assert out.error is None, out.error
+    h2d = df[(df.metric == "h2d_bytes") & (df.phase == "prefill_fresh")].set_index("profiler")["value"]
+    assert h2d["timeline"] == h2d["none"]
+    state = df[(df.phase == "prefill_fresh") & (df.metric == "h2d_bytes")].set_index("profiler")["expert_cache"]
+    assert state["timeline"] == state["none"] == "warm"

@@ -68,3 +68,10 @@ def test_llama_bench_rejects_f32_kv_before_launch(bins):
         EXACT.bench_argv(bins.bench)
     assert "cache_type_k='f32'" in str(e.value) and "llama-bench" in str(e.value)
     LlamaFlags(cache_type_k="f16", cache_type_v="f16", flash_attn="off", threads=1).bench_argv(bins.bench)
+
+
+def test_a_ubatch_above_the_batch_is_refused_not_clamped():
+    """llama.cpp clamps -ub to -b: the rows would say ubatch 512 for micro-batches of 256."""
+    LlamaFlags(batch=512, ubatch=512)                                        # equal: accepted
+    with pytest.raises(FlagError, match=r"ubatch 512 > batch 256: llama.cpp would clamp -ub to -b"):
+        LlamaFlags(batch=256, ubatch=512)
