@@ -280,8 +280,9 @@ class Job:
                 "peak_device_reserved_bytes": probe.peak_device_reserved_bytes if loaded else None,
                 "emulated_device_peak_bytes": eng.device_peak() if loaded else None}
         self.emit(0, "load", load, "client", model_load="cold" if loaded else "reused", expert_cache="cold")
-        if loaded:        # the engine's own load, without one-time setup (imports, a GGUF conversion, probes)
-            self.emit(0, "load", {"time_s": eng.load_s}, "engine", model_load="cold", expert_cache="cold")
+        # the engine's own load, without one-time setup (imports, a GGUF conversion, probes)
+        self.emit(0, "load", {"time_s": eng.load_s if loaded else None}, "engine",
+                  model_load="cold" if loaded else "reused", expert_cache="cold")
         return eng, loaded
 
     # --- quality against the exact reference (exact runs too: 0 / 1 there) -------------------------
