@@ -168,7 +168,10 @@ def _launch(argv: list[str], sweep_dir: Path | None) -> int:
                 if older := len(jobs - STATE["handled_jobs"]):
                     where += (f" ({older} of them not reached by this run: their results are from before it, "
                               "their configs unchecked until the command runs again)")
-        print(f"moebench: interrupted by {exc}{where}; run the same command again to resume", file=sys.stderr)
+        again = ("run the command again without run.resume=replace to resume (with it, the sweep starts over and "
+                 "the completed jobs are deleted)" if _override(argv, "run.resume") == "replace"
+                 else "run the same command again to resume")
+        print(f"moebench: interrupted by {exc}{where}; {again}", file=sys.stderr)
         return exc.exit_code
     finally:
         report.close_progress()

@@ -239,6 +239,28 @@ def test_an_interrupted_resume_of_a_changed_sweep_says_which_results_are_older(t
     assert last.startswith("moebench: interrupted by SIGTERM") and "not reached by this run" in last, last
 
 
+@pytest.mark.slow
+def test_an_interrupted_replace_says_how_to_resume_without_starting_over(tmp_path):
+    """`run.resume=replace` clears the dir on every run: repeating the command after an interrupt
+    would delete the jobs it completed, so the message says to drop it."""
+    args = ["-m", "placement=fetch", "cache.capacity=2,3,4", "run.sweep_id=R", "run.resume=replace", *SMALL]
+    proc = popen(args, tmp_path)
+    sweep = tmp_path / "results" / "sweeps" / "R"
+    deadline = time.time() + 300
+    while time.time() < deadline and not list(sweep.glob("*/DONE")) and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143, err
+    last = err.strip().splitlines()[-1]
+    assert last.endswith("run the command again without run.resume=replace to resume (with it, the sweep starts "
+                         "over and the completed jobs are deleted)"), last
+    kept = done_times(sweep)
+    again = cli([a for a in args if a != "run.resume=replace"], tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert all(done_times(sweep)[j] == t for j, t in kept.items())              # resumed, not re-run
+
+
 def test_ctrl_c_in_a_single_run_prints_one_line(tmp_path):
     proc = popen(["workload=chat", "workload.context_tokens=2048", "workload.gen_tokens=64", "run.repeats=20",
                   "run.quiet=true"], tmp_path)
