@@ -222,9 +222,14 @@ class Engine:
 
     # --- sessions and generation -----------------------------------------------------------
     def new_session(self, batch: int = 1) -> Session:
-        """A session of `batch` sequences; each layer's state is allocated for the planned context."""
+        """A session of `batch` sequences (under a device budget at most the planned batch: its KV and
+        activations are what the plan holds room for); each layer's state is allocated for the
+        planned context."""
         self._open()
         _positive_int("batch", batch)
+        if batch > self.plan.batch and self.device.ledger.budget is not None:
+            raise ValueError(f"a session of batch {batch} but the engine was planned for batch={self.plan.batch} "
+                             "(its KV and activations scale with it); pass batch= to Engine.from_pretrained")
         return self.model.new_session(self._counters, batch, max_tokens=self.plan.context,
                                       kv_dtype=self.options["kv_dtype"])
 

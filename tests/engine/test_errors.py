@@ -97,6 +97,21 @@ def test_plan_over_budget_shows_arithmetic():
     assert live_models() == before
 
 
+def test_a_session_above_the_planned_batch_is_refused_under_a_budget():
+    """Its KV and activations scale with the batch: a budgeted engine planned for batch 1 would run
+    two sequences on room for one (the ledger refuses only once it runs out, mid-pass)."""
+    eng = Engine.from_pretrained("tiny-mixtral", device="cpu", placement="resident", device_memory="64MiB",
+                                 max_context=600)
+    with pytest.raises(ValueError, match="a session of batch 2 but the engine was planned for batch=1"):
+        eng.new_session(2)
+    with pytest.raises(ValueError, match="planned for batch=1"):
+        eng.generate([[1, 2, 3], [4, 5, 6]], 2)
+    eng.new_session(1).close()
+    planned = Engine.from_pretrained("tiny-mixtral", device="cpu", placement="resident", device_memory="64MiB",
+                                     max_context=600, batch=2)
+    planned.generate([[1, 2, 3], [4, 5, 6]], 2)                  # planned for it: runs
+
+
 def test_auto_capacity_shrinks_with_context():
     """A longer context leaves fewer expert slots: KV (and the attention workspace over it)
     versus residency."""
