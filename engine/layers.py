@@ -113,6 +113,13 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((rot * cos + rot.roll(r // 2, -1) * signed, rest), dim=-1)
 
 
+def plain_causal(T: int, past: int, kv_start: int, window: int | None) -> bool:
+    """Whether T queries at positions past.. over the keys kv_start..past+T-1 are a plain
+    lower-triangular mask (queries and keys the same positions, no window cut): `sdpa` passes it
+    as is_causal, and the kernel skips the keys above the diagonal."""
+    return past == kv_start and (window is None or window >= T)
+
+
 def causal_mask(T: int, past: int, window: int | None, device: torch.device,
                 kv_start: int = 0) -> torch.Tensor | None:
     """Boolean [T, S] mask (True = may attend) of T queries at positions past.. over the keys at
@@ -124,8 +131,7 @@ def causal_mask(T: int, past: int, window: int | None, device: torch.device,
     mask = kv <= q
     if window is not None:
         mask &= kv > q - window
-    # plain lower-triangular (queries and keys the same positions, no window cut): sdpa says is_causal
-    mask.plain_causal = past == kv_start and (window is None or window >= T)
+    mask.plain_causal = plain_causal(T, past, kv_start, window)        # sdpa says is_causal
     return mask
 
 

@@ -44,7 +44,7 @@ from engine.blocks.rope import Rope
 from engine.devices import Device
 from engine.kv import FullKV, KVState, LayerState, SlidingKV, StateTerm
 from engine.kvquant import DEFAULT_KV_DTYPE, KVFormatError, kv_format
-from engine.layers import attention, causal_mask, heads_first, rms_norm
+from engine.layers import attention, causal_mask, heads_first, plain_causal, rms_norm
 
 QK_NORMS = ("none", "head", "full")
 FLASH_CPU_Q_BLOCK, FLASH_CPU_KV_BLOCK = 256, 512                      # torch's CPU flash-attention blocking
@@ -264,7 +264,7 @@ class GQAAttention(AttentionBlock):
         # and weighted sums over the causal triangle of a fresh pass, else the mask's whole T x S
         # rectangle; K/V read once at K heads, q read and the output written at H heads
         B, T, S, H, hd = batch, tokens, self.held_keys(tokens, past), self.H, self.hd
-        causal = self.causal_skips and past == 0 and (self.window is None or self.window >= T)
+        causal = self.causal_skips and plain_causal(T, past, past + T - S, self.window)   # S - T keys held
         pairs = score_pairs(T, S, causal)
         state = self.state_term(dtype_bytes, kv_dtype).per_token * S * B
         return KernelCost(flops=4.0 * B * H * hd * pairs, bytes=float(state + 2 * B * T * H * hd * dtype_bytes),

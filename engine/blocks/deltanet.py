@@ -67,6 +67,12 @@ class RecurrentState(LayerState):
         self.conv = self.ssm = None
 
 
+def step_form(tokens: int, past: int) -> bool:
+    """Whether a pass runs the recurrent step form (one token after a prefix) rather than the
+    chunked one -- as transformers chooses."""
+    return tokens == 1 and past > 0
+
+
 class GatedDeltaNet(AttentionBlock):
     state_kind = "a recurrent DeltaNet state (RecurrentState)"
 
@@ -123,7 +129,7 @@ class GatedDeltaNet(AttentionBlock):
         g = -w["A_log"].float().exp() * F.softplus(a.float() + w["dt_bias"])               # [B, T, H] fp32
         if H > self.Hk:
             q, k = q.repeat_interleave(H // self.Hk, dim=2), k.repeat_interleave(H // self.Hk, dim=2)
-        rule = recurrent_delta_rule if T == 1 and p.past > 0 else chunked_delta_rule     # as transformers chooses
+        rule = recurrent_delta_rule if step_form(T, p.past) else chunked_delta_rule
         o, ssm = rule(q, k, v, g, beta, state.ssm)                                        # [B, T, H, dv]
         state.ssm.copy_(ssm)
         o = gated_rms_norm(o.reshape(-1, dv), z.reshape(-1, dv), w["norm"], self.eps)
@@ -161,7 +167,7 @@ class GatedDeltaNet(AttentionBlock):
         # written once per pass, whatever the context.
         B, T, H, dk, dv = batch, tokens, self.H, self.dk, self.dv
         c = min(CHUNK, T)
-        per_head = 7 * dk * dv if T == 1 and past > 0 else 6 * dk * dv + c * (5 * dk + 3 * dv)   # as forward chooses
+        per_head = 7 * dk * dv if step_form(T, past) else 6 * dk * dv + c * (5 * dk + 3 * dv)
         flops = B * T * (H * per_head + 2 * self.C * self.K)
         state = 2 * self.state_term(dtype_bytes, kv_dtype).bytes(past + T, B)
         return KernelCost(flops=float(flops), bytes=float(state + 2 * B * T * self.C * dtype_bytes))

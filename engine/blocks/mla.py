@@ -40,7 +40,7 @@ from engine.blocks.norms import RMSNorm, norm_temp_bytes
 from engine.blocks.rope import Rope
 from engine.devices import Device
 from engine.kv import LayerState, StateTerm, grown_capacity
-from engine.layers import apply_rope, causal_mask, heads_last, sdpa
+from engine.layers import apply_rope, causal_mask, heads_last, plain_causal, sdpa
 
 MLA_KERNELS = ("absorbed", "expanded")
 LORA_NORM_EPS = 1e-6        # transformers' DeepseekV3RMSNorm default: q_a/kv_a_layernorm ignore rms_norm_eps
@@ -220,7 +220,7 @@ class MLAAttention(AttentionBlock):
         # re-expands the whole latent to per-head keys and values (written and read) before
         # attention at n + d / v dims. Pairs: the causal triangle of a fresh pass (is_causal)
         B, T, S, H, r, d, n, v, db = batch, tokens, past + tokens, self.H, self.r, self.d, self.n, self.v, dtype_bytes
-        pairs = B * H * score_pairs(T, S, causal=past == 0)
+        pairs = B * H * score_pairs(T, S, causal=plain_causal(T, past, 0, None))   # its mask: every key, no window
         latent = self.state_term(db, kv_dtype).per_token * S * B
         if self.kernel == "absorbed":
             return KernelCost(flops=4.0 * pairs * (r + d), bytes=float(latent + B * T * H * (2 * r + d) * db),

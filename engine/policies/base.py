@@ -131,8 +131,6 @@ class OrderedPolicy(EvictionPolicy):
 def still_needed(later: Set[int], policy: EvictionPolicy) -> Set[int]:
     """The protection rule (module docstring): the residents of `policy` that are in `later`
     (looked up after this one in the same step), unless the policy could then evict none."""
-    if not later:
-        return frozenset()
     evictable = policy.evictable()
     if evictable <= later:                   # every evictable resident still needed: protect none
         return frozenset()
