@@ -151,7 +151,6 @@ def test_a_server_killed_mid_job_becomes_a_failed_row_with_its_log(tmp_path):
     df = results.load(tmp_path / "results" / "sweeps" / "k" / results.SWEEP_TABLE)
     failed = df[df.status == "failed"]
     assert failed.job_id.nunique() == 1 and "last lines of the llama-server log" in failed.error.iloc[0]
-    assert "action=erase" not in failed.error.iloc[0]          # the request that failed, not the clean-up after it
     assert (df[df.status == "ok"].groupby("job_id").size() > 0).sum() == 1      # the next job ran on a new server
     job_dir = next(p for p in (tmp_path / "results" / "sweeps" / "k").iterdir()
                    if p.is_dir() and (p / "DONE").is_file() and json.loads((p / "DONE").read_text())["status"] == "failed")
