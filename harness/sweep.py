@@ -122,10 +122,15 @@ def resume_decision(done: Mapping[str, Any] | None, fingerprint: str, retry_fail
 # ----------------------------------------------------------------------------- job dir names
 
 def job_dirname(override_dirname: str) -> str:
-    """A job's dir name from Hydra's `override_dirname` (sorted `key=value` pairs)."""
-    name = (override_dirname or "default").replace(os.sep, "_")
+    """A job's dir name from Hydra's `override_dirname` (sorted `key=value` pairs). A path
+    separator in a value becomes `_`, and then a hash of the overrides as given is appended, so
+    `model.path=a/b` and `model.path=a_b` stay two dirs (they were one, the second job's results
+    overwriting the first's); a name too long for a dir is cut, ending in the hash of all of it."""
+    given = override_dirname or "default"
+    digest = "-" + hashlib.sha1(given.encode()).hexdigest()[:8]
+    name = given.replace(os.sep, "_") + (digest if os.sep in given else "")
     if len(name) > _MAX_DIRNAME:
-        name = name[:_MAX_DIRNAME - 9] + "-" + hashlib.sha1(name.encode()).hexdigest()[:8]
+        name = name[:_MAX_DIRNAME - len(digest)] + digest
     return name
 
 

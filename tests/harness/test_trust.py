@@ -104,6 +104,19 @@ def test_job_dirs_do_not_depend_on_the_order_of_sweep_values(tmp_path):
     assert done_times(sweep) == first
 
 
+def test_values_that_differ_only_by_a_path_separator_get_two_job_dirs(tmp_path, tiny_mixtral_dir):
+    import shutil
+    for rel in ("ck/a", "ck_a"):                   # one dir name once `/` becomes `_`
+        shutil.copytree(tiny_mixtral_dir, tmp_path / rel)
+    proc = cli(["-m", "model=hf", "model.path=ck/a,ck_a", "workload.tokens=random", "run.sweep_id=P", *SMALL],
+               tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    sweep = tmp_path / "results" / "sweeps" / "P"
+    assert len(done_times(sweep)) == 2
+    df = table(sweep)
+    assert df.job_id.nunique() == 2 and all(any(v in j for j in df.job_id) for v in ("=ck/a", "=ck_a"))
+
+
 # ----------------------------------------------------------------------------- 2. one writer
 
 def test_a_second_writer_is_refused_while_the_first_runs(tmp_path):
