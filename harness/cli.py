@@ -102,9 +102,21 @@ def _override(argv: list[str], key: str) -> str | None:
     return vals[-1] if vals else None
 
 
+SWEEP_DIR_KEYS = ("hydra.sweep.dir", "run.sweep_id", "run.out")   # what names a multirun's dir
+
+
 def sweep_dir_of(argv: list[str]) -> Path:
     """The sweep dir a multirun writes: hydra.sweep.dir if given, else <run.out>/sweeps/<run.sweep_id,
-    or a hash of the measurement overrides>."""
+    or a hash of the measurement overrides>. An interpolation (`${...}`) in any of the three is
+    refused: the dir is locked and claimed before Hydra starts, at the path as written, while Hydra
+    would write where the interpolation resolves (a second writer got in, an interrupt's table
+    came out empty)."""
+    for key in SWEEP_DIR_KEYS:
+        value = _override(argv, key)
+        if value is not None and "${" in value:
+            raise SweepError(f"{key}={value}: a sweep's dir must be a plain path, known before Hydra starts "
+                             "(it is locked and claimed first), not an interpolation; let the shell expand "
+                             "it instead, e.g. run.out=$HOME/results")
     given = _override(argv, "hydra.sweep.dir")
     if given:
         return Path(given)
@@ -219,8 +231,8 @@ def main() -> None:
     handle_signals()
     if not _is_multirun(argv):
         sys.exit(_launch(argv, None))
-    sweep_dir = sweep_dir_of(argv)
     try:
+        sweep_dir = sweep_dir_of(argv)
         with SweepLock(sweep_dir):
             claim_sweep(sweep_dir, sweep_overrides(argv), _override(argv, "run.resume") or "auto",
                         ["moebench", *argv])

@@ -135,6 +135,18 @@ def test_a_second_writer_is_refused_while_the_first_runs(tmp_path):
     assert df.job_id.nunique() == 3 and (df.status == "ok").all()
 
 
+@pytest.mark.parametrize("given", ["run.out=${oc.env:OUT_ROOT}", "hydra.sweep.dir=${oc.env:OUT_ROOT}/s",
+                                   "run.sweep_id=${now:%H%M%S}"])
+def test_an_interpolated_sweep_dir_is_refused_before_anything_is_written(tmp_path, given):
+    # the lock and sweep.json would land at the literal path while Hydra writes where it resolves
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OUT_ROOT": str(tmp_path / "out")}
+    proc = subprocess.run([sys.executable, "-m", "harness.cli", "-m", "placement=resident", given, *SMALL],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert f"{given}: a sweep's dir must be a plain path" in proc.stderr and "run.out=$HOME" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 # ----------------------------------------------------------------------------- 3. failed jobs retried
 
 def test_failed_jobs_are_retried_unless_asked_not_to(tmp_path):
