@@ -178,11 +178,26 @@ def invalidate_job(job_dir: str | os.PathLike[str]) -> None:
 
 
 def remove_job(job_dir: str | os.PathLike[str]) -> None:
-    """Remove a job dir's results (DONE first, so it is never read half-removed): for a job that a
-    twin stands in for, whose dir may hold an older config's."""
-    for name in (DONE_FILE, ROWS_FILE, STEPS_FILE, MANIFEST_FILE):
+    """Retire a job dir's results (DONE first, so it is never read half-removed): for a job that a
+    twin stands in for, whose dir may hold an older config's. Its rows.parquet stays, without DONE
+    or manifest, as the mark of an incomplete job, so that until the sweep table is written again
+    no load reads the job's older rows from the table; `write_sweep` then deletes it."""
+    for name in (DONE_FILE, STEPS_FILE, MANIFEST_FILE):
         with contextlib.suppress(FileNotFoundError):
             (Path(job_dir) / name).unlink()
+
+
+def _clear_leftovers(job_dirs: Iterable[Path]) -> None:
+    """Delete what incomplete jobs left (their rows, steps and manifest): called once the sweep
+    table no longer holds their older rows, or holds their failed row instead."""
+    for job_dir in job_dirs:
+        for name in (ROWS_FILE, STEPS_FILE, MANIFEST_FILE):
+            try:
+                (job_dir / name).unlink()
+            except FileNotFoundError:
+                pass
+            except OSError as exc:      # the table is written; a leftover only stays marked incomplete
+                log.warning("cannot remove %s: %s", job_dir / name, exc)
 
 
 def read_done(job_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
@@ -243,9 +258,10 @@ def _done_record(job_dir: Path) -> dict[str, Any] | None:
     return done if isinstance(done, dict) else None
 
 
-def _job_files(root: Path) -> tuple[list[Path], set[tuple[str, str]]]:
+def _job_files(root: Path, dirs: dict[tuple[str, str], Path] | None = None) -> tuple[list[Path], set[tuple[str, str]]]:
     """rows.parquet of jobs with a DONE record under root (validated when read: a corrupt file
-    there is an error, not a skip), and the (sweep_id, job_id) of incomplete jobs (no DONE)."""
+    there is an error, not a skip), and the (sweep_id, job_id) of incomplete jobs (no DONE);
+    `dirs`, when given, gets each incomplete job's dir."""
     complete, incomplete = [], set()
     for rows_file in sorted(p for p in root.rglob(ROWS_FILE) if p.is_file()):
         if _done_record(rows_file.parent) is not None:
@@ -254,7 +270,10 @@ def _job_files(root: Path) -> tuple[list[Path], set[tuple[str, str]]]:
         log.warning("%s: job is incomplete (no %s); its rows are not read", rows_file.parent, DONE_FILE)
         with contextlib.suppress(pa.ArrowException, OSError, KeyError):
             t = pq.read_table(rows_file, columns=["sweep_id", "job_id"])
-            incomplete |= set(zip(t.column("sweep_id").to_pylist(), t.column("job_id").to_pylist()))
+            keys = set(zip(t.column("sweep_id").to_pylist(), t.column("job_id").to_pylist()))
+            incomplete |= keys
+            if dirs is not None:
+                dirs.update(dict.fromkeys(keys, rows_file.parent))
     return complete, incomplete
 
 
@@ -399,12 +418,18 @@ def write_sweep(sweep_dir: str | os.PathLike[str], extra_rows: Sequence[Mapping[
     into results.parquet, steps.parquet and summary.csv. Returns the long table.
 
     Reads job dirs only (an older results.parquet is replaced, never read), so running it
-    twice gives the same files. Raises ResultsError when there is nothing to write and
-    OSError (with the path in its message) when a table cannot be written.
+    twice gives the same files. Once the table is written, the leftovers of two kinds of
+    incomplete job are deleted: a retired one (`remove_job`, or killed before its manifest was
+    written: rows without a manifest) and one whose failed row `extra_rows` holds (its files
+    could not be written), so `load` of the dir reads that row instead of skipping it as
+    incomplete. A job being measured again when a sweep is interrupted keeps its older files.
+    Raises ResultsError when there is nothing to write and OSError (with the path in its
+    message) when a table cannot be written.
     """
     sweep_dir = Path(sweep_dir)
     remove_temp_files(sweep_dir)
-    job_files, incomplete = _job_files(sweep_dir)
+    dirs: dict[tuple[str, str], Path] = {}
+    job_files, incomplete = _job_files(sweep_dir, dirs)
     extra = _canonical(rows_to_table(list(extra_rows)).to_pandas(types_mapper=_pandas_type)) if extra_rows else None
     if not job_files and extra is None:
         raise ResultsError(f"no jobs under sweep dir {sweep_dir}: expected complete <job>/{ROWS_FILE} files")
@@ -414,6 +439,8 @@ def write_sweep(sweep_dir: str | os.PathLike[str], extra_rows: Sequence[Mapping[
     if len(steps):
         _write_or_raise(sweep_dir / SWEEP_STEPS, _parquet_bytes(steps_table(steps.to_dict("records"))))
     _write_or_raise(sweep_dir / SUMMARY_FILE, spread_table(df).to_csv(index=False).encode())
+    replaced = _keys(extra)
+    _clear_leftovers(d for key, d in dirs.items() if key in replaced or not (d / MANIFEST_FILE).is_file())
     n_failed = df.loc[df["status"] == "failed", "job_id"].nunique()
     log.info("sweep %s: %d rows from %d job files (%d failed jobs)", sweep_dir, len(df), len(job_files), n_failed)
     return df

@@ -168,24 +168,26 @@ def test_failed_jobs_are_retried_unless_asked_not_to(tmp_path):
 
 # ----------------------------------------------------------------------------- 4. failed writes
 
-def test_a_job_whose_files_cannot_be_written_becomes_a_failed_row(tmp_path):
+@pytest.mark.parametrize("blocked", [results.ROWS_FILE, results.MANIFEST_FILE])
+def test_a_job_whose_files_cannot_be_written_becomes_a_failed_row(tmp_path, blocked):
     args = ["-m", "placement=resident,cpu", "run.sweep_id=W", *SMALL]
     assert cli(args, tmp_path).returncode == 0
     sweep = tmp_path / "results" / "sweeps" / "W"
     cpu_dir = next(p for p in sweep.iterdir() if p.name.startswith("placement=cpu"))
-    # the cpu job left incomplete (as by a kill), and its rows file's place taken by a directory: renaming
-    # the new rows file into place fails with a real OS error
+    # the cpu job left incomplete (as by a kill), and one of its files' place taken by a directory:
+    # renaming the new file into place fails with a real OS error (the manifest: after the new
+    # rows.parquet is in place, so the job's dir holds rows without a DONE)
     (cpu_dir / results.DONE_FILE).unlink()
-    (cpu_dir / results.ROWS_FILE).unlink()
-    (cpu_dir / results.ROWS_FILE).mkdir()
+    (cpu_dir / blocked).unlink()
+    (cpu_dir / blocked).mkdir()
     proc = cli(args, tmp_path)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    df = table(sweep)
-    assert df.job_id.nunique() == 2
-    failed = df[df.status == "failed"]
-    assert len(failed) == 1 and failed.iloc[0]["placement"] == "cpu"
-    assert "cannot write the job's files" in failed.iloc[0]["error"] and "Is a directory" in failed.iloc[0]["error"]
-    assert set(df[df.status == "ok"].placement) == {"resident"}
+    for df in (table(sweep), results.load(sweep)):      # the sweep table, and the dir as any load reads it
+        assert df.job_id.nunique() == 2
+        failed = df[df.status == "failed"]
+        assert len(failed) == 1 and failed.iloc[0]["placement"] == "cpu"
+        assert "cannot write the job's files" in failed.iloc[0]["error"] and "Is a directory" in failed.iloc[0]["error"]
+        assert set(df[df.status == "ok"].placement) == {"resident"}
     assert not temp_files(sweep)
 
 
