@@ -28,7 +28,7 @@ STATE: dict[str, Any] = {"failed_jobs": 0, "sweep_dir": None, "unwritten": [], "
 def write_sweep_table(sweep_dir: Path, quiet: bool) -> pd.DataFrame | None:
     """Write the sweep's tables; None (with STATE["table_error"] set) when that is impossible."""
     try:
-        df = results.write_sweep(sweep_dir, extra_rows=STATE["unwritten"])
+        df = results.write_sweep(sweep_dir, extra_rows=STATE["unwritten"], clear_leftovers=True)   # under the CLI's lock
     except results.ResultsError as exc:
         if "no jobs under" in str(exc):
             return None

@@ -412,17 +412,19 @@ def load_steps(path: str | os.PathLike[str], sweep_tables: bool = True) -> pd.Da
 
 # ----------------------------------------------------------------------------- sweeps
 
-def write_sweep(sweep_dir: str | os.PathLike[str], extra_rows: Sequence[Mapping[str, Any]] = ()) -> pd.DataFrame:
+def write_sweep(sweep_dir: str | os.PathLike[str], extra_rows: Sequence[Mapping[str, Any]] = (),
+                clear_leftovers: bool = False) -> pd.DataFrame:
     """Concatenate every complete job under `sweep_dir`, plus `extra_rows` (the failed rows of
     jobs whose own files could not be written; they replace whatever those jobs have on disk),
     into results.parquet, steps.parquet and summary.csv. Returns the long table.
 
     Reads job dirs only (an older results.parquet is replaced, never read), so running it
-    twice gives the same files. Once the table is written, the leftovers of two kinds of
-    incomplete job are deleted: a retired one (`remove_job`, or killed before its manifest was
-    written: rows without a manifest) and one whose failed row `extra_rows` holds (its files
-    could not be written), so `load` of the dir reads that row instead of skipping it as
-    incomplete. A job being measured again when a sweep is interrupted keeps its older files.
+    twice gives the same files. With `clear_leftovers` (the sweep's writer, holding its lock:
+    another process could be between a job's rows and its manifest), once the table is written,
+    the leftovers of two kinds of incomplete job are deleted: a retired one (`remove_job`, or
+    killed before its manifest was written: rows without a manifest) and one whose failed row
+    `extra_rows` holds (its files could not be written), so `load` of the dir reads that row
+    instead of skipping it as incomplete. A job being measured again when a sweep is interrupted keeps its older files.
     Raises ResultsError when there is nothing to write and OSError (with the path in its
     message) when a table cannot be written.
     """
@@ -439,8 +441,9 @@ def write_sweep(sweep_dir: str | os.PathLike[str], extra_rows: Sequence[Mapping[
     if len(steps):
         _write_or_raise(sweep_dir / SWEEP_STEPS, _parquet_bytes(steps_table(steps.to_dict("records"))))
     _write_or_raise(sweep_dir / SUMMARY_FILE, spread_table(df).to_csv(index=False).encode())
-    replaced = _keys(extra)
-    _clear_leftovers(d for key, d in dirs.items() if key in replaced or not (d / MANIFEST_FILE).is_file())
+    if clear_leftovers:
+        replaced = _keys(extra)
+        _clear_leftovers(d for key, d in dirs.items() if key in replaced or not (d / MANIFEST_FILE).is_file())
     n_failed = df.loc[df["status"] == "failed", "job_id"].nunique()
     log.info("sweep %s: %d rows from %d job files (%d failed jobs)", sweep_dir, len(df), len(job_files), n_failed)
     return df

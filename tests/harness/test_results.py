@@ -260,7 +260,9 @@ def test_a_retired_job_is_not_read_from_the_older_sweep_table(tmp_path: Path) ->
     R.remove_job(sweep / "1")         # a twin stands in for it; the process dies before the table is rewritten
     R.invalidate_job(sweep / "0")     # being measured again when it died
     assert set(R.load(sweep).job_id) == {"2"}
-    R.write_sweep(sweep)              # the next run's table: the retired job's leftovers go, the other's stay
+    R.write_sweep(sweep)              # anyone's table: nothing deleted (a writer may be mid-job)
+    assert (sweep / "1" / R.ROWS_FILE).is_file() and set(R.load(sweep).job_id) == {"2"}
+    R.write_sweep(sweep, clear_leftovers=True)   # the sweep writer's: the retired job's leftovers go, the other's stay
     assert not (sweep / "1" / R.ROWS_FILE).exists() and (sweep / "0" / R.ROWS_FILE).is_file()
     for df in (R.load(sweep), R.load(sweep / R.SWEEP_TABLE)):
         assert set(df.job_id) == {"2"}
