@@ -247,7 +247,7 @@ def load(path: str | os.PathLike[str]) -> pd.DataFrame:
     if not job_files and not sweep_files:
         raise ResultsError(f"no results under {root}: expected <job>/{ROWS_FILE} (with its {DONE_FILE}) or "
                            f"<sweep>/{SWEEP_TABLE} files (temp files and incomplete jobs are ignored)")
-    return _read_tables(job_files + sweep_files, root, skip_jobs=incomplete)
+    return _read_tables(job_files + sweep_files, root, skip_jobs=set(incomplete))
 
 
 def _done_record(job_dir: Path) -> dict[str, Any] | None:
@@ -258,11 +258,12 @@ def _done_record(job_dir: Path) -> dict[str, Any] | None:
     return done if isinstance(done, dict) else None
 
 
-def _job_files(root: Path, dirs: dict[tuple[str, str], Path] | None = None) -> tuple[list[Path], set[tuple[str, str]]]:
+def _job_files(root: Path) -> tuple[list[Path], dict[tuple[str, str], Path]]:
     """rows.parquet of jobs with a DONE record under root (validated when read: a corrupt file
-    there is an error, not a skip), and the (sweep_id, job_id) of incomplete jobs (no DONE);
-    `dirs`, when given, gets each incomplete job's dir."""
-    complete, incomplete = [], set()
+    there is an error, not a skip), and the (sweep_id, job_id) of incomplete jobs (no DONE), each
+    with its dir."""
+    complete: list[Path] = []
+    incomplete: dict[tuple[str, str], Path] = {}
     for rows_file in sorted(p for p in root.rglob(ROWS_FILE) if p.is_file()):
         if _done_record(rows_file.parent) is not None:
             complete.append(rows_file)
@@ -270,10 +271,8 @@ def _job_files(root: Path, dirs: dict[tuple[str, str], Path] | None = None) -> t
         log.warning("%s: job is incomplete (no %s); its rows are not read", rows_file.parent, DONE_FILE)
         with contextlib.suppress(pa.ArrowException, OSError, KeyError):
             t = pq.read_table(rows_file, columns=["sweep_id", "job_id"])
-            keys = set(zip(t.column("sweep_id").to_pylist(), t.column("job_id").to_pylist()))
-            incomplete |= keys
-            if dirs is not None:
-                dirs.update(dict.fromkeys(keys, rows_file.parent))
+            incomplete.update(dict.fromkeys(zip(t.column("sweep_id").to_pylist(), t.column("job_id").to_pylist()),
+                                            rows_file.parent))
     return complete, incomplete
 
 
@@ -424,18 +423,18 @@ def write_sweep(sweep_dir: str | os.PathLike[str], extra_rows: Sequence[Mapping[
     the leftovers of two kinds of incomplete job are deleted: a retired one (`remove_job`, or
     killed before its manifest was written: rows without a manifest) and one whose failed row
     `extra_rows` holds (its files could not be written), so `load` of the dir reads that row
-    instead of skipping it as incomplete. A job being measured again when a sweep is interrupted keeps its older files.
+    instead of skipping it as incomplete. A job being measured again when a sweep is interrupted
+    keeps its older files.
     Raises ResultsError when there is nothing to write and OSError (with the path in its
     message) when a table cannot be written.
     """
     sweep_dir = Path(sweep_dir)
     remove_temp_files(sweep_dir)
-    dirs: dict[tuple[str, str], Path] = {}
-    job_files, incomplete = _job_files(sweep_dir, dirs)
+    job_files, incomplete = _job_files(sweep_dir)
     extra = _canonical(rows_to_table(list(extra_rows)).to_pandas(types_mapper=_pandas_type)) if extra_rows else None
     if not job_files and extra is None:
         raise ResultsError(f"no jobs under sweep dir {sweep_dir}: expected complete <job>/{ROWS_FILE} files")
-    df = _read_tables(job_files, sweep_dir, skip_jobs=incomplete - _keys(extra), extra=extra)
+    df = _read_tables(job_files, sweep_dir, skip_jobs=incomplete.keys() - _keys(extra), extra=extra)
     _write_or_raise(sweep_dir / SWEEP_TABLE, _parquet_bytes(frame_to_table(df)))
     steps = load_steps(sweep_dir, sweep_tables=False)
     if len(steps):
@@ -443,7 +442,7 @@ def write_sweep(sweep_dir: str | os.PathLike[str], extra_rows: Sequence[Mapping[
     _write_or_raise(sweep_dir / SUMMARY_FILE, spread_table(df).to_csv(index=False).encode())
     if clear_leftovers:
         replaced = _keys(extra)
-        _clear_leftovers(d for key, d in dirs.items() if key in replaced or not (d / MANIFEST_FILE).is_file())
+        _clear_leftovers(d for key, d in incomplete.items() if key in replaced or not (d / MANIFEST_FILE).is_file())
     n_failed = df.loc[df["status"] == "failed", "job_id"].nunique()
     log.info("sweep %s: %d rows from %d job files (%d failed jobs)", sweep_dir, len(df), len(job_files), n_failed)
     return df

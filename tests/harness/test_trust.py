@@ -22,8 +22,8 @@ SMALL = ["workload=chat", "workload.context_tokens=256", "workload.gen_tokens=4"
 KEY = ["job_id", "repeat", "phase", "metric", "source", "profiler"]
 
 
-def cli(args: list[str], cwd: Path, **kw) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+def cli(args: list[str], cwd: Path, env: dict[str, str] | None = None, **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=600, **kw)
 
@@ -139,9 +139,7 @@ def test_a_second_writer_is_refused_while_the_first_runs(tmp_path):
                                    "run.sweep_id=${now:%H%M%S}"])
 def test_an_interpolated_sweep_dir_is_refused_before_anything_is_written(tmp_path, given):
     # the lock and sweep.json would land at the literal path while Hydra writes where it resolves
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OUT_ROOT": str(tmp_path / "out")}
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "-m", "placement=resident", given, *SMALL],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    proc = cli(["-m", "placement=resident", given, *SMALL], tmp_path, env={"OUT_ROOT": str(tmp_path / "out")})
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert f"{given}: a sweep's dir must be a plain path" in proc.stderr and "run.out=$HOME" in proc.stderr
     assert list(tmp_path.iterdir()) == []
