@@ -54,11 +54,12 @@ class Architecture:
         """Each layer's state term, in layer order, its KV stored in `kv_dtype` (engine.kvquant)."""
         return [layer.attention.state_term(dtype_bytes, kv_dtype) for layer in self.layers]
 
-    def activation_bytes(self, rows: int, batch: int, dtype_bytes: int) -> int:
+    def activation_bytes(self, rows: int, batch: int, dtype_bytes: int, all_logits: bool = False) -> int:
         """Peak transient bytes of one forward pass over `rows` rows (B*T) of `batch` sequences,
-        attention workspace apart: the largest layer's, or the head's."""
+        attention workspace apart: the largest layer's, or the head's (every row's logits with
+        all_logits)."""
         return max(max(layer.activation_bytes(rows, dtype_bytes) for layer in self.layers),
-                   self.head.activation_bytes(rows, batch, dtype_bytes))
+                   self.head.activation_bytes(rows, batch, dtype_bytes, all_logits))
 
     def workspace_bytes(self, batch: int, tokens: int, context: int, dtype_bytes: int, device_kind: str,
                         kv_dtype: str | None = None) -> int:

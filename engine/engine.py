@@ -72,7 +72,7 @@ class Engine:
                         progress: Progress | None = None, kv_dtype: str = DEFAULT_KV_DTYPE,
                         model_overrides: dict[str, Any] | None = None, expert_quant: Any = "none",
                         quant_options: dict[str, Any] | None = None, cache_capacity_bytes: int | str | None = None,
-                        **placement_options: Any) -> "Engine":
+                        all_logits: bool = False, **placement_options: Any) -> "Engine":
         """Validate, plan, then load. Raises before allocating anything when the input is wrong.
 
         source: a Hugging Face checkpoint directory (config.json + *.safetensors) or a preset
@@ -84,8 +84,10 @@ class Engine:
         popularity | trace; engine.blocks.quant_experts), or a resolved ExpertQuant -- quantised at
         load. cache_capacity_bytes: the fetch cache as bytes over all MoE layers ("256MiB" or an
         int) instead of cache_capacity slots (not both).
-        close() (engine.devices). kv_dtype: how sessions store their KV (model | f16 | bf16 | q8 | q4 | fp8; engine.kvquant):
+        kv_dtype: how sessions store their KV (model | f16 | bf16 | q8 | q4 | fp8; engine.kvquant):
         'model' (the default) is exact, the others are lossy treatments (`engine.lossy`).
+        all_logits: plan room for prefill(all_logits=True) -- every position's logits, one
+        micro-batch per call (a quality pass); a budgeted engine refuses it otherwise.
         """
         # 1. what model
         ckpt_dir = Path(source)
@@ -130,7 +132,7 @@ class Engine:
             plan = plan_memory(cfg, placement, cache_capacity if placement_cls.uses_cache(placement_options) else None,
                                dev.ledger.budget, context, batch, ubatch, dt.itemsize, placement_options,
                                reserve_bytes, device_kind=dev.kind, capacity_bytes=cache_capacity_bytes,
-                               kv_dtype=kv_dtype)
+                               kv_dtype=kv_dtype, all_logits=bool(all_logits))
             kv_format(kv_dtype).check_device(dev.torch_device)
         except BaseException:
             dev.close()
@@ -175,7 +177,7 @@ class Engine:
                        cache_policy=cache_policy if plan.capacity is not None else None, dtype=str(dt).split(".")[-1],
                        device=dev.kind, emulated=dev.emulated, ubatch=ubatch, max_context=context, batch=batch,
                        expert_quant=cfg.expert_quant.mode if cfg.expert_quant is not None else "none",
-                       kv_dtype=kv_dtype, **placement_options)
+                       kv_dtype=kv_dtype, all_logits=bool(all_logits), **placement_options)
         counters.reset()
         return cls(cfg, model, strategy, dev, plan, counters, ubatch, options)
 
@@ -284,11 +286,14 @@ class Engine:
     def prefill(self, sess: Session, prompts: list[list[int]], all_logits: bool = False) -> torch.Tensor:
         """Append prompts [B][T] to the session in micro-batches of `ubatch` tokens.
 
-        Returns last-position logits [B, V] (all positions [B, T, V] with all_logits)."""
+        Returns last-position logits [B, V] (all positions [B, T, V] with all_logits: on a budgeted
+        device only where the plan made room for them, at most `ubatch` tokens per call)."""
         ids = self._ids(prompts, sess)
         T = ids.shape[1]
         if T == 0:
             raise ValueError("empty prompt")
+        if all_logits and self.device.ledger.budget is not None:
+            self._check_all_logits(T)
         self._room(sess, T)
         outs = []
         chunks = -(-T // self.ubatch)
@@ -297,7 +302,19 @@ class Engine:
                 outs.append(self.model.forward(ids[:, s:s + self.ubatch], sess, all_logits))
             if self.progress is not None and chunks > 1:
                 self.progress("prefill", n + 1, chunks)
-        return torch.cat(outs, dim=1) if all_logits else outs[-1]
+        return torch.cat(outs, dim=1) if all_logits and len(outs) > 1 else outs[-1]
+
+    def _check_all_logits(self, tokens: int) -> None:
+        """Every position's logits, [B, T, V] on the device, fit the budget only as planned: room for
+        one micro-batch's (Engine.from_pretrained(all_logits=True)), so one micro-batch per call."""
+        if not self.plan.all_logits:
+            raise ValueError("prefill(all_logits=True) keeps every position's logits on the device, and this "
+                             "engine's memory plan has no room for them; build it with "
+                             "Engine.from_pretrained(..., all_logits=True)")
+        if tokens > self.ubatch:
+            raise ValueError(f"prefill(all_logits=True) of {tokens} tokens would keep {tokens} positions' logits on "
+                             f"the device; the plan has room for one micro-batch's (ubatch={self.ubatch}): call it "
+                             f"once per {self.ubatch} tokens, as harness.quality does")
 
     @torch.inference_mode()
     def decode_step(self, sess: Session, tokens: list[int]) -> torch.Tensor:

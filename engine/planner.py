@@ -20,7 +20,8 @@ Transient memory of one forward pass over a micro-batch (`activation_bytes`) is 
 bound built from the tensors this engine's forward really creates (each block's
 `activation_bytes`): per layer the residual stream and its norm plus the larger of the
 attention block and the MLP block (a MoE block: one expert's intermediates for every row at
-once), or the logits. The attention
+once), or the head's: the last positions' logits, or with `all_logits` every position's of the
+micro-batch, which a quality pass keeps (harness.quality). The attention
 *workspace* (`attention_workspace_bytes`) depends on which scaled_dot_product_attention
 kernel runs, so it is the worst case for the device:
 - cuda: the math kernel, which materialises the [B, H, T, S] scores and, inside its
@@ -80,6 +81,7 @@ class MemoryPlan:
     slack: int = 0              # allocator rounding and segments (cuda)
     states: tuple[tuple[str, int], ...] = ()   # (printout line, bytes) per kind of layer state
     expert_quant: str = "none"  # the experts' stored treatment (cfg.expert_quant); expert_bytes are its bytes
+    all_logits: bool = False    # activations hold a micro-batch's logits at every position (prefill(all_logits=True))
 
     @property
     def transient(self) -> int:
@@ -94,7 +96,8 @@ class MemoryPlan:
         cap = f" ({self.capacity} slots/layer)" if self.capacity is not None else ""
         states = list(self.states) or [(f"KV cache ({self.batch} x {self.context} tokens)", self.kv)]
         rows = [("non-expert weights", self.non_expert), *states,
-                ("activations (one micro-batch)", self.activations),
+                ("activations (micro-batch, all logits)" if self.all_logits else "activations (one micro-batch)",
+                 self.activations),
                 ("attention workspace (worst case)", self.attention),
                 (f"experts [{self.placement}{'' if self.expert_quant == 'none' else ', ' + self.expert_quant}]{cap}",
                  self.experts),
@@ -176,7 +179,7 @@ def plan_memory(cfg: ModelConfig, placement: str, capacity: int | str | None, bu
                 context: int, batch: int, ubatch: int, dtype_bytes: int,
                 placement_options: dict[str, Any] | None = None, reserve: int | None = None,
                 device_kind: str = "cuda", capacity_bytes: int | None = None,
-                kv_dtype: str | None = None) -> MemoryPlan:
+                kv_dtype: str | None = None, all_logits: bool = False) -> MemoryPlan:
     """The plan for `device_kind` ('cuda': a real card, the default; 'cpu': the emulated device),
     each layer's KV stored in `kv_dtype` (engine.kvquant; None: the model's dtype) at its real
     stored bytes, payload + scales.
@@ -185,7 +188,8 @@ def plan_memory(cfg: ModelConfig, placement: str, capacity: int | str | None, bu
     expert is smaller, so `auto` and `capacity_bytes` leave more slots); under a mixed treatment a
     slot holds the largest expert. `capacity_bytes`: the cache given in bytes over all MoE layers
     instead of slots (`capacity` must then be None): floor(capacity_bytes / (MoE layers x slot bytes))
-    slots per layer, at most n_experts."""
+    slots per layer, at most n_experts. all_logits: room for a prefill that keeps every position's
+    logits, one micro-batch at a time ([batch x ubatch, vocab]: a quality pass, harness.quality)."""
     options = placement_options or {}
     cls = PLACEMENTS.get(placement)
     arch = cfg.architecture()
@@ -196,7 +200,7 @@ def plan_memory(cfg: ModelConfig, placement: str, capacity: int | str | None, bu
     states = state_lines(arch.state_terms(dtype_bytes, kv_dtype), context, batch)
     kv = sum(b for _, b in states)
     chunk = min(ubatch, context)
-    act = arch.activation_bytes(chunk * batch, batch, dtype_bytes)
+    act = arch.activation_bytes(chunk * batch, batch, dtype_bytes, all_logits)
     attn = arch.workspace_bytes(batch, chunk, context, dtype_bytes, device_kind, kv_dtype)
     slack = allocator_slack(arch.n_device_tensors(kv_dtype), device_kind)
     if reserve is None:
@@ -217,7 +221,8 @@ def plan_memory(cfg: ModelConfig, placement: str, capacity: int | str | None, bu
                 cap = min(cfg.n_experts, max(0, (budget - fixed) // per_slot))
                 if cap < cfg.top_k:
                     plan = MemoryPlan(placement, budget, non_expert, kv, act, cfg.top_k * per_slot, reserve,
-                                      cfg.top_k, expert_bytes, context, batch, attn, slack, states, arch.experts.quant)
+                                      cfg.top_k, expert_bytes, context, batch, attn, slack, states, arch.experts.quant,
+                                      all_logits)
                     raise PlanError(
                         f"cache_capacity='auto' leaves {cap} slots per layer, fewer than top_k={cfg.top_k}: "
                         f"budget {fmt_bytes(budget)} - fixed {fmt_bytes(fixed)} = {fmt_bytes(budget - fixed)} "
@@ -230,7 +235,7 @@ def plan_memory(cfg: ModelConfig, placement: str, capacity: int | str | None, bu
             cap = capacity
     experts = cls.device_expert_bytes(cfg, expert_bytes, cap, options)
     plan = MemoryPlan(placement, budget, non_expert, kv, act, experts, reserve, cap, expert_bytes, context, batch,
-                      attn, slack, states, arch.experts.quant)
+                      attn, slack, states, arch.experts.quant, all_logits)
     if budget is not None and plan.total > budget:
         raise PlanError(f"placement {placement!r} does not fit the device budget: "
                         f"{fmt_bytes(plan.total)} > {fmt_bytes(budget)}\n" + "\n".join(plan.lines()))

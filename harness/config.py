@@ -232,6 +232,12 @@ class RunSpec:
     kv_dtype: str = DEFAULT_KV_DTYPE                                 # how the KV is stored (engine.kvquant)
 
     @property
+    def quality_pass(self) -> bool:
+        """The job's engine makes a quality pass (harness.quality: every position's logits, one
+        micro-batch at a time, which its memory plan makes room for): moebench under check_reference."""
+        return self.engine == "moebench" and self.run.check_reference
+
+    @property
     def lossy(self) -> bool:
         """A lossy treatment runs (its outputs differ from the exact model's by design): quantised
         experts, or a KV format that loses precision for the model's dtype."""

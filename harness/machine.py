@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import psutil
 
@@ -53,6 +54,11 @@ def default_threads() -> int:
     if env.isdigit() and int(env) > 0:
         return int(env)
     return physical_cores_available()
+
+
+def job_threads(spec: Any) -> int:
+    """The intra-op threads a job runs with: run.threads, else `default_threads()`."""
+    return spec.run.threads or default_threads()
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 Owns: the memory plan of a composed config (`plan_of`: the engine planner's arithmetic for the
 job's model, placement, cache, context the scenario needs, batch, micro-batch, dtype, device
-budget and device kind), whether every registered placement would fit, a table over a sweep's
+budget and device kind, with room for the quality pass's logits where the job makes one:
+RunSpec.quality_pass), whether every registered placement would fit, a table over a sweep's
 jobs (`-m`), and the searches of `fit` -- the largest context, the largest cache capacity, or the
 fewest CPU layers (llama.cpp's --n-cpu-moe) that fit -- each printed with its plan, and, when
 nothing fits, what would. Does not own: the arithmetic (engine.planner), composing configs
@@ -17,7 +18,8 @@ from __future__ import annotations
 import argparse
 import itertools
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -27,6 +29,7 @@ from engine.planner import MemoryPlan, PlanError, plan_memory
 from engine.registry import PLACEMENTS
 from harness.config import BAD_CONFIG, ConfigError, RunSpec, config_error_line, validate
 from harness.contract import session_tokens
+from harness.machine import job_threads
 
 SEARCHES = ("context", "capacity", "n_cpu_layers")
 
@@ -87,9 +90,26 @@ def plan_of(spec: RunSpec, placement: str | None = None, options: dict[str, Any]
         cap = "auto"
     w, m = spec.workload, spec.model_config
     dt = m.torch_dtype if spec.model.dtype == "auto" else spec.model.dtype
-    return plan_memory(m, name, cap, budget_of(spec), session_tokens(w.context_tokens, w.gen_tokens, w.turn_tokens),
-                       w.batch, w.ubatch, dtype_bytes(dt), opts, device_kind=_device_kind(spec), capacity_bytes=cap_bytes,
-                       kv_dtype=spec.kv_dtype if spec.engine == "moebench" else None)
+    with _planning_threads(job_threads(spec)):
+        return plan_memory(m, name, cap, budget_of(spec), session_tokens(w.context_tokens, w.gen_tokens, w.turn_tokens),
+                           w.batch, w.ubatch, dtype_bytes(dt), opts, device_kind=_device_kind(spec),
+                           capacity_bytes=cap_bytes, kv_dtype=spec.kv_dtype if spec.engine == "moebench" else None,
+                           all_logits=spec.quality_pass)
+
+
+@contextmanager
+def _planning_threads(n: int) -> Iterator[None]:
+    """torch's intra-op threads set to the job's while its plan is made: CPU attention keeps a
+    flash-attention buffer per thread, so a CPU plan (and `auto` capacity) depends on them."""
+    import torch
+    before = torch.get_num_threads()
+    if n != before:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if n != before:
+            torch.set_num_threads(before)
 
 
 @dataclass
@@ -109,16 +129,9 @@ def verdict(spec: RunSpec, **kw: Any) -> Verdict:
         return Verdict(False, None, f"{type(exc).__name__}: {exc}")
 
 
-def _torch_threads() -> int:
-    """The thread count a CPU plan is for: CPU attention keeps a flash-attention buffer per torch
-    thread, so the plan (and `auto` capacity) depends on it."""
-    import torch
-    return torch.get_num_threads()
-
-
 def _header(spec: RunSpec) -> str:
     w, m, b = spec.workload, spec.model_config, budget_of(spec)
-    threads = f" ({_torch_threads()} torch threads)" if _device_kind(spec) == "cpu" else ""
+    threads = f" ({job_threads(spec)} torch threads)" if _device_kind(spec) == "cpu" else ""
     return (f"{spec.model_label} ({m.family}, {m.n_moe_layers} MoE layers x {m.n_experts} experts, top-{m.top_k}), "
             f"dtype {spec.model.dtype}, {spec.placement}, context {w.context_tokens} (+{w.gen_tokens} generated, "
             f"+2 turns of {w.turn_tokens}) x batch {w.batch}, ubatch {w.ubatch}, device {_device_kind(spec)}"
@@ -143,11 +156,12 @@ def report(spec: RunSpec) -> tuple[bool, str]:
 
 def sweep_report(jobs: list[list[str]]) -> tuple[bool, str]:
     """One line per job of a sweep: its overrides, the plan total, and whether it fits."""
-    rows, ok, on_cpu = [], True, False
+    rows, ok, cpu_threads = [], True, set()
     for job in jobs:
         try:
             spec = spec_of(job)
-            on_cpu |= _device_kind(spec) == "cpu"
+            if _device_kind(spec) == "cpu":
+                cpu_threads.add(job_threads(spec))
         except ConfigError as exc:
             rows.append((" ".join(job), "invalid", str(exc)))
             ok = False
@@ -158,8 +172,8 @@ def sweep_report(jobs: list[list[str]]) -> tuple[bool, str]:
                   if v.plan else v.message.splitlines()[0])
         rows.append((" ".join(job), "fits" if v.fits else "does not fit", detail))
     width = max(len(r[0]) for r in rows)
-    note = f"planned for {_torch_threads()} torch threads (CPU attention keeps a buffer per thread)\n" \
-        if on_cpu else ""
+    note = f"planned for {' or '.join(map(str, sorted(cpu_threads)))} torch threads (run.threads; CPU attention " \
+        "keeps a buffer per thread)\n" if cpu_threads else ""
     return ok, note + "\n".join(f"{a:<{width}}  {b:<12}  {c}" for a, b, c in rows)
 
 

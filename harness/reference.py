@@ -112,13 +112,13 @@ def reference_for(spec: RunSpec, sample: WorkloadSample, root: Path) -> Referenc
 
 def _compute(spec: RunSpec, sample: WorkloadSample, key: str) -> Reference:
     try:
-        adapter = MoebenchAdapter(spec, placement="resident", device="cpu", exact=True)
+        adapter = MoebenchAdapter(spec, placement="resident", device="cpu", exact=True, quality=True)
     except MemoryError:
         # the host RAM check counts what is already held: a previous job's cached engine may share
         # it with the full copy the reference needs; free it and ask again
         release_cached()
         try:
-            adapter = MoebenchAdapter(spec, placement="resident", device="cpu", exact=True)
+            adapter = MoebenchAdapter(spec, placement="resident", device="cpu", exact=True, quality=True)
         except MemoryError as exc:
             raise MemoryError(f"the numerical reference (every expert resident in host RAM, "
                               f"run.check_reference=true) does not fit: {exc}. Run with run.check_reference=false, "

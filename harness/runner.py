@@ -40,7 +40,7 @@ from harness.contract import MEASURED_PHASES, PREFIX_CACHE, QUALITY_METRICS, QUA
 from harness.dtype_speed import dtype_speed
 from harness.engines import EngineAdapter as Adapter, get_adapter, release_cached, session_tokens_of
 from harness.engines.moebench import MoebenchAdapter
-from harness.machine import MachineLoad, default_threads
+from harness.machine import MachineLoad, job_threads
 from harness.manifest import collect_manifest
 from harness.measure import PhaseProbe
 from harness.passes import (CudaProfilerRange, relaunch_under_nsys, timeline_pass, torch_profile_pass, trace_pass,
@@ -197,7 +197,7 @@ class Job:
 
     def _measure(self) -> None:
         spec = validate(self.cfg)                                       # before any weight is read
-        torch.set_num_threads(spec.run.threads or default_threads())
+        torch.set_num_threads(job_threads(spec))
         threads = torch.get_num_threads()
         self.load_start = MachineLoad.sample(threads)
         self.extra.update(threads=threads, load_avg_start=self.load_start.load_avg_1m,

@@ -101,9 +101,14 @@ class LMHead(Block):
     def __call__(self, x: torch.Tensor, all_logits: bool) -> torch.Tensor:
         """x [B, T, D] -> logits [B, V] for the last position ([B, T, V] with all_logits)."""
         logits = F.linear(self.norm(x if all_logits else x[:, -1]), self.w["weight"])
-        if self.softcap is not None:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
+        if self.softcap is not None:      # in place: one logits tensor alive, not three ([B, T, V] each)
+            logits.div_(self.softcap).tanh_().mul_(self.softcap)
         return logits
 
-    def activation_bytes(self, rows: int, batch: int, dtype_bytes: int) -> int:
-        return batch * self.vocab * max(dtype_bytes, 4) + rows * self.hidden * dtype_bytes
+    def activation_bytes(self, rows: int, batch: int, dtype_bytes: int, all_logits: bool = False) -> int:
+        """The residual of `rows` rows held, then for the rows projected (the last of each of the
+        `batch` sequences; every row with all_logits) the larger of the norm's temporaries and the
+        normed rows beside their logits (counted at fp32 or wider)."""
+        out, D = (rows if all_logits else batch), self.hidden
+        return rows * D * dtype_bytes + max(norm_temp_bytes(out, D, dtype_bytes),
+                                            out * (D * dtype_bytes + self.vocab * max(dtype_bytes, 4)))

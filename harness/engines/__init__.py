@@ -21,7 +21,7 @@ import torch
 from engine.registry import Registry
 from harness.contract import session_tokens
 from harness.engines.base import EngineAdapter, Produced, argmax
-from harness.machine import default_threads
+from harness.machine import job_threads
 
 log = logging.getLogger(__name__)
 ENGINES = Registry("engine", "moebench.engines", {
@@ -43,12 +43,13 @@ def session_tokens_of(spec: Any) -> int:
 
 def engine_key(spec: Any) -> tuple:
     m, h, w = spec.model, spec.hardware, spec.workload
-    threads = (spec.run.threads or default_threads()) if ENGINES.get(spec.engine).threads_at_load else None
+    threads = job_threads(spec) if ENGINES.get(spec.engine).threads_at_load else None
     return (spec.engine, threads, repr(spec.engine_options), m.name, m.path, m.dtype, m.num_layers, m.seed, h.device,
             h.device_memory, spec.placement, tuple(sorted(spec.placement_options.items())), spec.capacity,
             spec.policy, repr(spec.policy_options), spec.prefetch, w.batch, w.ubatch, session_tokens_of(spec),
             getattr(spec, "capacity_bytes", None), repr(getattr(spec, "expert_quant", None)),
-            getattr(spec, "kv_dtype", "model"))          # a KV treatment is another engine, never a reused one
+            getattr(spec, "kv_dtype", "model"),          # a KV treatment is another engine, never a reused one
+            spec.quality_pass)                           # its logits are in the engine's memory plan
 
 
 @atexit.register          # and when the process ends: a llama.cpp adapter's temporary dir goes with its server

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.engines.base import EngineAdapter, Produced, refuse_truncation
-from harness.machine import default_threads
+from harness.machine import job_threads
 
 log = logging.getLogger(__name__)
 CONFIGS = ("exact", "defaults")      # exact: KV in the model's dtype, flash attention off (reproduces the reference)
@@ -122,7 +122,7 @@ class LlamaCppAdapter(EngineAdapter):
         refuse_truncation(spec, self.name)
         self.options = options
         self.binaries = find_binaries()        # a clear error saying how to build when missing
-        threads = spec.run.threads or default_threads()
+        threads = job_threads(spec)
         self.weights = options.weights_for(spec.dtype)
         self.flags = options.flags(spec.workload.ubatch, session_tokens_of(spec) + 1, threads,
                                    getattr(spec, "kv_dtype", "model"), spec.dtype)

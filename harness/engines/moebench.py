@@ -23,9 +23,11 @@ class MoebenchAdapter(EngineAdapter):
     name = "moebench"
 
     def __init__(self, spec: Any, placement: str | None = None, device: str | None = None,
-                 prefetch_options: dict[str, Any] | None = None, progress: Any = None, exact: bool = False) -> None:
+                 prefetch_options: dict[str, Any] | None = None, progress: Any = None, exact: bool = False,
+                 quality: bool = False) -> None:
         """exact: the exact model whatever the job's treatments (experts.quant, kv.dtype): the
-        numerical reference."""
+        numerical reference. quality: a quality pass (harness.quality) will run on this engine, so
+        its memory plan makes room for a micro-batch's logits at every position."""
         from harness.engines import session_tokens_of
 
         w = spec.workload
@@ -45,7 +47,7 @@ class MoebenchAdapter(EngineAdapter):
             device_memory=None if device == "cpu" else spec.hardware.device_memory,
             model_overrides=overrides, prefetch="none" if resident else spec.prefetch,
             prefetch_options=None if resident else prefetch_options, progress=progress,
-            kv_dtype=DEFAULT_KV_DTYPE if exact else getattr(spec, "kv_dtype", DEFAULT_KV_DTYPE),
+            kv_dtype=DEFAULT_KV_DTYPE if exact else getattr(spec, "kv_dtype", DEFAULT_KV_DTYPE), all_logits=quality,
             **({} if resident else spec.placement_options))
         self.load_s = time.perf_counter() - t0
         dev = self.engine.device
@@ -57,7 +59,8 @@ class MoebenchAdapter(EngineAdapter):
 
     @classmethod
     def build(cls, spec: Any, options: Any, **kw: Any) -> "MoebenchAdapter":
-        return cls(spec, **kw)
+        """The job's measured engine (runner._quality makes its quality pass on it)."""
+        return cls(spec, quality=spec.quality_pass, **kw)
 
     def new_session(self, batch: int):
         return self.engine.new_session(batch)

@@ -112,6 +112,28 @@ def test_a_session_above_the_planned_batch_is_refused_under_a_budget():
     planned.generate([[1, 2, 3], [4, 5, 6]], 2)                  # planned for it: runs
 
 
+def test_every_positions_logits_are_refused_under_a_budget_unless_planned():
+    """prefill(all_logits=True) keeps [B, T, V] logits on the device, far above the last position's
+    [B, V] the plan otherwise holds: a budgeted engine runs it only when planned for it
+    (all_logits=True), one micro-batch per call; without a budget nothing is promised."""
+    kw = dict(device="cpu", placement="resident", max_context=64, ubatch=8, model_overrides={"vocab_size": 8192})
+    eng = Engine.from_pretrained("tiny-mixtral", device_memory="64MiB", **kw)
+    sess = eng.new_session(1)
+    with pytest.raises(ValueError, match="no room for them; build it with .*all_logits=True"):
+        eng.prefill(sess, [[1] * 8], all_logits=True)
+    assert sess.length == 0                                       # refused before anything ran
+    planned = Engine.from_pretrained("tiny-mixtral", device_memory="64MiB", all_logits=True, **kw)
+    assert planned.plan.activations > eng.plan.activations and planned.plan.all_logits
+    assert "activations (micro-batch, all logits)" in str(planned.plan)
+    sess = planned.new_session(1)
+    assert planned.prefill(sess, [list(range(1, 9))], all_logits=True).shape == (1, 8, planned.cfg.vocab_size)
+    with pytest.raises(ValueError, match=r"of 9 tokens .* one micro-batch's \(ubatch=8\): call it once per 8"):
+        planned.prefill(sess, [[1] * 9], all_logits=True)
+    free = Engine.from_pretrained("tiny-mixtral", **kw)            # no budget: the whole prompt's, in one call
+    whole = free.prefill(free.new_session(1), [list(range(1, 20))], all_logits=True)
+    assert whole.shape == (1, 19, free.cfg.vocab_size)
+
+
 def test_auto_capacity_shrinks_with_context():
     """A longer context leaves fewer expert slots: KV (and the attention workspace over it)
     versus residency."""

@@ -34,14 +34,16 @@ SECOND_WAVE_CASES = [(model, tokens, batch, dtype) for model in ("tiny-gpt-oss",
 
 
 def measured_and_planned(device: str, tokens: int, batch: int, dtype: str, options: dict | None = None,
-                         overrides: dict | None = None, model: str = "tiny-mixtral") -> tuple[int, int]:
-    """(measured transient peak, planned transient) of one prefill of `tokens` per sequence."""
+                         overrides: dict | None = None, model: str = "tiny-mixtral",
+                         all_logits: bool = False) -> tuple[int, int]:
+    """(measured transient peak, planned transient) of one prefill of `tokens` per sequence
+    (keeping every position's logits with all_logits, on an engine planned for that)."""
     eng = Engine.from_pretrained(model, device=device, dtype=dtype, ubatch=tokens, max_context=tokens + 1,
-                                 batch=batch, model_overrides=overrides, **(options or {}))
+                                 batch=batch, model_overrides=overrides, all_logits=all_logits, **(options or {}))
     sess = eng.new_session(batch)
     eng.prefill(sess, [[1]] * batch)          # allocates the whole planned KV: not part of the transient
     rows = torch.randint(0, 512, (batch, tokens), generator=torch.Generator().manual_seed(tokens)).tolist()
-    return transient_peak(device, lambda: eng.prefill(sess, rows)), eng.plan.transient
+    return transient_peak(device, lambda: eng.prefill(sess, rows, all_logits=all_logits)), eng.plan.transient
 
 
 @pytest.mark.parametrize("tokens,batch,dtype,options,overrides", CASES)
@@ -54,6 +56,19 @@ def test_planned_transient_bounds_the_measured_peak(tokens, batch, dtype, option
 def test_second_wave_planned_transient_bounds_the_measured_peak(model, tokens, batch, dtype):
     peak, planned = measured_and_planned("cpu", tokens, batch, dtype, model=model)
     assert 0 < peak <= planned <= 3 * peak, (peak, planned)
+
+
+@pytest.mark.parametrize("model,tokens,batch,dtype", [("tiny-mixtral", 256, 2, "float32"),
+                                                      ("tiny-gemma4", 200, 1, "float32"),     # soft-capped logits
+                                                      ("tiny-mixtral", 64, 1, "bfloat16")])
+def test_planned_transient_bounds_a_prefill_keeping_every_positions_logits(model, tokens, batch, dtype):
+    """The quality pass's prefill (harness.quality) on a vocabulary wide enough that its logits,
+    [B, T, V], and not any layer, are the peak."""
+    V = 8192
+    peak, planned = measured_and_planned("cpu", tokens, batch, dtype, overrides={"vocab_size": V}, model=model,
+                                         all_logits=True)
+    assert peak > batch * tokens * V * torch.finfo(getattr(torch, dtype)).bits // 8      # the logits dominate
+    assert peak <= planned <= 3 * peak, (peak, planned)
 
 
 def test_cuda_plan_counts_materialised_scores_and_allocator_slack():

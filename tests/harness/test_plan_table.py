@@ -49,6 +49,23 @@ def test_auto_capacity_and_placements_that_do_not_fit(capsys):
     assert plan_main([*args[:2], "placement=resident", *args[2:]]) == 1                # the job's own plan refused
 
 
+def test_a_cpu_plan_is_for_the_jobs_threads_not_the_callers(capsys):
+    """CPU attention keeps a buffer per torch thread: the plan of a job with run.threads=n is the
+    one the runner, which sets n threads, will make, whatever threads the planning process has."""
+    import torch
+    args = ["placement=fetch", "cache.capacity=auto", "hardware.device_memory=7MiB", "workload.ubatch=64", *CHAT]
+    before = torch.get_num_threads()
+    one, two = (plan_of(spec_of([*args, f"run.threads={n}"])) for n in (1, 2))
+    assert two.attention > one.attention and torch.get_num_threads() == before       # and the caller's kept
+    torch.set_num_threads(2 if before == 1 else 1)
+    try:
+        assert plan_of(spec_of([*args, "run.threads=1"])) == one
+    finally:
+        torch.set_num_threads(before)
+    assert plan_main(["-m", *args, "run.threads=1,2"]) == 0
+    assert "planned for 1 or 2 torch threads (run.threads" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("args, says", [
     (["cache.capcity=4"], "Key 'capcity' not in"), (["model=nonexistent"], "Could not find 'model/nonexistent'"),
     (["workload.context_tokens=abc"], "could not be converted to Integer"), (["-m", "cache.capcity=4,6"], "capcity"),

@@ -142,3 +142,24 @@ def test_cli_run_with_q8_carries_quality_and_treatment(tmp_path):
     assert manifest["lossy"] is True and manifest["treatment"] == {"kv_dtype": "q8", "expert_quant": "none"}
     checks = df[(df.metric == "max_abs_logit_diff") & (df.phase == "decode")]["value"]
     assert (checks > 0).all()                        # vs the exact reference, not the treatment itself
+
+
+@pytest.mark.slow
+def test_a_budgeted_job_plans_its_quality_pass(tmp_path):
+    """The quality pass keeps a micro-batch's logits at every position on the device: the job's
+    engine, held to the budget, is planned for them (a budgeted engine refuses the pass otherwise,
+    and its quality row would be a failed one), and `moebench plan` shows the same plan."""
+    from harness.plan import plan_of, spec_of
+    from tests.harness.test_cli import SMALL, moebench
+
+    job = ["hardware.device_memory=7MiB", "placement=fetch", "cache.capacity=auto", *SMALL]
+    moebench([*job, "run.repeats=1", "run.warmup=0", "run.timeline=false", "run.ablation=false"], tmp_path)
+    df = results.load(next((tmp_path / "results" / "runs").iterdir()))
+    assert (df.status == "ok").all(), df[df.status != "ok"].error.unique()
+    q = df[df.phase == QUALITY_PHASE].set_index("metric")["value"]
+    assert set(QUALITY_METRICS) <= set(q.index) and q.notna().all(), q
+    assert q["kl_div_max"] == 0.0 and q["token_agreement"] == 1.0       # exact on the CPU: placement changes nothing
+    planned = plan_of(spec_of(job))
+    assert planned.all_logits and "all logits" in str(planned)
+    assert set(df.resolved_capacity.dropna()) == {planned.capacity}                 # the job ran that plan
+    assert not plan_of(spec_of([*job, "run.check_reference=false"])).all_logits     # no pass, no room for it
