@@ -8,9 +8,9 @@ figures reported are medians with min-max and their ratio (ours / transformers),
 load average before and after, and each median's frac_of_roofline (benchmarks/bench_roofline.py).
 `--profile N` adds, per thread count, N more prefill passes of each engine under torch.profiler,
 interleaved, split into GEMMs (aten::mm), the attention kernel and every other op by self time
-(profile_decode's categories), and the ceiling that split puts on the prefill ratio: transformers'
-median prefill time over our GEMMs and attention alone -- the ratio ours would reach if all its
-other ops cost nothing.
+(profile_decode's categories), aten::mm per weight shape ([K, N] of x [M, K] @ W [K, N]), and the
+ceiling that split puts on the prefill ratio: transformers' median prefill time over our GEMMs and
+attention alone -- the ratio ours would reach if all its other ops cost nothing.
 Not a test: run `python benchmarks/bench_vs_transformers.py [--repeats N] [--threads 1,2] [--profile N]`.
 """
 from __future__ import annotations
@@ -76,21 +76,26 @@ def time_ours(eng: Engine, prompt: list[list[int]], n_decode: int) -> tuple[floa
 
 def prefill_split(runs: dict[str, Callable[[], object]], passes: int) -> dict[str, dict[str, float]]:
     """Per engine, the median ms per prefill pass of each op category by self time (GEMMs,
-    attention, other), and the aten calls of the two matrix ops per pass, from `passes` profiled
-    passes per engine, alternating which goes first."""
+    attention, other), the aten calls of the two matrix ops per pass, and aten::mm's time and
+    calls per weight shape ("mm [K, N]"), from `passes` profiled passes per engine, alternating
+    which goes first."""
     from torch.profiler import ProfilerActivity, profile
 
     from profile_decode import category          # here: profile_decode imports this module
     samples: dict[str, dict[str, list[float]]] = {k: defaultdict(list) for k in runs}
     for r in range(passes):
         for name in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
-            with profile(activities=[ProfilerActivity.CPU]) as p:
+            with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as p:
                 runs[name]()
             per: dict[str, float] = defaultdict(float)
-            for e in p.key_averages():
+            for e in p.key_averages(group_by_input_shape=True):
                 per[category(e.key)] += e.self_cpu_time_total / 1e3
                 if e.key in ("aten::mm", "aten::_grouped_mm"):
                     per[f"{e.key} calls"] += e.count
+                if e.key == "aten::mm" and len(e.input_shapes) > 1 and len(e.input_shapes[1]) == 2:
+                    shape = f"mm [{e.input_shapes[1][0]}, {e.input_shapes[1][1]}]"
+                    per[shape] += e.self_cpu_time_total / 1e3
+                    per[f"{shape} calls"] += e.count
             for k, v in per.items():
                 samples[name][k].append(v)
     return {name: {k: statistics.median(v) for k, v in cats.items()} for name, cats in samples.items()}
@@ -102,7 +107,10 @@ def split_lines(split: dict[str, dict[str, float]], hf_prefill_ms: float) -> lis
     out = [f"   {name:<12} GEMMs {c[gemm]:7.1f}  attention {c[attn]:6.1f}  other ops {c['other ops']:6.1f} ms; "
            f"aten::mm calls {c.get('aten::mm calls', 0):.0f}, aten::_grouped_mm calls "
            f"{c.get('aten::_grouped_mm calls', 0):.0f}" for name, c in split.items()]
-    ours = split["ours"]
+    ours, theirs = split["ours"], split["transformers"]
+    for shape in sorted(k for k in ours if k.startswith("mm [") and not k.endswith("calls")):
+        out.append(f"   {shape:<16} ours {ours[shape]:7.1f} ms in {ours[shape + ' calls']:.0f} calls, transformers "
+                   f"{theirs.get(shape, 0.0):7.1f} ms in {theirs.get(shape + ' calls', 0):.0f}")
     out.append(f"   ceiling: transformers' median prefill {hf_prefill_ms:.1f} ms / our GEMMs + attention "
                f"{ours[gemm] + ours[attn]:.1f} ms = {hf_prefill_ms / (ours[gemm] + ours[attn]):.2f}x "
                "(ours with every other op free)")
