@@ -35,11 +35,11 @@ from pathlib import Path
 from typing import Any
 
 from harness.engines.base import EngineAdapter, Produced, refuse_truncation
+from harness.llamacpp.flags import OWN_TYPES
 from harness.machine import job_threads
 
 log = logging.getLogger(__name__)
 CONFIGS = ("exact", "defaults")      # exact: KV in the model's dtype, flash attention off (reproduces the reference)
-OWN_TYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}   # model.dtype -> its GGUF / KV cache type
 TOP_LOGPROBS = 5
 
 

@@ -23,8 +23,13 @@ Mapping (DESIGN §5/§6), one row per metric per sample:
     does not measure is emitted (no bytes, no hit rates, no memory peaks: absent, never 0).
   * columns: engine=llamacpp, token_source=random (llama-bench feeds random ids), every knob
     (the `flags.KNOB_COLUMNS` names where one exists, llama-bench's own names otherwise:
-    `flags.BENCH_ONLY_KNOBS`), `dtype` the weights' file type from `model_type` in llama-quantize's
-    spelling ("Q4_K - Medium" -> q4_k_m, "all F32" -> f32).
+    `flags.BENCH_ONLY_KNOBS`), as a moebench llama.cpp run names them: `gguf_type` the weights'
+    file type from `model_type` in llama-quantize's spelling ("Q4_K - Medium" -> q4_k_m, "all F32"
+    -> f32), `dtype` the model dtype that type stores as it is (f32 -> float32; null for a
+    quantised type, whose source dtype the file does not say), `override_tensor` null where
+    llama-bench says "none". Knobs llama-bench reports at their effective value (n_cpu_moe 0,
+    n_gpu_layers -1, type_k f16, ...) stay so; a moebench run's null there means llama.cpp's
+    default was not overridden.
 """
 from __future__ import annotations
 
@@ -37,7 +42,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.llamacpp.flags import BENCH_ONLY_KNOBS
+from harness.llamacpp.flags import BENCH_ONLY_KNOBS, OWN_TYPES
 from harness.results import make_rows
 
 log = logging.getLogger(__name__)
@@ -49,6 +54,8 @@ KNOB_FIELDS = {"n_gpu_layers": "n_gpu_layers", "n_cpu_moe": "n_cpu_moe", "tensor
 FTYPE_SIZES = {"Small": "s", "Medium": "m", "Large": "l"}      # "Q4_K - Medium" is llama-quantize's Q4_K_M
 BUILD_FIELDS = ("build_commit", "build_number", "backends", "cpu_info", "gpu_info")
 FLASH_ATTN = {1: "on", 0: "off", -1: "auto", True: "on", False: "off"}
+NOT_GIVEN = {"tensor_buft_overrides": ("", "none")}           # llama-bench's spelling of no value (else "")
+STORED_AS = {t: dtype for dtype, t in OWN_TYPES.items()}        # f32 -> float32: a file type that is a model dtype
 
 
 class BenchImportError(ValueError):
@@ -85,11 +92,12 @@ def phase_of(rec: Mapping[str, Any]) -> str | None:
 def factors_of(rec: Mapping[str, Any]) -> dict[str, Any]:
     n_prompt, n_gen, depth = int(rec.get("n_prompt", 0)), int(rec.get("n_gen", 0)), int(rec.get("n_depth", 0) or 0)
     model_type = str(rec.get("model_type", ""))
+    ftype = file_type(model_type)
     f: dict[str, Any] = {
         "engine": "llamacpp", "model": Path(str(rec.get("model_filename", ""))).name or None,
         "placement": None, "cache_capacity": None, "cache_policy": None, "prefetch": None,
         "workload": "llama-bench", "context_tokens": depth + (n_prompt if n_prompt else 0),
-        "gen_tokens": n_gen, "batch": 1, "dtype": file_type(model_type),
+        "gen_tokens": n_gen, "batch": 1, "gguf_type": ftype, "dtype": STORED_AS.get(ftype),
         "token_source": "random", "model_type": model_type or None, "model_size_bytes": rec.get("model_size"),
         "model_n_params": rec.get("model_n_params"), "n_depth": depth,
         "test": f"pp{n_prompt}" if n_prompt and not n_gen else f"tg{n_gen}" if n_gen and not n_prompt
@@ -98,7 +106,7 @@ def factors_of(rec: Mapping[str, Any]) -> dict[str, Any]:
     for field, col in KNOB_FIELDS.items():
         if field in rec:
             v = rec[field]
-            f[col] = FLASH_ATTN.get(v, v) if field == "flash_attn" else (v if v != "" else None)
+            f[col] = FLASH_ATTN.get(v, v) if field == "flash_attn" else (None if v in NOT_GIVEN.get(field, ("",)) else v)
     if "cache_type_k" in f or "cache_type_v" in f:
         k, v = f.get("cache_type_k"), f.get("cache_type_v")
         f["kv_dtype"] = k if k == v else f"{k}/{v}"

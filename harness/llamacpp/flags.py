@@ -165,6 +165,7 @@ CPU_MOE_OVERRIDE = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps=CPU"
 
 # The configuration that reproduces the fp32 reference (see module docstring), and llama.cpp's own.
 EXACT = LlamaFlags(cache_type_k="f32", cache_type_v="f32", flash_attn="off")
+OWN_TYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}   # model.dtype -> its GGUF / KV cache type
 DEFAULTS = LlamaFlags()
 
 # kv.dtype (engine.kvquant) -> llama.cpp's -ctk/-ctv cache type. Its q8_0/q4_0 are the formats

@@ -43,7 +43,7 @@ def test_import_round_trip(bench_outputs, fmt, tmp_path):
     for i, rec in enumerate(records):
         assert set(df[df.phase == ("prefill_fresh" if rec["n_prompt"] else "decode")]["job_id"]) == {f"j0-{i}"}
     assert (tmp_path / "sweep" / "results.parquet").is_file() and (tmp_path / "sweep" / "summary.csv").is_file()
-    assert set(df["dtype"]) == {"f32"}                        # "llama ?B all F32"
+    assert set(df["gguf_type"]) == {"f32"} and set(df["dtype"]) == {"float32"}    # "llama ?B all F32"
     assert set(df["engine"]) == {"llamacpp"} and set(df["source"]) == {"engine"}
     assert set(df["token_source"]) == {"random"}
     for phase, n, rec in (("prefill_fresh", 16, next(r for r in records if r["n_prompt"])),

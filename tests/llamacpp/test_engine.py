@@ -166,6 +166,14 @@ def test_llama_bench_results_join_the_tables(tmp_path, bins, gguf_f32):
     assert set(df.engine) == {"llamacpp"} and {"prefill_fresh", "decode"} <= set(df.phase)
     assert df[df.metric == "tok_per_s"].groupby("phase").size().min() == 2       # the raw samples as repeats
     assert "pp tok/s" in cli(["table", str(tmp_path / "imported")], tmp_path).stdout
+    # the columns a moebench llama.cpp run of the same f32 model has, spelled alike: a table over both
+    # groups them by the weights, not by two spellings of one setting
+    (tmp_path / "run").mkdir()
+    cli([*SMALL, "run.check_reference=false", "run.ablation=false"], tmp_path / "run")
+    ran = results.load(run_dir(tmp_path / "run"))
+    for col, value in (("dtype", "float32"), ("gguf_type", "f32")):
+        assert set(df[col]) == set(ran[col].dropna()) == {value}, col
+    assert df.override_tensor.isna().all() and ran.override_tensor.isna().all()     # llama-bench's "none"
 
 
 def test_an_artifact_that_cannot_be_saved_loses_no_measurement(tmp_path):
