@@ -142,6 +142,10 @@ class LlamaCppAdapter(EngineAdapter):
             shutil.rmtree(self.workdir, ignore_errors=True)
             raise
         self.load_s = self.server.load_s       # start -> /health ok: the model load, no conversion or probe
+        props = self.server.props()
+        # what the server runs: -c padded up to a multiple of 256, and its own build (LLAMA_CPP_BIN's too)
+        self.n_ctx = (props.get("default_generation_settings") or {}).get("n_ctx")     # None: not reported
+        self.server_commit = str(props.get("build_info") or "").rpartition("-")[2] or "unknown"
         backend = (self.binaries.info.backend if self.binaries.info else "unknown").lower()
         self.device_kind = "cuda" if "cuda" in backend else "cpu"
         self.device_name = f"llama.cpp {backend}"
@@ -164,10 +168,12 @@ class LlamaCppAdapter(EngineAdapter):
     # --- rows ---------------------------------------------------------------------------------
     def knobs(self) -> dict[str, Any]:
         """llama.cpp's knobs under their row names (harness.llamacpp.flags.KNOB_COLUMNS; `threads` and
-        `ubatch` are the run's own columns too, with the same values), the configuration and weights."""
+        `ubatch` are the run's own columns too, with the same values), the configuration and weights;
+        `n_ctx` and `llamacpp_commit` as the running server reports them (/props), the converter's
+        commit beside."""
         out = dict(self.flags.as_factors())
-        out.update(llamacpp_config=self.options.config, gguf_type=self.weights,
-                   llamacpp_commit=self.gguf.llama_cpp_commit)
+        out.update(llamacpp_config=self.options.config, gguf_type=self.weights, n_ctx=self.n_ctx,
+                   llamacpp_commit=self.server_commit, gguf_converter_commit=self.gguf.llama_cpp_commit)
         return out
 
     def phase_metrics(self) -> dict[str, float | None]:

@@ -41,7 +41,7 @@ def run_dir(cwd: Path) -> Path:
     return next((cwd / "results" / "runs").iterdir())
 
 
-def test_every_phase_in_the_exact_configuration(tmp_path):
+def test_every_phase_in_the_exact_configuration(tmp_path, bins):
     cli(SMALL, tmp_path)
     d = run_dir(tmp_path)
     df = results.load(d)
@@ -58,6 +58,9 @@ def test_every_phase_in_the_exact_configuration(tmp_path):
     assert eng[("kv_offload", "saved_state_bytes")] > 0 and eng[("prefill_restored", "restore_s")] >= 0
     assert eng[("decode", "time_s")] > 0 and eng[("prefill_fresh", "peak_host_rss_bytes")] > 0
     assert speed[speed.metric == "h2d_bytes"].value.isna().all()                # not measurable: null, never 0
+    # the context the server runs: the 395 tokens asked for (-c), which llama.cpp pads up to 512;
+    # and the commit of the server that ran, from the server itself
+    assert set(df.n_ctx.dropna()) == {512} and set(df.llamacpp_commit.dropna()) == {bins.info.llama_cpp_commit}
     assert set(speed.placement.dropna()) == set() and set(speed.flash_attn.dropna()) == {"off"}
     assert (d / "llama-server.log").stat().st_size > 0
 
