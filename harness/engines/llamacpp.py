@@ -112,7 +112,7 @@ class LlamaCppAdapter(EngineAdapter):
 
     def __init__(self, spec: Any, options: LlamaCppOptions) -> None:
         from harness.engines import session_tokens_of
-        from harness.llamacpp.build import find_binaries
+        from harness.llamacpp.build import find_binaries, server_backend
         from harness.llamacpp.convert import convert, convert_preset
         from harness.llamacpp.server import LlamaServer
 
@@ -146,8 +146,8 @@ class LlamaCppAdapter(EngineAdapter):
         # what the server runs: -c padded up to a multiple of 256, and its own build (LLAMA_CPP_BIN's too)
         self.n_ctx = (props.get("default_generation_settings") or {}).get("n_ctx")     # None: not reported
         self.server_commit = str(props.get("build_info") or "").rpartition("-")[2] or "unknown"
-        backend = (self.binaries.info.backend if self.binaries.info else "unknown").lower()
-        self.device_kind = "cuda" if "cuda" in backend else "cpu"
+        backend = server_backend(self.binaries.server)
+        self.device_kind = "cuda" if backend == "cuda" else "cpu"
         self.device_name = f"llama.cpp {backend}"
         self.emulated = False
         self._metrics: dict[str, float | None] = {}

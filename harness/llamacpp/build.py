@@ -457,6 +457,25 @@ def _opt(p: Path) -> Path | None:
     return p if p.is_file() else None
 
 
+@lru_cache(maxsize=None)
+def server_backend(server: Path) -> str:
+    """Where this llama-server runs a model, as it says itself (`--list-devices`): the kind of the
+    first device listed, lower-case without its index ("CUDA0" -> "cuda"), "cpu" when it lists
+    none (a CPU build, or a CUDA build on a machine without a GPU), "unknown" when it cannot say.
+    One rule for every origin: a cache build's record says what it was built for, not what runs."""
+    try:
+        proc = subprocess.run([str(server), "--list-devices"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        log.warning("could not ask %s for its devices: %s", server, e)
+        return "unknown"
+    _, header, listed = (proc.stdout + proc.stderr).partition("Available devices:")
+    lines = [ln.strip() for ln in listed.splitlines() if ln.startswith((" ", "\t")) and ln.strip()]
+    if not header or not lines:
+        return "unknown"
+    first = lines[0].split(":")[0].strip()
+    return "cpu" if first == "(none)" else re.sub(r"\d+$", "", first).lower()
+
+
 # ---------------------------------------------------------------- CLI
 
 

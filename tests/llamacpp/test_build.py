@@ -9,7 +9,7 @@ import pytest
 
 from harness.llamacpp import build
 from harness.llamacpp.build import (MARKER, BuildConfig, LlamaCppBuildError, cached_builds, find_binaries,
-                                    finished_build)
+                                    finished_build, server_backend)
 
 
 def test_flags_hash_follows_the_flags_not_the_jobs():
@@ -61,3 +61,19 @@ def test_llama_cpp_bin_points_at_a_directory(bins, monkeypatch):
     found = find_binaries()
     assert found.origin == "LLAMA_CPP_BIN" and found.server == bins.server and found.info is None
     assert os.access(found.bench, os.X_OK)
+    # with no build record, the server itself says where it runs: this machine has no GPU
+    assert server_backend(found.server) == "cpu"
+
+
+@pytest.mark.parametrize("lines, backend", [
+    (["Available devices:", "  (none)"], "cpu"),
+    (["ggml_cuda_init: found 1 CUDA devices:", "Available devices:",
+      "  CUDA0: NVIDIA H200 (143771 MiB, 143158 MiB free)"], "cuda"),     # arg.cpp's format on a GPU machine
+    (["error: invalid argument: --list-devices"], "unknown")])           # a server too old to say
+def test_a_server_without_a_build_record_says_where_it_runs(tmp_path, lines, backend):
+    """LLAMA_CPP_BIN's or PATH's llama-server, as a real executable printing what llama.cpp's
+    --list-devices prints (a CUDA card cannot be had here): labelled by what it lists."""
+    exe = tmp_path / "llama-server"
+    exe.write_text("#!/bin/sh\nprintf '%s\\n' " + " ".join(f"'{ln}'" for ln in lines) + "\n")
+    exe.chmod(0o755)
+    assert server_backend(exe) == backend
