@@ -172,7 +172,7 @@ def sweep_report(jobs: list[list[str]]) -> tuple[bool, str]:
                   if v.plan else v.message.splitlines()[0])
         rows.append((" ".join(job), "fits" if v.fits else "does not fit", detail))
     width = max(len(r[0]) for r in rows)
-    note = f"planned for {' or '.join(map(str, sorted(cpu_threads)))} torch threads (run.threads; CPU attention " \
+    note = f"planned for {' or '.join(map(str, sorted(cpu_threads)))} torch thread(s) (run.threads; CPU attention " \
         "keeps a buffer per thread)\n" if cpu_threads else ""
     return ok, note + "\n".join(f"{a:<{width}}  {b:<12}  {c}" for a, b, c in rows)
 

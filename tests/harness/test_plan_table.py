@@ -63,7 +63,7 @@ def test_a_cpu_plan_is_for_the_jobs_threads_not_the_callers(capsys):
     finally:
         torch.set_num_threads(before)
     assert plan_main(["-m", *args, "run.threads=1,2"]) == 0
-    assert "planned for 1 or 2 torch threads (run.threads" in capsys.readouterr().out
+    assert "planned for 1 or 2 torch thread(s) (run.threads" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("args, says", [
