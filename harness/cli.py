@@ -11,7 +11,8 @@
 
 A sweep's directory is `<run.out>/sweeps/<run.sweep_id>`; without run.sweep_id it is a hash of
 the command line's measurement overrides, so re-running the same command resumes the sweep:
-a job is skipped only when its recorded config hash matches, failed jobs run again
+a job is skipped only when its recorded config hash matches (every finished job's is checked
+when the sweep resumes, and a stale one retired before any job runs), failed jobs run again
 (run.retry_failed=false keeps them), and a dir holding a different sweep is refused
 (run.resume=add|replace). One process writes a sweep dir at a time. SIGTERM or Ctrl-C ends
 the sweep after writing the table of the jobs completed so far (exit 143 / 130). The process
@@ -179,7 +180,8 @@ def _launch(argv: list[str], sweep_dir: Path | None) -> int:
                 where = f"; the table of the {len(jobs)} completed job(s) is in {sweep_dir}"
                 if older := len(jobs - STATE["handled_jobs"]):
                     where += (f" ({older} of them not reached by this run: their results are from before it, "
-                              "their configs unchecked until the command runs again)")
+                              + ("under the config it checked when it started)" if STATE.get("configs_checked") else
+                                 "their configs unchecked until the command runs again)"))
         again = ("run the command again without run.resume=replace to resume (with it, the sweep starts over and "
                  "the completed jobs are deleted)" if _override(argv, "run.resume") == "replace"
                  else "run the same command again to resume")
@@ -191,6 +193,42 @@ def _launch(argv: list[str], sweep_dir: Path | None) -> int:
         print(f"moebench: {STATE['table_error']}", file=sys.stderr)
         return 1
     return 1 if STATE["failed_jobs"] else 0
+
+
+CONFIG_SOURCE_FLAGS = {"-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir"}
+
+
+def _retire_stale(sweep_dir: Path, argv: list[str]) -> None:
+    """Before a resumed sweep runs any job: retire every finished job whose results came from
+    another config than its overrides give now (harness.sweep.stale_jobs), so that however the
+    run ends -- completed, interrupted, killed -- the dir never holds an older config's results
+    beside the new ones. Its rows stay as the mark of an incomplete job; it runs again."""
+    from harness.plan import composer
+    from harness.results import DONE_FILE, SUMMARY_FILE, SWEEP_STEPS, SWEEP_TABLE, remove_job
+    from harness.sweep import stale_jobs
+
+    if CONFIG_SOURCE_FLAGS & set(split_args(argv)[0]):     # composed from elsewhere: not reproducible here
+        return
+    STATE["configs_checked"] = True
+    finished = sum((d / DONE_FILE).is_file() for d in sweep_dir.iterdir())
+    if finished > 20 and (_override(argv, "run.quiet") or "false").lower() != "true":     # ~0.1 s each
+        print(f"moebench: checking the configs of the {finished} jobs this sweep finished before", file=sys.stderr)
+    # Hydra leaves its own overrides (a search path) out of a job's recorded ones: the command's apply
+    hydra_own = [o for o in split_args(argv)[1] if o.lstrip("+~").startswith("hydra.")]
+    with composer() as compose:
+        stale = stale_jobs(sweep_dir, lambda overrides: OmegaConf.to_container(compose([*overrides, *hydra_own]),
+                                                                             resolve=True))
+    if not stale:
+        return
+    for job_dir, _ in stale:
+        remove_job(job_dir)
+    if write_sweep_table(sweep_dir, quiet=True) is None and STATE["table_error"] is None:
+        for name in (SWEEP_TABLE, SWEEP_STEPS, SUMMARY_FILE):    # no job left: the old tables held only theirs
+            (sweep_dir / name).unlink(missing_ok=True)
+    shown = "; ".join(f"{d.name}: {why}" for d, why in stale[:3]) + ("; ..." if len(stale) > 3 else "")
+    print(f"moebench: {len(stale)} finished job(s) in {sweep_dir} ran under another config than their overrides "
+          f"give now (the config files or a checkpoint changed since); their results are retired and they run "
+          f"again: {shown}", file=sys.stderr)
 
 
 def _sweep_jobs(argv: list[str]) -> int:
@@ -234,8 +272,9 @@ def main() -> None:
     try:
         sweep_dir = sweep_dir_of(argv)
         with SweepLock(sweep_dir):
-            claim_sweep(sweep_dir, sweep_overrides(argv), _override(argv, "run.resume") or "auto",
-                        ["moebench", *argv])
+            if claim_sweep(sweep_dir, sweep_overrides(argv), _override(argv, "run.resume") or "auto",
+                           ["moebench", *argv]) in ("resume", "add"):
+                _retire_stale(sweep_dir, argv)
             code = _launch(argv, sweep_dir)
     except SweepError as exc:
         print(f"moebench: {exc}", file=sys.stderr)

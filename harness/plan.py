@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -34,13 +34,21 @@ from harness.machine import job_threads
 SEARCHES = ("context", "capacity", "n_cpu_layers")
 
 
-def _compose(overrides: Sequence[str], hydra: bool = False):
+@contextmanager
+def composer(hydra: bool = False) -> Iterator[Callable[[Sequence[str]], Any]]:
+    """compose(overrides) -> the config the moebench CLI composes for them (with Hydra's own node
+    when `hydra`), Hydra initialised once for every call made inside."""
     from hydra import compose, initialize_config_dir
 
     import harness.cli  # noqa: F401 -- registers the ConfigStore and the resolvers
     from harness.cli import CONF_DIR
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        return compose(config_name="config", overrides=list(overrides), return_hydra_config=hydra)
+        yield lambda overrides: compose(config_name="config", overrides=list(overrides), return_hydra_config=hydra)
+
+
+def _compose(overrides: Sequence[str], hydra: bool = False):
+    with composer(hydra) as compose:
+        return compose(overrides)
 
 
 def expand(overrides: Sequence[str]) -> list[list[str]]:

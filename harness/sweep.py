@@ -8,6 +8,9 @@ Owns:
   fingerprint recorded with it matches (harness.runner asks `resume_decision`).
 - `SweepLock`: one writer per sweep dir (an `flock` on `<sweep>/.lock`, released by the kernel
   even when the holder is killed); a second process is refused with the holder's pid and command.
+- `stale_jobs`: the finished jobs whose recorded config no longer matches what their overrides
+  give (the CLI retires them when a sweep resumes, before any job runs, so a resume that dies
+  midway never leaves an older config's results beside the new ones).
 - `claim_sweep`: the sweep's identity (its command-line overrides) recorded in `sweep.json`; a
   dir that holds a *different* sweep is refused, naming the differing keys, unless
   `run.resume=add` (add these jobs beside the others) or `run.resume=replace` (clear it first).
@@ -23,12 +26,13 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import shutil
 import signal
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +40,7 @@ from typing import Any
 from harness.contract import COSMETIC_KEYS, RESUME_MODES
 from harness.results import read_done
 
+log = logging.getLogger(__name__)
 LOCK_FILE = ".lock"
 SWEEP_FILE = "sweep.json"
 _MAX_DIRNAME = 120
@@ -117,6 +122,33 @@ def resume_decision(done: Mapping[str, Any] | None, fingerprint: str, retry_fail
             return ResumeDecision(True, "it failed before (run.retry_failed=true)")
         return ResumeDecision(False, "it failed before and run.retry_failed=false")
     return ResumeDecision(False, "already complete with the same config hash")
+
+
+def stale_jobs(sweep_dir: Path, resolve: Callable[[list[str]], Mapping[str, Any]]) -> list[tuple[Path, str]]:
+    """The finished jobs of `sweep_dir` whose results came from another config than their own
+    overrides give now -- the config files or a checkpoint changed since they ran -- each with why:
+    its manifest's overrides resolved again (`resolve`: overrides -> resolved config) and
+    fingerprinted against its DONE. A job whose overrides do not compose here (an interpolation
+    only Hydra's app resolves, a preset since removed) or without a readable manifest is left
+    alone, unchecked: its own run decides when the sweep reaches it."""
+    out: list[tuple[Path, str]] = []
+    for d in sorted(p for p in sweep_dir.iterdir() if p.is_dir()):
+        done = read_done(d)
+        if done is None:
+            continue
+        try:
+            overrides = list(json.loads((d / "manifest.json").read_text())["overrides"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        try:
+            now = job_fingerprint(resolve(overrides))
+        except Exception as exc:  # noqa: BLE001 -- any failure to compose: unchecked, never retired on a guess
+            log.warning("cannot check %s against the config files now (%s: %s); it is checked when it runs",
+                        d.name, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+            continue
+        if now != done.get("config_hash"):
+            out.append((d, f"config hash {done.get('config_hash')} -> {now}"))
+    return out
 
 
 # ----------------------------------------------------------------------------- job dir names

@@ -14,6 +14,7 @@ import pytest
 
 from harness import results
 from harness.contract import ALL_PHASES
+from harness.sweep import stale_jobs
 
 pytestmark = pytest.mark.slow     # subprocess/CLI or multi-second runs: `make test` runs them, `-m "not slow"` skips
 REPO = Path(__file__).resolve().parents[2]
@@ -92,6 +93,40 @@ def test_rerun_skips_only_when_the_config_hash_matches(tmp_path, tiny_mixtral_di
     third = done_times(sweep)
     assert all(third[j] > first[j] for j in first)
     assert table(sweep).job_id.nunique() == 2
+
+
+def test_a_resume_retires_an_older_configs_results_before_any_job_runs(tmp_path, tiny_mixtral_dir):
+    """The checkpoint changed in place since the sweep ran, so all three jobs' results are an older
+    config's. The resume is killed (SIGKILL: no clean-up of any kind) as soon as it has re-measured
+    one job: the dir then holds that job's new results and nothing of the older config -- the two
+    unreached jobs were retired when the resume started, not left beside the new one."""
+    import shutil
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny_mixtral_dir, ckpt)
+    args = ["-m", "model=hf", f"model.path={ckpt}", "workload.tokens=random", "placement=fetch",
+            "cache.capacity=2,3,4", *SMALL]
+    assert cli(args, tmp_path).returncode == 0
+    sweep = next((tmp_path / "results" / "sweeps").iterdir())
+    first = done_times(sweep)
+    assert len(first) == 3 and table(sweep).job_id.nunique() == 3
+    weights = next(ckpt.glob("*.safetensors"))
+    os.utime(weights, ns=(time.time_ns(), time.time_ns() + 10**9))
+    proc = popen(args, tmp_path)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if any(t > first.get(j, t) for j, t in done_times(sweep).items()):
+            break
+        time.sleep(0.02)
+    proc.kill()
+    _, err = proc.communicate(timeout=60)
+    assert "3 finished job(s)" in err and "ran under another config than their overrides give now" in err, err
+    remeasured = {j for j, t in done_times(sweep).items() if t > first[j]}
+    assert 1 <= len(remeasured) < 3, remeasured                    # killed midway
+    assert set(done_times(sweep)) == remeasured                     # no older DONE left beside it
+    df = results.load(sweep)
+    assert df.job_id.nunique() == len(remeasured)
+    if (sweep / results.SWEEP_TABLE).is_file():                     # a table, if any, holds no older job either
+        assert table(sweep).job_id.nunique() <= len(remeasured)
 
 
 def test_job_dirs_do_not_depend_on_the_order_of_sweep_values(tmp_path):
@@ -237,11 +272,12 @@ def test_a_signal_mid_sweep_writes_the_completed_jobs_and_resumes(tmp_path, sig,
 
 
 @pytest.mark.slow
-def test_an_interrupted_resume_of_a_changed_sweep_says_which_results_are_older(tmp_path):
-    """The experiment file changed since the sweep ran, so its jobs are measured again; a signal
-    after the first leaves a table whose other jobs still hold the old config's results -- the
-    message says how many, and no traceback however the signal lands (in a job, or in Hydra
-    composing the next job's config)."""
+def test_an_interrupted_resume_of_a_changed_sweep_leaves_no_older_results(tmp_path):
+    """The experiment file (on a search path given on the command line) changed since the sweep
+    ran: the resume retires all three jobs before running any, and a signal after the first is
+    re-measured leaves that job alone in the dir and the table -- with no traceback however the
+    signal lands (in a job, or in Hydra composing the next job's config). Resumed unchanged, the
+    same search path composes the same configs and nothing is retired."""
     conf = tmp_path / "conf" / "experiment"
     conf.mkdir(parents=True)
     mine = conf / "mine.yaml"
@@ -251,6 +287,12 @@ def test_an_interrupted_resume_of_a_changed_sweep_says_which_results_are_older(t
     assert cli(args, tmp_path).returncode == 0
     sweep = tmp_path / "results" / "sweeps" / "C"
     before = done_times(sweep)
+
+    def cannot_compose(overrides):
+        raise ValueError("an interpolation only Hydra's app resolves")
+    assert stale_jobs(sweep, cannot_compose) == []                  # unchecked, never retired on a guess
+    same = cli(args, tmp_path)
+    assert same.returncode == 0 and "finished job(s)" not in same.stderr and done_times(sweep) == before, same.stderr
     mine.write_text("# @package _global_\nworkload:\n  turn_tokens: 16\n")
     proc = popen(args, tmp_path)
     deadline = time.time() + 300
@@ -260,8 +302,14 @@ def test_an_interrupted_resume_of_a_changed_sweep_says_which_results_are_older(t
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 143 and "Traceback" not in err, err[-3000:]
+    assert "3 finished job(s)" in err and "config hash" in err, err[-3000:]
     last = err.strip().splitlines()[-1]
-    assert last.startswith("moebench: interrupted by SIGTERM") and "not reached by this run" in last, last
+    assert last.startswith("moebench: interrupted by SIGTERM") and "not reached by this run" not in last, last
+    remeasured = set(done_times(sweep))
+    assert remeasured and all(done_times(sweep)[j] != before[j] for j in remeasured)
+    assert results.load(sweep).job_id.nunique() == len(remeasured)
+    if (sweep / results.SWEEP_TABLE).is_file():
+        assert table(sweep).job_id.nunique() <= len(remeasured)
 
 
 @pytest.mark.slow
