@@ -15,7 +15,9 @@ Does not own: which phases exist (harness.scenario) or storage (harness.results)
 Device peaks are per phase: both CUDA peak counters are reset when the phase starts.
 `peak_device_bytes` is torch's allocated peak (tensors), `peak_device_reserved_bytes` the
 caching allocator's reserved peak (segments it took from the driver: what a device budget
-caps, engine.devices); on the CPU both are None, never 0.
+caps, engine.devices); on the CPU both are None, never 0, and so they are for an engine whose
+device memory is another process's (`allocator=False`: a llama.cpp server), which this
+process's allocator does not see.
 """
 from __future__ import annotations
 
@@ -90,8 +92,11 @@ class HostPeak:
 class PhaseProbe:
     """Times one phase and records its memory peaks and counter deltas."""
 
-    def __init__(self, device_kind: str, counters: Callable[[], dict[str, int]] | None) -> None:
+    def __init__(self, device_kind: str, counters: Callable[[], dict[str, int]] | None,
+                 allocator: bool = True) -> None:
+        """allocator: the engine's device memory is this process's (torch's peaks are its peaks)."""
         self.device_kind = device_kind
+        self._peaks = allocator and device_kind == "cuda"
         self._counters = counters
         self.time_s = 0.0
         self.peak_device_bytes: int | None = None
@@ -101,7 +106,7 @@ class PhaseProbe:
 
     def __enter__(self) -> "PhaseProbe":
         sync(self.device_kind)
-        if self.device_kind == "cuda":
+        if self._peaks:
             torch.cuda.reset_peak_memory_stats()
         self._host = HostPeak()
         self._host.start()
@@ -116,7 +121,7 @@ class PhaseProbe:
         if self._counters is not None:
             after = self._counters()
             self.counters = {k: after[k] - self._before[k] for k in after}
-        if self.device_kind == "cuda":
+        if self._peaks:
             self.peak_device_bytes = torch.cuda.max_memory_allocated()
             self.peak_device_reserved_bytes = torch.cuda.max_memory_reserved()
         self.peak_host_rss_bytes = self._host.stop()

@@ -38,7 +38,7 @@ from harness.ablation import Ablation, ablation_metrics
 from harness.config import DEFAULT_CAPACITY, RunSpec, validate
 from harness.contract import MEASURED_PHASES, PREFIX_CACHE, QUALITY_METRICS, QUALITY_PHASE
 from harness.dtype_speed import dtype_speed
-from harness.engines import EngineAdapter as Adapter, get_adapter, release_cached, session_tokens_of
+from harness.engines import ENGINES, EngineAdapter as Adapter, get_adapter, release_cached, session_tokens_of
 from harness.engines.moebench import MoebenchAdapter
 from harness.machine import MachineLoad, job_threads
 from harness.manifest import collect_manifest
@@ -265,7 +265,7 @@ class Job:
         if spec.prefetch == "trace_oracle":                             # the oracle replays the reference's passes
             prefetch_options["steps"] = self.reference.steps
         key_extra = (self.reference.key,) if spec.prefetch == "trace_oracle" else ()
-        with PhaseProbe(kind, None) as probe:
+        with PhaseProbe(kind, None, ENGINES.get(spec.engine).allocates_here) as probe:
             with self.reporter.step("loading the model"):
                 eng, loaded = get_adapter(spec, prefetch_options=prefetch_options, key_extra=key_extra,
                                           progress=self.reporter.progress)

@@ -142,7 +142,7 @@ def run_repeat(eng: Adapter, sample: WorkloadSample, gen_tokens: int, keep_logit
         if before_phase is not None:
             before_phase(name, eng, sess)
         eng.reset_device_peak()
-        with span("phase", phase=name), PhaseProbe(kind, counters) as p:
+        with span("phase", phase=name), PhaseProbe(kind, counters, eng.allocates_here) as p:
             tokens, extra = body()
         res = _phase(name, p, tokens, extra, timeline, eng.emulated)
         res.engine["emulated_device_peak_bytes"] = eng.device_peak()

@@ -47,7 +47,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pc
 
 if [ "$PART" = 1 ] || [ "$PART" = all ]; then
   step engine_checks 220 python3 scripts/gpu_check.py --out "$DEST/gpu_check.csv"
-  step pytest_gpu 70 python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine/test_cuda.py tests/engine/test_static_decode.py tests/harness/test_manifest.py
+  step pytest_gpu 70 python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine/test_cuda.py tests/engine/test_static_decode.py tests/harness/test_manifest.py tests/harness/test_measure.py
 fi
 
 if [ "$PART" = 2 ] || [ "$PART" = all ]; then

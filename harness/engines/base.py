@@ -56,6 +56,7 @@ class EngineAdapter(ABC):
     has_expert_cache: bool = False     # whether phases start from a cold or warm expert cache
     instrument: Instrument = NULL
     uses_placement: ClassVar[bool] = True   # moebench's placement/cache/prefetch factors apply to it
+    allocates_here: ClassVar[bool] = True    # its device memory is this process's allocator's (not a server's)
     threads_at_load: ClassVar[bool] = False  # its thread count is fixed when it loads (a server's -t): a job
                                              # at another run.threads needs another engine, never this one
     compute_dtype: str | None = None   # the torch dtype its matmuls run in; None: the engine picks per tensor

@@ -109,6 +109,7 @@ class LlamaCppAdapter(EngineAdapter):
     Options = LlamaCppOptions
     uses_placement = False            # its offload knobs are engine.*; moebench's placement/cache do not apply
     threads_at_load = True            # the server's -t
+    allocates_here = False            # the server holds its device memory: this process's peaks are not its
 
     def __init__(self, spec: Any, options: LlamaCppOptions) -> None:
         from harness.engines import session_tokens_of
