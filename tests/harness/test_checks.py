@@ -294,3 +294,22 @@ def test_the_timeline_pass_starts_from_the_measured_repeats_expert_cache_state(t
     assert h2d["timeline"] == h2d["none"]
     state = df[(df.phase == "prefill_fresh") & (df.metric == "h2d_bytes")].set_index("profiler")["expert_cache"]
     assert state["timeline"] == state["none"] == "warm"
+
+
+def test_a_failing_close_after_a_failure_does_not_mask_the_failure(caplog):
+    """A repeat that fails closes its session on the way out; when that close fails too (a dead
+    llama.cpp server's slot erase), the repeat's own error is raised and the close's is logged.
+    Without a failure in the block, the close's error is the one raised."""
+    from harness.scenario import closing_session
+
+    class DeadServer:                  # the one method closing_session calls, failing as a dead server's does
+        def close_session(self, sess):
+            raise ConnectionError("POST /slots/0?action=erase: connection refused")
+
+    with pytest.raises(RuntimeError, match="the stream broke"):
+        with closing_session(DeadServer(), object()):
+            raise RuntimeError("the stream broke")
+    assert "closing the session after a failure failed too: ConnectionError" in caplog.text
+    with pytest.raises(ConnectionError, match="connection refused"):
+        with closing_session(DeadServer(), object()):
+            pass
