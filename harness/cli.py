@@ -127,8 +127,8 @@ def sweep_dir_of(argv: list[str]) -> Path:
 
 
 # Hydra's flags that take a value (argparse would read an override after them as that value)
-_VALUE_FLAGS = {"-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir", "-p", "--package",
-                "-c", "--cfg", "--experimental-rerun", "--shell-completion"}
+CONFIG_SOURCE_FLAGS = {"-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir"}   # where configs come from
+_VALUE_FLAGS = CONFIG_SOURCE_FLAGS | {"-p", "--package", "-c", "--cfg", "--experimental-rerun", "--shell-completion"}
 _INFO_CHOICES = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
 
 
@@ -193,9 +193,6 @@ def _launch(argv: list[str], sweep_dir: Path | None) -> int:
         print(f"moebench: {STATE['table_error']}", file=sys.stderr)
         return 1
     return 1 if STATE["failed_jobs"] else 0
-
-
-CONFIG_SOURCE_FLAGS = {"-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir"}
 
 
 def _retire_stale(sweep_dir: Path, argv: list[str]) -> None:
