@@ -26,11 +26,15 @@ STATE: dict[str, Any] = {"failed_jobs": 0, "sweep_dir": None, "unwritten": [], "
 
 
 def write_sweep_table(sweep_dir: Path, quiet: bool) -> pd.DataFrame | None:
-    """Write the sweep's tables; None (with STATE["table_error"] set) when that is impossible."""
+    """Write the sweep's tables; None (with STATE["table_error"] set) when that is impossible, and
+    None when no job is left to write (every one retired): then tables written before, which held
+    only those jobs' rows, are removed, so no load reads them."""
     try:
         df = results.write_sweep(sweep_dir, extra_rows=STATE["unwritten"], clear_leftovers=True)   # under the CLI's lock
     except results.ResultsError as exc:
         if "no jobs under" in str(exc):
+            for name in (results.SWEEP_TABLE, results.SWEEP_STEPS, results.SUMMARY_FILE):
+                (sweep_dir / name).unlink(missing_ok=True)
             return None
         STATE["table_error"] = f"cannot write the sweep table for {sweep_dir}: {exc}"
         return None

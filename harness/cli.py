@@ -201,17 +201,18 @@ def _retire_stale(sweep_dir: Path, argv: list[str]) -> None:
     run ends -- completed, interrupted, killed -- the dir never holds an older config's results
     beside the new ones. Its rows stay as the mark of an incomplete job; it runs again."""
     from harness.plan import composer
-    from harness.results import DONE_FILE, SUMMARY_FILE, SWEEP_STEPS, SWEEP_TABLE, remove_job
+    from harness.results import DONE_FILE, remove_job
     from harness.sweep import stale_jobs
 
-    if CONFIG_SOURCE_FLAGS & set(split_args(argv)[0]):     # composed from elsewhere: not reproducible here
+    flags, overrides = split_args(argv)
+    if CONFIG_SOURCE_FLAGS & set(flags):                     # composed from elsewhere: not reproducible here
         return
     STATE["configs_checked"] = True
     finished = sum((d / DONE_FILE).is_file() for d in sweep_dir.iterdir())
     if finished > 20 and (_override(argv, "run.quiet") or "false").lower() != "true":     # ~0.1 s each
         print(f"moebench: checking the configs of the {finished} jobs this sweep finished before", file=sys.stderr)
     # Hydra leaves its own overrides (a search path) out of a job's recorded ones: the command's apply
-    hydra_own = [o for o in split_args(argv)[1] if o.lstrip("+~").startswith("hydra.")]
+    hydra_own = [o for o in overrides if o.lstrip("+~").startswith("hydra.")]
     with composer() as compose:
         stale = stale_jobs(sweep_dir, lambda overrides: OmegaConf.to_container(compose([*overrides, *hydra_own]),
                                                                              resolve=True))
@@ -219,9 +220,7 @@ def _retire_stale(sweep_dir: Path, argv: list[str]) -> None:
         return
     for job_dir, _ in stale:
         remove_job(job_dir)
-    if write_sweep_table(sweep_dir, quiet=True) is None and STATE["table_error"] is None:
-        for name in (SWEEP_TABLE, SWEEP_STEPS, SUMMARY_FILE):    # no job left: the old tables held only theirs
-            (sweep_dir / name).unlink(missing_ok=True)
+    write_sweep_table(sweep_dir, quiet=True)
     shown = "; ".join(f"{d.name}: {why}" for d, why in stale[:3]) + ("; ..." if len(stale) > 3 else "")
     print(f"moebench: {len(stale)} finished job(s) in {sweep_dir} ran under another config than their overrides "
           f"give now (the config files or a checkpoint changed since); their results are retired and they run "
