@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,19 @@ def table(sweep: Path):
     df = results.load(sweep / results.SWEEP_TABLE)
     assert not df.duplicated(KEY).any()
     return df
+
+
+def wait_until(done: Callable[[], bool], proc: subprocess.Popen | None = None, timeout: float = 300,
+               every: float = 0.05) -> None:
+    """Poll `done` until it holds, `proc` (when given) has exited, or `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not done() and (proc is None or proc.poll() is None):
+        time.sleep(every)
+
+
+def a_done_rewritten(sweep: Path, before: dict[str, int]) -> Callable[[], bool]:
+    """Whether some job of `sweep` has written its DONE since `before` (done_times)."""
+    return lambda: any(t != before.get(j) for j, t in done_times(sweep).items())
 
 
 def temp_files(root: Path) -> list[Path]:
@@ -112,11 +126,7 @@ def test_a_resume_retires_an_older_configs_results_before_any_job_runs(tmp_path,
     weights = next(ckpt.glob("*.safetensors"))
     os.utime(weights, ns=(time.time_ns(), time.time_ns() + 10**9))
     proc = popen(args, tmp_path)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None:
-        if any(t > first.get(j, t) for j, t in done_times(sweep).items()):
-            break
-        time.sleep(0.02)
+    wait_until(a_done_rewritten(sweep, first), proc, every=0.02)
     proc.kill()
     _, err = proc.communicate(timeout=60)
     assert "3 finished job(s)" in err and "ran under another config than their overrides give now" in err, err
@@ -158,9 +168,7 @@ def test_a_second_writer_is_refused_while_the_first_runs(tmp_path):
     args = ["-m", "placement=resident,cpu,fetch", "run.sweep_id=L", *SMALL]
     first = popen(args, tmp_path)
     lock = tmp_path / "results" / "sweeps" / "L" / ".lock"
-    deadline = time.time() + 120
-    while time.time() < deadline and not (lock.is_file() and lock.read_text().startswith("pid")):
-        time.sleep(0.05)
+    wait_until(lambda: lock.is_file() and lock.read_text().startswith("pid"), timeout=120)
     second = cli(args, tmp_path)
     out, err = first.communicate(timeout=600)
     assert first.returncode == 0, err
@@ -245,9 +253,7 @@ def test_a_signal_mid_sweep_writes_the_completed_jobs_and_resumes(tmp_path, sig,
     args = ["-m", "placement=resident,cpu,fetch,hybrid", "cache.capacity=2,4", "run.sweep_id=G", *SMALL]
     proc = popen(args, tmp_path)
     sweep = tmp_path / "results" / "sweeps" / "G"
-    deadline = time.time() + 300
-    while time.time() < deadline and len(list(sweep.glob("*/DONE"))) < 2 and proc.poll() is None:
-        time.sleep(0.05)
+    wait_until(lambda: len(list(sweep.glob("*/DONE"))) >= 2, proc)
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == code, err
@@ -295,10 +301,7 @@ def test_an_interrupted_resume_of_a_changed_sweep_leaves_no_older_results(tmp_pa
     assert same.returncode == 0 and "finished job(s)" not in same.stderr and done_times(sweep) == before, same.stderr
     mine.write_text("# @package _global_\nworkload:\n  turn_tokens: 16\n")
     proc = popen(args, tmp_path)
-    deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None and \
-            not any(t != before.get(j) for j, t in done_times(sweep).items()):
-        time.sleep(0.02)
+    wait_until(a_done_rewritten(sweep, before), proc, every=0.02)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 143 and "Traceback" not in err, err[-3000:]
@@ -319,9 +322,7 @@ def test_an_interrupted_replace_says_how_to_resume_without_starting_over(tmp_pat
     args = ["-m", "placement=fetch", "cache.capacity=2,3,4", "run.sweep_id=R", "run.resume=replace", *SMALL]
     proc = popen(args, tmp_path)
     sweep = tmp_path / "results" / "sweeps" / "R"
-    deadline = time.time() + 300
-    while time.time() < deadline and not list(sweep.glob("*/DONE")) and proc.poll() is None:
-        time.sleep(0.05)
+    wait_until(lambda: bool(list(sweep.glob("*/DONE"))), proc)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 143, err
@@ -337,9 +338,7 @@ def test_an_interrupted_replace_says_how_to_resume_without_starting_over(tmp_pat
 def test_ctrl_c_in_a_single_run_prints_one_line(tmp_path):
     proc = popen(["workload=chat", "workload.context_tokens=2048", "workload.gen_tokens=64", "run.repeats=20",
                   "run.quiet=true"], tmp_path)
-    deadline = time.time() + 120
-    while time.time() < deadline and not list(tmp_path.glob("results/.reference/*.pt")):
-        time.sleep(0.05)
+    wait_until(lambda: bool(list(tmp_path.glob("results/.reference/*.pt"))), timeout=120)
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
