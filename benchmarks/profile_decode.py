@@ -13,8 +13,8 @@ computes), counted under a TorchDispatchMode, with the most frequent.
   line of Python) with its matrices shrunk to nothing (hidden 64, vocab 512), timed the same
   way -- the step's cost that is not reading weights;
 - the weight reads: F.linear on one row against each of the model's matrix shapes, cycling
-  through copies that together exceed the last-level cache (cold, as in a step: the model's
-  weights are several times the L3), and the step's GEMVs at those rates (each shape's bytes
+  through copies that together exceed twice the last-level cache the CPU reports (cold, as in a
+  step: the model's weights are several times the L3), and the step's GEMVs at those rates (each shape's bytes
   times how many a token reads).
 What is left of the wall time is the two parts' interaction (and attention's own reads). Then,
 in the same interleaved rounds (`--rounds`), the step, the skeleton's step and the step's own
@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_vs_llamacpp import SHAPE, checkpoint  # noqa: E402
 from engine import Engine  # noqa: E402
-from harness.costmodel.calibrate import best_time  # noqa: E402
+from harness.costmodel.calibrate import best_time, cold_mib  # noqa: E402
 from harness.llamacpp.build import Binaries, find_binaries  # noqa: E402
 from harness.llamacpp.convert import convert  # noqa: E402
 from harness.llamacpp.flags import EXACT  # noqa: E402
@@ -150,9 +150,10 @@ def step_matrices(eng: Engine) -> dict[tuple[int, int], int]:
     return dict(total)
 
 
-def cold_gemv(shape: tuple[int, int], threads: list[int], exceed: int = 320 << 20) -> dict[int, float]:
+def cold_gemv(shape: tuple[int, int], threads: list[int], exceed_mib: int = 320) -> dict[int, float]:
     """Seconds per F.linear of one row against a `shape` fp32 matrix, read cold: cycling through
-    copies that together exceed `exceed` bytes (several times this CPU's L3)."""
+    copies that together exceed `exceed_mib` MiB and twice this CPU's last-level cache (`cold_mib`)."""
+    exceed = cold_mib(exceed_mib) << 20
     ws = [torch.randn(shape) for _ in range(max(2, -(-exceed // (shape[0] * shape[1] * 4))))]
     x = torch.randn(1, shape[1])
     out = {}

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -91,20 +92,51 @@ def gemm_rates(device: str, dtypes: list[str], sizes: tuple[int, ...], repeats: 
     return out
 
 
+CPU_CACHES = Path("/sys/devices/system/cpu/cpu0/cache")     # Linux sysfs: index*/size, "48K", "480M"
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def last_level_cache_bytes(caches: Path = CPU_CACHES) -> int | None:
+    """The largest cache the CPU reports (`caches`/index*/size, Linux sysfs), or None where it reports none."""
+    sizes = []
+    for f in caches.glob("index*/size"):
+        m = re.fullmatch(r"(\d+)([KMG]?)", f.read_text().strip())
+        if m is None:
+            raise ValueError(f"cannot read a cache size from {f}: {f.read_text().strip()!r} (expected e.g. '48K', '480M')")
+        sizes.append(int(m.group(1)) * _SIZE_UNITS[m.group(2)])
+    return max(sizes, default=None)
+
+
+def cold_mib(mib: int, caches: Path | None = None) -> int:
+    """`mib`, raised to twice the last-level cache (`last_level_cache_bytes(caches)`, this CPU's by
+    default): a buffer the caches cannot keep between a rate's repeats, so the rate is RAM's, not
+    the cache's. On a host reporting 480 MiB of L3, a 64 MiB GEMV read at 28 GB/s on one core and
+    1 GiB at 16.7 GB/s; that host's caches kept less than they report (128 MiB already read at 18),
+    hence twice the reported size rather than the size."""
+    llc = last_level_cache_bytes(CPU_CACHES if caches is None else caches)
+    return mib if llc is None else max(mib, -(-2 * llc // (1 << 20)))
+
+
+def gemv_matrix(device: str, dtype: torch.dtype, mib: int, cols: int = 4096) -> torch.Tensor:
+    """The weight matrix a GEMV rate reads: `mib` MiB of `dtype`, on the CPU at least `cold_mib`
+    (read from RAM, as a decode step reads a model's weights; random values, made in place)."""
+    if device == "cpu":
+        mib = cold_mib(mib)
+    rows = max(1, (mib << 20) // (cols * dtype.itemsize))
+    return torch.empty(rows, cols, dtype=dtype, device=device).uniform_(-1, 1)
+
+
 def gemv_rates(device: str, dtypes: list[str], mib: int, repeats: int) -> dict[str, float]:
-    """Effective GB/s of weight reads in a matrix-vector product over a `mib` MiB matrix."""
-    out = {}
-    for name in dtypes:
-        dt = DTYPES[name]
-        if not _supports(dt, device):
-            continue
-        cols = 4096
-        rows = max(1, (mib << 20) // (cols * dt.itemsize))
-        w = torch.randn(rows, cols, device=device).to(dt)
-        x = torch.randn(1, cols, device=device).to(dt)
-        t = best_time(lambda: F.linear(x, w), repeats, device)
-        out[name] = w.numel() * dt.itemsize / t / 1e9
-    return out
+    """Effective GB/s of weight reads in a matrix-vector product over a `mib` MiB matrix
+    (`gemv_matrix`: on the CPU at least twice its last-level cache)."""
+    return {name: _gemv_gbps(device, DTYPES[name], mib, repeats) for name in dtypes if _supports(DTYPES[name], device)}
+
+
+def _gemv_gbps(device: str, dtype: torch.dtype, mib: int, repeats: int) -> float:
+    """One dtype's GEMV rate (its matrix freed on return: two dtypes' never live at once)."""
+    w = gemv_matrix(device, dtype, mib)
+    x = torch.randn(1, w.shape[1], device=device).to(dtype)
+    return w.numel() * dtype.itemsize / best_time(lambda: F.linear(x, w), repeats, device) / 1e9
 
 
 def expert_rates(device: str, dtype: str, models: list[str], tokens: tuple[int, ...], repeats: int) -> dict[str, float]:
@@ -125,8 +157,9 @@ def expert_rates(device: str, dtype: str, models: list[str], tokens: tuple[int, 
 
 
 def ram_bandwidth(mib: int, repeats: int) -> float:
-    """Host RAM GB/s of a large tensor copy, counting read + write (2N per N copied)."""
-    x = torch.empty((mib << 20) // 4, dtype=torch.float32).fill_(1.0)
+    """Host RAM GB/s of a large tensor copy, counting read + write (2N per N copied); each buffer
+    at least `cold_mib`."""
+    x = torch.empty((cold_mib(mib) << 20) // 4, dtype=torch.float32).fill_(1.0)
     y = torch.empty_like(x)
     t = best_time(lambda: y.copy_(x), repeats)
     return 2 * x.numel() * 4 / t / 1e9
