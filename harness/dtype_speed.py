@@ -91,7 +91,9 @@ def dtype_speed(dtype: str, device: str) -> DtypeSpeed:
         return DtypeSpeed(dtype, device, 1.0, 1.0, flags)
     names = ["float32", dtype]
     gemm = gemm_rates(device, names, (GEMM_N,), REPEATS)
-    gemv = gemv_rates(device, names, GEMV_MIB, REPEATS)
+    # the same 8 MiB matrix in both dtypes, as cached as each other: a probe of milliseconds at a run's
+    # start, not calibration's cold read (hundreds of MiB on a large-L3 host, seconds a dtype)
+    gemv = gemv_rates(device, names, GEMV_MIB, REPEATS, cold=False)
     if dtype not in gemv:
         return DtypeSpeed(dtype, device, None, None, flags, unsupported=True)
     # GEMM rates are FLOP/s of the same work; GEMV rates are bytes/s of weight reads, so the same

@@ -117,24 +117,25 @@ def cold_mib(mib: int, caches: Path | None = None) -> int:
     return mib if llc is None else max(mib, -(-2 * llc // (1 << 20)))
 
 
-def gemv_matrix(device: str, dtype: torch.dtype, mib: int, cols: int = 4096) -> torch.Tensor:
-    """The weight matrix a GEMV rate reads: `mib` MiB of `dtype`, on the CPU at least `cold_mib`
-    (read from RAM, as a decode step reads a model's weights; random values, made in place)."""
-    if device == "cpu":
+def gemv_matrix(device: str, dtype: torch.dtype, mib: int, cold: bool = True, cols: int = 4096) -> torch.Tensor:
+    """The weight matrix a GEMV rate reads: `mib` MiB of `dtype`, with `cold` on the CPU at least
+    `cold_mib` (read from RAM, as a decode step reads a model's weights; random values, made in place)."""
+    if cold and device == "cpu":
         mib = cold_mib(mib)
     rows = max(1, (mib << 20) // (cols * dtype.itemsize))
     return torch.empty(rows, cols, dtype=dtype, device=device).uniform_(-1, 1)
 
 
-def gemv_rates(device: str, dtypes: list[str], mib: int, repeats: int) -> dict[str, float]:
-    """Effective GB/s of weight reads in a matrix-vector product over a `mib` MiB matrix
-    (`gemv_matrix`: on the CPU at least twice its last-level cache)."""
-    return {name: _gemv_gbps(device, DTYPES[name], mib, repeats) for name in dtypes if _supports(DTYPES[name], device)}
+def gemv_rates(device: str, dtypes: list[str], mib: int, repeats: int, cold: bool = True) -> dict[str, float]:
+    """Effective GB/s of weight reads in a matrix-vector product over a `mib` MiB matrix (`gemv_matrix`:
+    with `cold`, on the CPU at least twice its last-level cache; without, exactly `mib`, maybe cached)."""
+    return {name: _gemv_gbps(device, DTYPES[name], mib, repeats, cold) for name in dtypes
+            if _supports(DTYPES[name], device)}
 
 
-def _gemv_gbps(device: str, dtype: torch.dtype, mib: int, repeats: int) -> float:
+def _gemv_gbps(device: str, dtype: torch.dtype, mib: int, repeats: int, cold: bool) -> float:
     """One dtype's GEMV rate (its matrix freed on return: two dtypes' never live at once)."""
-    w = gemv_matrix(device, dtype, mib)
+    w = gemv_matrix(device, dtype, mib, cold)
     x = torch.randn(1, w.shape[1], device=device).to(dtype)
     return w.numel() * dtype.itemsize / best_time(lambda: F.linear(x, w), repeats, device) / 1e9
 

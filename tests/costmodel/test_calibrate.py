@@ -48,3 +48,10 @@ def test_the_gemv_matrix_on_the_cpu_is_twice_the_cache_it_reports(tmp_path, monk
         assert w.dtype == dtype and w.numel() * dtype.itemsize == 6 << 20
         assert bool(w.abs().max() > 0) and bool(torch.isfinite(w).all())   # values written, not an untouched buffer
     assert gemv_matrix("cpu", torch.float32, 8).numel() * 4 == 8 << 20
+
+
+def test_a_warm_probe_reads_the_size_it_asks(tmp_path, monkeypatch):
+    # dtype_speed's few-millisecond probe at a run's start compares dtypes on one 8 MiB matrix
+    monkeypatch.setattr(calibrate, "CPU_CACHES", sysfs(tmp_path, {3: "64M"}))
+    assert gemv_matrix("cpu", torch.float32, 8, cold=False).numel() * 4 == 8 << 20
+    assert gemv_matrix("cpu", torch.float32, 8).numel() * 4 == 128 << 20
