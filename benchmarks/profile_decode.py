@@ -14,8 +14,8 @@ computes), counted under a TorchDispatchMode, with the most frequent.
   way -- the step's cost that is not reading weights;
 - the weight reads: F.linear on one row against each of the model's matrix shapes, cycling
   through copies that together exceed twice the last-level cache the CPU reports (cold, as in a
-  step: the model's weights are several times the L3), and the step's GEMVs at those rates (each shape's bytes
-  times how many a token reads).
+  step: the model's weights are several times the L3), and the step's GEMVs at those rates (each
+  shape's bytes times how many a token reads).
 What is left of the wall time is the two parts' interaction (and attention's own reads). Then,
 in the same interleaved rounds (`--rounds`), the step, the skeleton's step and the step's own
 GEMVs replayed back to back (the engine's weight tensors, in the step's order, nothing in
