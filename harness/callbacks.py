@@ -22,7 +22,8 @@ from harness.report import Reporter, close_progress
 
 log = logging.getLogger(__name__)
 STATE: dict[str, Any] = {"failed_jobs": 0, "sweep_dir": None, "unwritten": [], "table_error": None,
-                         "handled_jobs": set()}   # job ids this process measured or found current (same hash)
+                         "handled_jobs": set()}   # job ids this process measured or found current (same hash):
+                                                  # added as each is reached (JobContext.reached), before its DONE
 
 
 def write_sweep_table(sweep_dir: Path, quiet: bool) -> pd.DataFrame | None:

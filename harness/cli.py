@@ -52,7 +52,8 @@ def _job_context() -> JobContext:
     sweep_id = Path(hc.sweep.dir).name if multirun else \
         f"run-{job_dir.name}-{hashlib.sha256(str(job_dir.resolve()).encode()).hexdigest()[:8]}"
     job_id = (hc.job.override_dirname or "default") if multirun else "run"
-    return JobContext(job_dir, sweep_id, job_id, overrides=list(hc.overrides.task), in_sweep=multirun)
+    return JobContext(job_dir, sweep_id, job_id, overrides=list(hc.overrides.task), in_sweep=multirun,
+                      reached=STATE["handled_jobs"].add)
 
 
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")
@@ -73,7 +74,6 @@ def _job(cfg: DictConfig) -> None:
     finally:
         if progress is not None:
             progress.finish()
-    STATE["handled_jobs"].add(ctx.job_id)
     if outcome.error:
         STATE["failed_jobs"] += 1
     if outcome.unwritten:

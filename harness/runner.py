@@ -21,6 +21,7 @@ import statistics
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,9 @@ class JobContext:
     command: list[str] = field(default_factory=lambda: list(sys.argv))
     overrides: list[str] | None = None   # the job's Hydra task overrides (what `moebench rerun` replays)
     in_sweep: bool = False               # a multirun job: a twin in the same sweep may stand in for it
+    # called with the job id once whatever the job's dir holds as complete is this run's: found
+    # current (the same config hash) or, about to be measured, its older DONE removed
+    reached: Callable[[str], None] | None = None
 
 
 @dataclass
@@ -453,6 +457,11 @@ def _measurement_key(cfg: DictConfig, resolved: dict) -> str:
     return measurement_key(resolved, inapplicable)
 
 
+def _reached(ctx: JobContext) -> None:
+    if ctx.reached is not None:
+        ctx.reached(ctx.job_id)
+
+
 def run(cfg: DictConfig, ctx: JobContext, reporter: Reporter) -> JobOutcome:
     """Run and store one job, unless its dir already holds it with the same config hash."""
     resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -460,6 +469,7 @@ def run(cfg: DictConfig, ctx: JobContext, reporter: Reporter) -> JobOutcome:
     retry = bool(OmegaConf.select(cfg, "run.retry_failed", default=True))
     decision = resume_decision(results.read_done(ctx.job_dir), fingerprint, retry)
     if not decision.run:
+        _reached(ctx)
         reporter.info(f"skip {ctx.job_id}: {decision.reason}")
         return JobOutcome([], skipped=decision.reason)
     key = _measurement_key(cfg, resolved)
@@ -470,6 +480,7 @@ def run(cfg: DictConfig, ctx: JobContext, reporter: Reporter) -> JobOutcome:
         reporter.info(f"skip {ctx.job_id}: {reason}")
         return JobOutcome([], skipped=reason)
     results.invalidate_job(ctx.job_dir)      # what it held was another config's, or a failed attempt
+    _reached(ctx)                            # before its DONE is written: an interrupt after it finds it reached
     t0 = time.perf_counter()
     job = Job(cfg, ctx, reporter)
     outcome = job.execute()

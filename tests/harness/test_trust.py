@@ -315,6 +315,34 @@ def test_an_interrupted_resume_of_a_changed_sweep_leaves_no_older_results(tmp_pa
         assert table(sweep).job_id.nunique() <= len(remeasured)
 
 
+def test_a_job_is_reached_before_its_done_is_written(tmp_path):
+    """What an interrupt's line calls "not reached by this run" is read from the jobs this process
+    reached (JobContext.reached), so a job must be reached before its DONE lands: a signal between
+    the DONE and the end of the job (seen under load in CI) then finds the job this run's, not
+    results "from before it". A job found current is reached too, its DONE untouched."""
+    from hydra import compose, initialize_config_dir
+
+    from harness.cli import CONF_DIR
+    from harness.report import Reporter
+    from harness.runner import JobContext, run
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        cfg = compose(config_name="config", overrides=[*SMALL, f"run.out={tmp_path}"])
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    (job_dir / results.DONE_FILE).write_text(json.dumps({"status": "ok", "config_hash": "an older config"}))
+    seen: list[tuple[str, bool]] = []
+    ctx = JobContext(job_dir, "s", "j", reached=lambda job_id: seen.append((job_id, (job_dir / results.DONE_FILE).exists())))
+    out = run(cfg, ctx, Reporter(quiet=True))
+    assert out.error is None and out.skipped is None
+    assert seen == [("j", False)]                   # reached once, the older DONE already gone, the new not yet written
+    written = json.loads((job_dir / results.DONE_FILE).read_text())
+    assert written["config_hash"] != "an older config"
+    again = run(cfg, ctx, Reporter(quiet=True))
+    assert again.skipped and seen == [("j", False), ("j", True)]
+    assert json.loads((job_dir / results.DONE_FILE).read_text()) == written
+
+
 @pytest.mark.slow
 def test_an_interrupted_replace_says_how_to_resume_without_starting_over(tmp_path):
     """`run.resume=replace` clears the dir on every run: repeating the command after an interrupt
