@@ -175,7 +175,12 @@ def test_slot_file_names_are_checked(exact_server):
 
 
 def test_killed_mid_request_raises_with_log_tail(bins, gguf_f32, tmp_path):
-    srv = LlamaServer(gguf_f32.path, EXACT.replace(threads=1), log_path=tmp_path / "killed.log", binaries=bins)
+    # the request must outlast the kill: this model wrote 400 tokens in 53 ms, and a client
+    # descheduled that long under load read the whole response from the socket before the kill (seen
+    # in CI). Its 512-token training context caps a slot, so the GGUF's context length is overridden:
+    # 8000 tokens past end-of-generation took 6.4 s here
+    srv = LlamaServer(gguf_f32.path, EXACT.replace(threads=1, ctx=8192), log_path=tmp_path / "killed.log",
+                      binaries=bins, extra_args=["--override-kv", "llama.context_length=int:8192"])
     with srv:
         pid = srv.pid
 
@@ -183,7 +188,8 @@ def test_killed_mid_request_raises_with_log_tail(bins, gguf_f32, tmp_path):
             os.kill(pid, signal.SIGKILL)
 
         with pytest.raises(LlamaServerError) as e:
-            srv.complete(prompt_ids(16, 128), 400, cache_prompt=False, stream=True, on_token=kill_on_first_token)
+            srv.complete(prompt_ids(16, 128), 8000, cache_prompt=False, stream=True, ignore_eos=True,
+                         on_token=kill_on_first_token)
     assert e.value.returncode == -signal.SIGKILL
     assert "died with status -9" in str(e.value)
     assert e.value.log_tail and e.value.log_tail in str(e.value)
