@@ -7,8 +7,8 @@ loaded engine's model (from its blocks' tensor specs, its expert layout and its 
 bound at rates measured in this process at the current torch thread count -- GEMV weight-read
 GB/s over a matrix at least twice the last-level cache (`calibrate.cold_mib`; decode reads
 every weight it uses once per token) and square-GEMM GFLOP/s (prefill) -- with the calibration's
-micro-benchmarks (harness.costmodel.calibrate: the one home of timing code). Does not own: the cost model's
-full prediction (harness.roofline does that for harness runs, from `moebench calibrate`).
+micro-benchmarks (harness.costmodel.calibrate: the one home of timing code). Does not own: the cost
+model's full prediction (harness.roofline does that for harness runs, from `moebench calibrate`).
 
     before = measured_rates()                      # at torch.get_num_threads()
     ...                                            # the timed repeats

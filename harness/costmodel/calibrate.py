@@ -100,9 +100,10 @@ def last_level_cache_bytes(caches: Path = CPU_CACHES) -> int | None:
     """The largest cache the CPU reports (`caches`/index*/size, Linux sysfs), or None where it reports none."""
     sizes = []
     for f in caches.glob("index*/size"):
-        m = re.fullmatch(r"(\d+)([KMG]?)", f.read_text().strip())
+        text = f.read_text().strip()
+        m = re.fullmatch(r"(\d+)([KMG]?)", text)
         if m is None:
-            raise ValueError(f"cannot read a cache size from {f}: {f.read_text().strip()!r} (expected e.g. '48K', '480M')")
+            raise ValueError(f"cannot read a cache size from {f}: {text!r} (expected e.g. '48K', '480M')")
         sizes.append(int(m.group(1)) * _SIZE_UNITS[m.group(2)])
     return max(sizes, default=None)
 
