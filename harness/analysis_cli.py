@@ -10,9 +10,16 @@ how two result sets are judged (`harness.compare`).
         --report report.md --table comparison.csv
     moebench-compare --machine                         # this machine's baseline name
 
-Exit codes: 0 fine, 1 a regression beyond a check's threshold, nothing comparable at all
-("nothing compared"; --allow-empty makes that 0), or, with --require-comparable, a check that
-found nothing comparable; 2 bad arguments or unreadable results. Also `python -m harness.analysis_cli plot|compare ...`.
+`moebench-compare` exits with its verdict's code (harness.compare has the rules):
+  0 PASS          every base config compared, every check applied, none beyond its threshold
+  1 FAIL          a check found a significant regression beyond its threshold
+  2               bad arguments or unreadable results
+  3 INCOMPLETE    nothing compared, a base config or checked metric without a comparable
+                  counterpart (missing, another model, device or engine version), or a check
+                  that matched no comparable pair (--allow-empty: 0 when nothing was compared)
+  4 INCONCLUSIVE  a check beyond its threshold without significance, or no checked pair with
+                  enough samples (2 a side) to test
+Also `python -m harness.analysis_cli plot|compare ...`.
 
 `moebench-plot` writes to `./figures/<name of the results dir>` unless `--out` says where, and
 never into committed data (`results/samples`, `results/baselines`, `results/gpu`) unless
@@ -117,23 +124,38 @@ def plot_main(argv: Sequence[str] | None = None) -> int:
 
 # ----------------------------------------------------------------------------- moebench-compare
 
+COMPARE_EPILOG = """exit codes (the verdict; harness/compare.py has the rules):
+  0  PASS          every base config compared, every check applied, none beyond its threshold
+  1  FAIL          a check found a significant regression beyond its threshold
+  2                bad arguments or unreadable results
+  3  INCOMPLETE    nothing compared; a base config or checked metric without a comparable
+                   counterpart in NEW (missing, another model, device or engine version); or a
+                   check that matched no comparable pair
+  4  INCONCLUSIVE  a check beyond its threshold without significance (too few repeats, noise),
+                   or no checked pair with enough samples (2 a side) to test"""
+
+
 def compare_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="moebench-compare",
-        description="Compare two result sets per (config, phase, metric); exit 1 on a significant regression "
-                    "beyond a check's threshold. See harness/compare.py for the rules.")
+        prog="moebench-compare", epilog=COMPARE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Compare two result sets per (config, phase, metric) and give a verdict: PASS, FAIL, "
+                    "INCOMPLETE or INCONCLUSIVE. See harness/compare.py for the rules.")
     p.add_argument("base", nargs="?", help="baseline results (job dir, sweep dir, tree or .parquet)")
     p.add_argument("new", nargs="?", help="new results")
     p.add_argument("--check", action="append", default=[], metavar="PHASE.METRIC:±X%",
                    help="e.g. decode.tok_per_s:-5%% (a decrease beyond 5%% is a regression), "
                         "prefill_fresh.ttft_s:+10%% (an increase beyond 10%%); repeatable; phase * = any")
     p.add_argument("--alpha", type=float, default=0.05, help="significance level (default 0.05)")
+    p.add_argument("--min-change", type=float, default=None, metavar="PCT",
+                   help="the smallest relative change listed as significant, in percent (default 2); "
+                        "checks keep their own thresholds")
     p.add_argument("--report", help="write the markdown report here (e.g. $GITHUB_STEP_SUMMARY)")
     p.add_argument("--table", help="write the full comparison table here (.csv or .parquet)")
     p.add_argument("--require-comparable", action="store_true",
-                   help="also fail when a check matched no comparable config (different device, config or version)")
+                   help="accepted for existing scripts: a check that matched no comparable config always makes "
+                        "the verdict INCOMPLETE (exit 3)")
     p.add_argument("--allow-empty", action="store_true",
-                   help="exit 0 even when nothing was comparable (default: exit 1 with 'nothing compared')")
+                   help="exit 0 when nothing at all was compared (the verdict stays INCOMPLETE; default: exit 3)")
     p.add_argument("--machine", action="store_true",
                    help="print this machine's baseline name (results/baselines/<name>/) and exit")
     return p
@@ -149,10 +171,10 @@ def compare_main(argv: Sequence[str] | None = None) -> int:
         return 0
     if not args.base or not args.new:
         parser.error("BASE and NEW are required (or --machine)")
+    min_change = compare.MIN_CHANGE if args.min_change is None else args.min_change / 100
     try:
         checks = [compare.Check.parse(c) for c in args.check]
-        cmp = compare.compare_paths(args.base, args.new, checks, alpha=args.alpha,
-                                    require_comparable=args.require_comparable)
+        cmp = compare.compare_paths(args.base, args.new, checks, alpha=args.alpha, min_change=min_change)
     except compare.CompareError as exc:
         print(f"moebench-compare: {exc}", file=sys.stderr)
         return 2
@@ -168,25 +190,24 @@ def compare_main(argv: Sequence[str] | None = None) -> int:
             cmp.table.to_parquet(args.table, index=False)
         else:
             cmp.table.to_csv(args.table, index=False)
-    t = cmp.table
-    n_nc = int((t["verdict"] == "not comparable").sum())
-    print(f"compared {len(t) - n_nc} (config, phase, metric, source) pairs, {n_nc} not comparable, "
-          f"{int(t['significant'].sum())} significant changes, {len(cmp.regressions)} regression(s)")
+    t, compared = cmp.table, cmp.compared
+    print(f"compared {len(compared)} (config, phase, metric, source) pairs, {len(t) - len(compared)} not comparable, "
+          f"{int(t['significant'].sum())} significant changes (of {min_change * 100:g}% or more), "
+          f"{len(cmp.regressions)} regression(s)")
     for _, r in cmp.regressions.iterrows():
         p = "" if r["p_value"] is None or r["p_value"] != r["p_value"] else f" p={r['p_value']:.3g}"
         print(f"REGRESSION {r['config']} {r['phase']}.{r['metric']} ({r['source']}): {r['median_base']:.4g} -> "
               f"{r['median_new']:.4g} {r['unit']} (x{r['ratio']:.3f}, {r['test']}{p}) check {r['check']}")
-    for c in cmp.unmatched_checks:
-        print(f"{'FAIL' if args.require_comparable else 'warning'}: check {c} matched no comparable config")
     if not args.report:
         print(report)
-    if len(t) - n_nc == 0:
-        why = f"{n_nc} pair(s) not comparable" if n_nc else "no (config, phase, metric) on both sides"
-        print(f"moebench-compare: nothing compared ({why}); {'--allow-empty given' if args.allow_empty else 'exit 1'}",
-              file=sys.stderr)
-        if not args.allow_empty:
-            return 1
-    return 1 if cmp.failed else 0
+    verdict, reasons = cmp.verdict, cmp.incomplete_reasons() + cmp.inconclusive_reasons()
+    if compared.empty and args.allow_empty:
+        print(f"moebench-compare: {verdict}, nothing compared; --allow-empty given: exit 0", file=sys.stderr)
+        return 0
+    more = f" (and {len(reasons) - 1} more in the report)" if len(reasons) > 1 else ""
+    why = f": {reasons[0]}{more}" if reasons and verdict != "FAIL" else ""
+    print(f"moebench-compare: {verdict} (exit {cmp.exit_code}){why}", file=sys.stderr if cmp.exit_code else sys.stdout)
+    return cmp.exit_code
 
 
 # ----------------------------------------------------------------------------- python -m

@@ -1,16 +1,18 @@
-"""Compare two result sets: per (config, phase, metric) medians, ratio, significance, regressions.
+"""Compare two result sets: per (config, phase, metric) medians, ratio, significance, a verdict.
 
 Owns: matching the configurations of a BASE and a NEW result set, deciding whether a pair
 can be compared at all, the significance test, declarative regression checks
-(`decode.tok_per_s:-5%`), the comparison table and its markdown report (a CI job summary),
-and the machine name under which baselines are filed (`machine_name`).
+(`decode.tok_per_s:-5%`), the comparison table, its verdict (`Comparison.verdict`, with the
+exit code `moebench-compare` returns for it), and the machine name under which baselines are
+filed (`machine_name`).
 Does not own: reading results (`harness.results.load`), the manifest's contents
-(`harness.manifest`), or the command line (`harness.analysis_cli`, `moebench-compare`).
+(`harness.manifest`; a model's identity: `harness.model_id`), the markdown report
+(`harness.compare_report`), or the command line (`harness.analysis_cli`, `moebench-compare`).
 
     from harness import compare
     cmp = compare.compare_paths("results/baselines/<machine>", "results/sweeps/regression",
                                 checks=["decode.tok_per_s:-5%", "prefill_fresh.ttft_s:+10%"])
-    print(cmp.markdown())             # report; cmp.table is the DataFrame; cmp.failed -> exit 1
+    print(cmp.verdict, cmp.markdown())  # PASS | FAIL | INCOMPLETE | INCONCLUSIVE; cmp.table is the DataFrame
 
 Rules, so that a red CI job can be argued with:
 
@@ -22,6 +24,13 @@ Rules, so that a red CI job can be argued with:
   llama.cpp's configuration, GGUF type and knobs), where present. A column only one side has
   splits the configs only where it varies on that side (a side written before the column
   existed ran one setting of it). A config present on one side only is *not comparable*.
+* **Model.** A pair is of one model. Its identity is the manifest's (`harness.model_id`): a
+  preset's name, seed and truncation, a checkpoint's content hash -- never its path, nor the
+  `model` column, which for a checkpoint is only the `model.name` label. It is part of the
+  config; a config whose counterpart on the other side differs only in the model is *not
+  comparable*, "model differs", naming both. A checkpoint whose manifest records no content
+  hash is not comparable (which model it was is unknown). A side without manifests is paired
+  by the `model` column, with a note.
 * **Not comparable** also when the pair ran on different devices -- `device_kind`,
   `device_name`, `emulated`, and the host CPU model and available cores from the manifest
   (on the CPU the emulated device *is* the host CPU; on a GPU the `cpu` placement runs on
@@ -37,46 +46,60 @@ Rules, so that a red CI job can be argued with:
   side, the pessimistic fallback: significant only when the two 95% t confidence
   intervals of the mean do not overlap (as asv does). With 1 sample on a side nothing is
   significant. Two constant samples differ significantly when their values differ
-  (counters and bytes are exact).
+  (counters and bytes are exact). That is `stat_significant`.
+* **Practical floor.** A change is *significant* (`significant`: what the report lists
+  among the other significant changes and the command line counts) only when it is
+  `stat_significant` and at least `min_change` (default `MIN_CHANGE`, 2%) of the base median:
+  a 0.1% shift of a peak RSS can be statistically certain and still mean nothing. Checks keep
+  their own thresholds and test against `stat_significant`.
 * **Checks.** `PHASE.METRIC:-X%` says a *decrease* beyond X% is a regression (rates);
   `PHASE.METRIC:+X%` an *increase* beyond X% (times, bytes). `*` matches any phase. A
   check applies to every comparable config with that phase and metric (every source). Its
-  verdict per config: `regression` (significant and beyond the threshold in the bad
-  direction), `improvement` (significant and beyond it the other way), `inconclusive`
-  (beyond the threshold but not significant), `ok` otherwise; `not comparable` for pairs
-  that cannot be compared. The comparison fails when any check has a regression (and,
-  with `require_comparable`, when a check matched no comparable pair).
+  verdict per config: `regression` (statistically significant and beyond the threshold in the
+  bad direction), `improvement` (significant and beyond it the other way), `inconclusive`
+  (beyond the threshold in the bad direction but not significant), `ok` otherwise;
+  `not comparable` for pairs that cannot be compared.
+* **Verdict** of the comparison, the first that holds (`moebench-compare` exits with its code):
+  - `FAIL` (1): a check has a regression.
+  - `INCOMPLETE` (3): nothing was compared; or a config of the base has no comparable
+    counterpart in the new set (missing there, another model, device or engine version); or
+    a checked metric of a base config has none; or a check matched no comparable pair.
+  - `INCONCLUSIVE` (4): a check went beyond its threshold without significance (too few
+    repeats, or too much noise), or every pair a check applied to had too few samples
+    (fewer than 2 a side) to be tested at all.
+  - `PASS` (0): none of these: every base config compared, every check applied, none beyond
+    its threshold. (Exit code 2 is the command line's: bad arguments or unreadable results.)
 """
 from __future__ import annotations
 
-import json
-import logging
 import math
 import os
-import platform
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from harness import results
+from harness.compare_manifests import UNRECORDED, machine_name, read_manifests
 from harness.contract import ALL_PHASES, speed_values
-from harness.results import CONFIG_COLUMNS, MANIFEST_FILE
+from harness.results import CONFIG_COLUMNS
 
-log = logging.getLogger(__name__)
-
-__all__ = ["Check", "Comparison", "CompareError", "CONFIG_COLUMNS", "compare", "compare_paths", "difference", "min_mwu_p",
-           "read_manifests", "machine_name", "speed_samples"]
+__all__ = ["Check", "Comparison", "CompareError", "CONFIG_COLUMNS", "EXIT_CODES", "compare", "compare_paths",
+           "difference", "min_mwu_p", "read_manifests", "machine_name", "speed_samples"]
 
 ALPHA = 0.05
+MIN_CHANGE = 0.02            # the practical floor: a smaller relative change is never listed as significant
 # an engine's version, as (name, column): another version is another engine; moebench's otherwise
 ENGINE_VERSIONS = {"hf": ("transformers", "transformers_version"), "llamacpp": ("llama.cpp", "llamacpp_commit")}
 KEY_COLUMNS = ("phase", "metric", "source")
 VERDICTS = ("regression", "improvement", "inconclusive", "ok", "not comparable")
+# the comparison's verdict -> moebench-compare's exit code (2: bad arguments or unreadable results)
+EXIT_CODES = {"PASS": 0, "FAIL": 1, "INCOMPLETE": 3, "INCONCLUSIVE": 4}
+MODEL_COLUMNS = ("model", "model_id")
+NA = "<na>"
 _CHECK_RE = re.compile(r"^(?P<phase>[\w*]+)\.(?P<metric>\w+):(?P<sign>[+-])(?P<pct>\d+(?:\.\d+)?)%$")
 
 
@@ -164,74 +187,6 @@ def _t_interval(x: np.ndarray, level: float = 0.95) -> tuple[float, float]:
     return float(x.mean() - half), float(x.mean() + half)
 
 
-# ----------------------------------------------------------------------------- manifests
-
-def read_manifests(path: str | os.PathLike[str]) -> pd.DataFrame:
-    """One row per job manifest under `path` (or beside a results file): the facts compare
-    needs -- host, CPU, GPU, git commit, engine versions -- keyed by (sweep_id, job_id)."""
-    root = Path(path)
-    # beside a results file: its job's manifest, or a sweep table's jobs' manifests in the dirs beside it
-    files = sorted((root.parent if root.is_file() else root).rglob(MANIFEST_FILE))
-    rows = []
-    for file in files:
-        try:
-            m = json.loads(file.read_text())
-        except (OSError, ValueError) as exc:
-            log.warning("%s: unreadable manifest (%s); ignored", file, exc)
-            continue
-        if not isinstance(m, dict) or "sweep_id" not in m or "job_id" not in m:
-            continue
-        host, gpu, git, pkgs = (m.get(k) or {} for k in ("host", "gpu", "git", "packages"))
-        rows.append({"sweep_id": str(m["sweep_id"]), "job_id": str(m["job_id"]),
-                     "host": host.get("hostname"), "cpu_model": host.get("cpu_model"),
-                     "cpu_cores": host.get("cpu_cores_available") or host.get("cpu_cores_logical"),
-                     "platform": host.get("platform"), "arch": host.get("machine"),
-                     "gpu_name": gpu.get("name"), "git_commit": git.get("commit"), "git_dirty": git.get("dirty"),
-                     "schema_version": m.get("schema_version"), "moebench_version": pkgs.get("moebench"),
-                     "transformers_version": pkgs.get("transformers"), "torch_version": pkgs.get("torch"),
-                     "created": m.get("created")})
-    cols = ["sweep_id", "job_id", "host", "cpu_model", "cpu_cores", "platform", "arch", "gpu_name", "git_commit",
-            "git_dirty", "schema_version", "moebench_version", "transformers_version", "torch_version", "created"]
-    return pd.DataFrame(rows, columns=cols).drop_duplicates(["sweep_id", "job_id"]).reset_index(drop=True)
-
-
-def machine_name(manifest: Mapping[str, Any] | None = None) -> str:
-    """The directory name a baseline is filed under: OS, architecture, CPU model, available
-    cores, and the GPU when there is one -- e.g. `linux-x86_64-amd-epyc-2c` or
-    `linux-x86_64-amd-epyc-16c-nvidia-h200`. From a manifest row/dict (`read_manifests`
-    columns or a raw manifest), or this machine when None."""
-    if manifest is None:
-        from harness.manifest import gpu_info, host_info
-        host, gpu = host_info(), gpu_info()
-        system, arch, cpu = platform.system(), host.get("machine"), host.get("cpu_model")
-        cores, gpu_name = host.get("cpu_cores_available") or host.get("cpu_cores_logical"), gpu.get("name")
-    elif "host" in manifest and isinstance(manifest["host"], Mapping):
-        host, gpu = manifest["host"], manifest.get("gpu") or {}
-        system, arch, cpu = str(host.get("platform") or "").split("-")[0], host.get("machine"), host.get("cpu_model")
-        cores, gpu_name = host.get("cpu_cores_available") or host.get("cpu_cores_logical"), gpu.get("name")
-    else:
-        system, arch, cpu = str(manifest.get("platform") or "").split("-")[0], manifest.get("arch"), manifest.get("cpu_model")
-        cores, gpu_name = manifest.get("cpu_cores"), manifest.get("gpu_name")
-    known = lambda v: v is not None and not (isinstance(v, float) and math.isnan(v)) and v != ""  # noqa: E731
-    parts = [system or "unknown-os", arch if known(arch) else "unknown-arch", _cpu_slug(cpu if known(cpu) else None)]
-    if known(cores) and cores:
-        parts.append(f"{int(cores)}c")
-    if known(gpu_name):
-        parts.append(str(gpu_name))
-    return "-".join(p for p in (_slug(p) for p in parts) if p)
-
-
-def _cpu_slug(cpu: str | None) -> str:
-    if not cpu:
-        return "unknown-cpu"
-    cpu = re.sub(r"\((r|tm)\)|\bcpu\b|@.*$|\bprocessor\b|\b\d+-core\b", " ", cpu, flags=re.IGNORECASE)
-    return cpu
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9_]+", "-", str(text).lower()).strip("-")
-
-
 # ----------------------------------------------------------------------------- comparison
 
 speed_samples = speed_values     # the rows a comparison reads (harness.contract)
@@ -239,48 +194,101 @@ speed_samples = speed_values     # the rows a comparison reads (harness.contract
 
 @dataclass
 class Comparison:
-    """The comparison table plus what the report says about the two sides."""
+    """The comparison table, its verdict, and what the report says about the two sides."""
 
     table: pd.DataFrame
     checks: list[Check]
     base: dict[str, Any] = field(default_factory=dict)
     new: dict[str, Any] = field(default_factory=dict)
     alpha: float = ALPHA
-    require_comparable: bool = False
+    min_change: float = MIN_CHANGE
 
     @property
     def regressions(self) -> pd.DataFrame:
         return self.table[self.table["verdict"] == "regression"]
 
     @property
+    def compared(self) -> pd.DataFrame:
+        return self.table[self.table["verdict"] != "not comparable"]
+
+    @property
     def unmatched_checks(self) -> list[Check]:
         """Checks that matched no comparable pair."""
-        t = self.table[(self.table["check"] != "") & (self.table["verdict"] != "not comparable")]
+        t = self.compared[self.compared["check"] != ""]
         applied = {c for joined in t["check"] for c in joined.split(", ")}
         return [c for c in self.checks if str(c) not in applied]
 
+    def incomplete_reasons(self) -> list[str]:
+        """Why the comparison is INCOMPLETE (empty when it is not); see the module docstring."""
+        t, compared = self.table, self.compared
+        out = []
+        if compared.empty:
+            out.append(f"nothing compared ({len(t)} pair(s), none comparable)" if len(t)
+                       else "nothing compared (no (config, phase, metric) in either set)")
+        done = set(compared["config"])
+        in_base = t[t["n_base"] > 0]
+        for cfg, g in in_base[~in_base["config"].isin(done)].groupby("config", sort=True):
+            out.append(f"base config `{cfg or '(the only one)'}` has no comparable counterpart: "
+                       + "; ".join(sorted(set(g["note"]))))
+        lost = in_base[(in_base["check"] != "") & (in_base["verdict"] == "not comparable") & in_base["config"].isin(done)]
+        for r in lost.itertuples():
+            out.append(f"{r.check}: `{r.config}` {r.phase}.{r.metric} ({r.source}) is not comparable: {r.note}")
+        out += [f"check {c} matched no comparable pair" for c in self.unmatched_checks]
+        return out
+
+    def inconclusive_reasons(self) -> list[str]:
+        """Why the comparison is INCONCLUSIVE (empty when it is not); see the module docstring."""
+        checked = self.compared[self.compared["check"] != ""]
+        out = [f"{r.check}: `{r.config}` {r.phase}.{r.metric} ({r.source}) x{r.ratio:.3g} is beyond the threshold "
+               f"but not significant ({r.test}, {r.n_base} + {r.n_new} samples)"
+               for r in checked[checked["verdict"] == "inconclusive"].itertuples()]
+        if len(checked) and (checked["test"] == "too few").all():
+            out.append(f"every checked pair ({len(checked)}) has fewer than 2 samples on a side: nothing could be "
+                       "significant (run more repeats)")
+        return out
+
+    @property
+    def verdict(self) -> str:
+        """FAIL | INCOMPLETE | INCONCLUSIVE | PASS: the first that holds (module docstring)."""
+        if len(self.regressions):
+            return "FAIL"
+        if self.incomplete_reasons():
+            return "INCOMPLETE"
+        return "INCONCLUSIVE" if self.inconclusive_reasons() else "PASS"
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.verdict]
+
     @property
     def failed(self) -> bool:
-        return bool(len(self.regressions)) or (self.require_comparable and bool(self.unmatched_checks))
+        """A check has a regression (verdict FAIL)."""
+        return self.verdict == "FAIL"
 
     def markdown(self, max_rows: int = 200) -> str:
-        """The report: verdict first, then checks, regressions, not comparable, all changes."""
-        return _render(self, max_rows)
+        """The report: verdict and its reasons first, then checks, regressions, not comparable, changes."""
+        from harness.compare_report import render
+        return render(self, max_rows)
 
 
 def compare(base: pd.DataFrame, new: pd.DataFrame, checks: Iterable[Check | str] = (), *,
             base_manifests: pd.DataFrame | None = None, new_manifests: pd.DataFrame | None = None,
-            alpha: float = ALPHA, require_comparable: bool = False) -> Comparison:
+            alpha: float = ALPHA, min_change: float = MIN_CHANGE) -> Comparison:
     """Compare two loaded result sets (see the module docstring for every rule)."""
     checks = [c if isinstance(c, Check) else Check.parse(c) for c in checks]
     if not 0 < alpha < 1:
         raise CompareError(f"alpha must be in (0, 1); got {alpha}")
+    if not (min_change >= 0 and math.isfinite(min_change)):
+        raise CompareError(f"min_change must be a fraction >= 0 (0.02 = 2%); got {min_change}")
     sides = {}
     for name, df, man in (("base", base, base_manifests), ("new", new, new_manifests)):
         sides[name] = _side(speed_samples(df), man)
     cfg_cols = [c for c in CONFIG_COLUMNS if _splits(c, sides["base"], sides["new"])]
+    if all((side["model_id"] != NA).any() for side in sides.values()):     # both sides know their models
+        cfg_cols.insert(cfg_cols.index("model") + 1 if "model" in cfg_cols else 0, "model_id")
     groups = {name: _groups(side, cfg_cols) for name, side in sides.items()}
     facts = {name: _facts(side, cfg_cols) for name, side in sides.items()}
+    configs = {name: {k[:len(cfg_cols)] for k in g} for name, g in groups.items()}
     rows = []
     for key in sorted(set(groups["base"]) | set(groups["new"]), key=lambda k: tuple(map(str, k))):
         config, (phase, metric, source) = key[:len(cfg_cols)], key[len(cfg_cols):]
@@ -290,25 +298,27 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, checks: Iterable[Check | str]
                "n_base": 0 if a is None else len(a), "n_new": 0 if b is None else len(b),
                "median_base": None if a is None else float(np.median(a)),
                "median_new": None if b is None else float(np.median(b)),
-               "ratio": None, "p_value": None, "test": "", "significant": False,
+               "ratio": None, "p_value": None, "test": "", "stat_significant": False, "significant": False,
                "check": ", ".join(str(c) for c in checks if c.matches(phase, metric)), "verdict": "", "note": ""}
-        why = _not_comparable(config, a, b, facts)
+        why = (_model_change(config, "base" if b is None else "new", configs, facts, cfg_cols)
+               if a is None or b is None else "") or _not_comparable(dict(zip(cfg_cols, config)), a, b, facts)
         if why:
             row.update(verdict="not comparable", note=why)
         else:
             row["ratio"] = _ratio(row["median_base"], row["median_new"])
             sig, p, test = difference(a, b, alpha)
-            row.update(significant=sig, p_value=p, test=test, note=_notes(config, facts))
+            row.update(stat_significant=sig, significant=sig and abs(row["ratio"] - 1) >= min_change * (1 - 1e-9),
+                       p_value=p, test=test, note=_notes(config, facts))
             matched = [c for c in checks if c.matches(phase, metric)]
             if matched:
                 verdicts = [c.verdict(row["ratio"], sig) for c in matched]
                 row["verdict"] = min(verdicts, key=VERDICTS.index)
         rows.append(row)
     columns = ["config", *cfg_cols, "phase", "metric", "source", "unit", "n_base", "n_new", "median_base",
-               "median_new", "ratio", "p_value", "test", "significant", "check", "verdict", "note"]
+               "median_new", "ratio", "p_value", "test", "stat_significant", "significant", "check", "verdict", "note"]
     table = pd.DataFrame(rows, columns=[c for c in columns if c != "config"])
     table.insert(0, "config", _labels(table, cfg_cols))
-    return Comparison(table, checks, _summary(sides["base"]), _summary(sides["new"]), alpha, require_comparable)
+    return Comparison(table, checks, _summary(sides["base"]), _summary(sides["new"]), alpha, min_change)
 
 
 def compare_paths(base: str | os.PathLike[str], new: str | os.PathLike[str], checks: Iterable[Check | str] = (),
@@ -332,34 +342,34 @@ def _side(df: pd.DataFrame, manifests: pd.DataFrame | None) -> pd.DataFrame:
     df = df.copy()
     for c in CONFIG_COLUMNS:
         if c in df.columns:
-            df[c] = df[c].astype("string").fillna("<na>")
+            df[c] = df[c].astype("string").fillna(NA)
     man = manifests if manifests is not None and len(manifests) else None
     if man is not None:   # a fact the rows already carry (e.g. a `host` column) wins over the manifest's
         man = man.drop(columns=[c for c in man.columns if c in df.columns and c not in ("sweep_id", "job_id")])
         df = df.merge(man, on=["sweep_id", "job_id"], how="left")
     for c in ("cpu_model", "cpu_cores", "gpu_name", "git_commit", "git_dirty", "schema_version", "moebench_version",
-              "transformers_version", "llamacpp_commit", "torch_version", "host"):
+              "transformers_version", "llamacpp_commit", "torch_version", "host", "model_id", "model_path"):
         if c not in df.columns:
             df[c] = None
+    df["model_id"] = df["model_id"].astype("string").fillna(NA)     # no manifest: the model is unidentified
     return df
-
 
 def _splits(col: str, base: pd.DataFrame, new: pd.DataFrame) -> bool:
     """Whether config column `col` tells configs apart: both sides have it, or the one side that
     has it holds more than one value of it (a null -- rows that did not record it -- is not one)."""
     have = [df for df in (base, new) if col in df.columns]
-    return len(have) == 2 or (len(have) == 1 and have[0][col][have[0][col] != "<na>"].nunique() > 1)
+    return len(have) == 2 or (len(have) == 1 and have[0][col][have[0][col] != NA].nunique() > 1)
 
 
 def _groups(df: pd.DataFrame, cfg_cols: list[str]) -> dict[tuple, np.ndarray]:
     for c in cfg_cols:
         if c not in df.columns:
-            df[c] = "<na>"
+            df[c] = NA
     return {k: g["value"].to_numpy(dtype=float) for k, g in df.groupby([*cfg_cols, *KEY_COLUMNS], sort=False)}
 
 
 def _facts(df: pd.DataFrame, cfg_cols: list[str]) -> dict[tuple, dict[str, set]]:
-    """Per config: the set of device identities, engine versions and commits seen."""
+    """Per config: the set of device identities, engine versions, commits and models seen."""
     out: dict[tuple, dict[str, set]] = {}
     for key, g in df.groupby(cfg_cols, sort=False):
         key = key if isinstance(key, tuple) else (key,)
@@ -374,6 +384,7 @@ def _facts(df: pd.DataFrame, cfg_cols: list[str]) -> dict[tuple, dict[str, set]]
             "commit": {f"{str(c)[:10]}{'+dirty' if d else ''}" for c, d in
                        g[["git_commit", "git_dirty"]].dropna(subset=["git_commit"]).itertuples(index=False)},
             "manifest": {bool(g["cpu_model"].notna().any() or g["moebench_version"].notna().any())},
+            "models": {_model_name(r) for r in g.drop_duplicates(["model", "model_id", "model_path"]).itertuples()},
         }
     return out
 
@@ -388,10 +399,39 @@ def _device_id(r: Any, host: bool = True) -> str:
     return f"{r.device_kind}:{r.device_name}{emu} on {cpu}"
 
 
-def _not_comparable(config: tuple, a: np.ndarray | None, b: np.ndarray | None, facts: dict) -> str:
+def _model_name(r: Any) -> str:
+    """A row's model as the report names it: its label, and its identity where a manifest gave one."""
+    label = getattr(r, "model", NA)
+    if r.model_id == NA:
+        return f"{label} (identity not recorded: no manifest)"
+    where = f" at {r.model_path}" if isinstance(r.model_path, str) and UNRECORDED not in r.model_id else ""
+    return f"{label}: {r.model_id}{where}"
+
+
+def _model_change(config: tuple, present: str, configs: dict, facts: dict, cfg_cols: list[str]) -> str:
+    """'model differs: ...' for a config of side `present` that the other side lacks while it has
+    one that differs from it only in the model ("" otherwise)."""
+    other = "new" if present == "base" else "base"
+    if config in configs[other]:            # the config is there: only this phase or metric is missing
+        return ""
+    keep = [i for i, c in enumerate(cfg_cols) if c not in MODEL_COLUMNS]
+    same = [c for c in configs[other] if all(c[i] == config[i] for i in keep)]
+    if not same:
+        return ""
+    mine = sorted(facts[present][config]["models"])
+    theirs = sorted({m for c in same for m in facts[other][c]["models"]})
+    base, new = (mine, theirs) if present == "base" else (theirs, mine)
+    return f"model differs: base {base} vs new {new}"
+
+
+def _not_comparable(config: Mapping[str, str], a: np.ndarray | None, b: np.ndarray | None, facts: dict) -> str:
     if a is None or b is None:
         return f"only in {'new' if a is None else 'base'}"
-    fb, fn = facts["base"][config], facts["new"][config]
+    if config.get("model_id", "").endswith(UNRECORDED):
+        return (f"model unknown: {config['model_id'].removesuffix(UNRECORDED)} has no content hash in its "
+                "manifest, so whether the two sides ran the same model cannot be told")
+    key = tuple(config.values())
+    fb, fn = facts["base"][key], facts["new"][key]
     # a side with no manifest names no host CPU: its device alone is checked (`_notes` says so)
     device = "device_only" if {False} in (fb["manifest"], fn["manifest"]) else "device"
     for what, label in ((device, "device differs"), ("version", "engine version differs"),
@@ -403,7 +443,8 @@ def _not_comparable(config: tuple, a: np.ndarray | None, b: np.ndarray | None, f
 
 def _notes(config: tuple, facts: dict) -> str:
     missing = [s for s in ("base", "new") if facts[s][config]["manifest"] == {False}]
-    return f"no manifest on {' and '.join(missing)}: device CPU and engine version unchecked" if missing else ""
+    return (f"no manifest on {' and '.join(missing)}: device CPU, engine version and model identity unchecked"
+            if missing else "")
 
 
 def _ratio(base: float, new: float) -> float:
@@ -419,7 +460,7 @@ def _labels(table: pd.DataFrame, cfg_cols: list[str]) -> list[str]:
     varying = [c for c in cfg_cols if table[c].nunique(dropna=False) > 1 or c == "placement"]
     out = []
     for r in table[varying].itertuples(index=False):
-        out.append(" ".join(f"{c}={v}" for c, v in zip(varying, r) if v != "<na>"))
+        out.append(" ".join(f"{c}={v}" for c, v in zip(varying, r) if v != NA))
     return out
 
 
@@ -434,72 +475,3 @@ def _summary(side: pd.DataFrame) -> dict[str, Any]:
             "hosts": uniq("host"), "moebench": uniq("moebench_version"), "torch": uniq("torch_version")}
 
 
-# ----------------------------------------------------------------------------- report
-
-_REPORT_COLUMNS = ("config", "phase", "metric", "source", "n_base", "n_new", "median_base", "median_new", "ratio",
-                   "p_value", "test", "check", "verdict", "note")
-
-
-def _render(cmp: Comparison, max_rows: int) -> str:
-    t = cmp.table
-    regress = cmp.regressions
-    status = (f"**FAIL** -- {len(regress)} regression(s)" if len(regress) else "**PASS** -- no regression")
-    if cmp.require_comparable and cmp.unmatched_checks:
-        status = (f"**FAIL** -- checks with nothing comparable: {', '.join(map(str, cmp.unmatched_checks))}"
-                  + (f"; {len(regress)} regression(s)" if len(regress) else ""))
-    lines = ["# moebench comparison", "", status, ""]
-    for name, side in (("base", cmp.base), ("new", cmp.new)):
-        commits = ", ".join(side.get("commits") or ["unknown"]) + (" (dirty)" if side.get("dirty") else "")
-        lines.append(f"- **{name}**: `{side.get('path', '')}` -- {side.get('jobs', 0)} job(s), commit {commits}, "
-                     f"moebench {', '.join(side.get('moebench') or ['?'])}, torch {', '.join(side.get('torch') or ['?'])}; "
-                     f"device {'; '.join(side.get('devices') or ['?'])}")
-    lines += ["", f"Rule: Mann-Whitney U (two-sided, alpha={cmp.alpha:g}) when the sample sizes allow p < alpha "
-                  "(4+ repeats a side), else non-overlap of 95% t intervals (2-3 a side); 1 sample: never significant. "
-                  "Medians over un-instrumented repeats; ratio = new / base.", ""]
-    if cmp.checks:
-        lines += ["## Checks", "", "| check | compared | regression | improvement | inconclusive | ok | not comparable |",
-                  "|---|---|---|---|---|---|---|"]
-        for c in cmp.checks:
-            sub = t[t["check"].map(lambda joined, c=c: str(c) in joined.split(", "))]
-            counts = {v: int((sub["verdict"] == v).sum()) for v in VERDICTS}
-            compared = len(sub) - counts["not comparable"]
-            lines.append(f"| `{c}` | {compared} | {counts['regression']} | {counts['improvement']} | "
-                         f"{counts['inconclusive']} | {counts['ok']} | {counts['not comparable']} |")
-        lines.append("")
-    else:
-        lines += ["No checks given: nothing gates; significant changes are listed below.", ""]
-    if len(regress):
-        lines += ["## Regressions", "", _md_table(regress, max_rows), ""]
-    checked = t[(t["check"] != "") & (t["verdict"] != "not comparable") & (t["verdict"] != "regression")]
-    if len(checked):
-        lines += ["<details><summary>Checked metrics without a regression ({})</summary>".format(len(checked)), "",
-                  _md_table(checked, max_rows), "", "</details>", ""]
-    nc = t[t["verdict"] == "not comparable"]
-    if len(nc):
-        reasons = nc.groupby("note")["config"].nunique()
-        lines += ["## Not comparable", ""]
-        lines += [f"- {why} ({n} config(s))" for why, n in reasons.items()]
-        lines.append("")
-    changed = t[t["significant"] & (t["check"] == "")]
-    if len(changed):
-        lines += ["<details><summary>Other significant changes, unchecked ({})</summary>".format(len(changed)), "",
-                  _md_table(changed, max_rows), "", "</details>", ""]
-    return "\n".join(lines)
-
-
-def _md_table(df: pd.DataFrame, max_rows: int) -> str:
-    cols = [c for c in _REPORT_COLUMNS if c in df.columns]
-    head = "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols)
-    body = ["| " + " | ".join(_fmt(r[c]) for c in cols) + " |" for _, r in df.head(max_rows).iterrows()]
-    more = [f"\n... {len(df) - max_rows} more rows in the table file"] if len(df) > max_rows else []
-    return "\n".join([head, *body, *more])
-
-
-def _fmt(v: Any) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return ""
-    if isinstance(v, (bool, np.bool_)):
-        return "yes" if v else "no"
-    if isinstance(v, (float, np.floating)):
-        return f"{v:.4g}"
-    return str(v).replace("|", "\\|")

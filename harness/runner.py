@@ -44,6 +44,7 @@ from harness.engines.moebench import MoebenchAdapter
 from harness.machine import MachineLoad, job_threads
 from harness.manifest import collect_manifest
 from harness.measure import PhaseProbe
+from harness.model_id import model_id
 from harness.passes import (CudaProfilerRange, relaunch_under_nsys, timeline_pass, torch_profile_pass, trace_pass,
                             under_nsys)
 from harness.profiling.torchprof import PROFILER_UNITS
@@ -488,6 +489,7 @@ def run(cfg: DictConfig, ctx: JobContext, reporter: Reporter) -> JobOutcome:
         "sweep_id": ctx.sweep_id, "job_id": ctx.job_id, "status": "failed" if outcome.error else "ok",
         "config_hash": fingerprint, "command": ctx.command, "overrides": ctx.overrides, "harness_wall_s": time.perf_counter() - t0,
         "threads": job.extra.get("threads"), "device": job.device, "lossy": job.factors.get("lossy"),
+        "model_id": model_id(resolved.get("model") or {}),      # what moebench-compare pairs models by
         "treatment": {"kv_dtype": job.factors.get("kv_dtype"), "expert_quant": job.factors.get("expert_quant")},
         "machine_load": {"start": job.load_start and job.load_start.as_dict(),
                          "end": job.load_end and job.load_end.as_dict()}})

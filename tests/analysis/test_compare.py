@@ -107,11 +107,11 @@ def test_different_configs_are_not_comparable(tmp_path: Path) -> None:
     cmp = C.compare_paths(base, new, CHECKS)
     assert set(cmp.table["verdict"]) == {"not comparable"}
     assert set(cmp.table["note"]) == {"only in base", "only in new"}
-    assert not cmp.failed                                   # nothing compared, nothing regressed ...
+    assert not cmp.failed and cmp.verdict == "INCOMPLETE" and cmp.exit_code == 3    # nothing compared: never PASS
     assert [str(c) for c in cmp.unmatched_checks] == CHECKS
-    cmp = C.compare_paths(base, new, CHECKS, require_comparable=True)
-    assert cmp.failed                                       # ... unless the gate insists on a comparison
-    assert "nothing comparable" in cmp.markdown()
+    md = cmp.markdown()
+    assert "**INCOMPLETE**" in md and "**PASS**" not in md and "nothing compared" in md
+    assert all(f"check {c} matched no comparable pair" in md for c in CHECKS)
 
 
 @pytest.mark.slow
@@ -284,11 +284,12 @@ def test_committed_baseline_matches_its_machine_dir() -> None:
 
 
 @pytest.mark.slow
-def test_cli_with_nothing_comparable_exits_1_unless_allowed(tmp_path: Path, capsys) -> None:
+def test_cli_with_nothing_comparable_exits_3_unless_allowed(tmp_path: Path, capsys) -> None:
     base = write(tmp_path / "base", "s", samples(1000, 5, 0))
     new = write(tmp_path / "new", "s", samples(1000, 5, 1), factors={**FACTORS, "cache_capacity": "2"})
-    assert compare_main([str(base), str(new)]) == 1
-    err = capsys.readouterr().err
-    assert "nothing compared" in err and "not comparable" in err
+    assert compare_main([str(base), str(new)]) == 3
+    out = capsys.readouterr()
+    assert "INCOMPLETE (exit 3): nothing compared" in out.err and "**INCOMPLETE**" in out.out
+    assert "**PASS**" not in out.out
     assert compare_main([str(base), str(new), "--allow-empty"]) == 0
     assert compare_main([str(base), str(base)]) == 0          # something compared, nothing regressed
