@@ -165,6 +165,7 @@ class RunConf:
     trace: bool = False               # write the timeline as Chrome/Perfetto JSON (<job dir>/trace.json)
     nvtx: bool = False                # NVTX ranges (domain moebench) during the timeline pass
     ablation: bool = True             # exposed_copy_ablation_s: this placement's phase times minus resident's
+    ablation_aa: bool = False         # calibration: with placement=resident, the ablation too (A/A, harness.ablation)
     profiler: str = "none"            # none | torch (torch.profiler pass) | nsys (re-launch under Nsight Systems)
     record_trace: bool = False        # save one repeat's routing as <job dir>/routing.npz (DESIGN §3 trace file)
     threads: Optional[int] = None     # torch intra-op threads; default: OMP_NUM_THREADS if set, else the

@@ -90,6 +90,7 @@ METRIC_UNITS: dict[str, str] = {
     "exposed_copy_ablation_ci_low_s": "s",
     "exposed_copy_ablation_ci_high_s": "s",
     "exposed_copy_ablation_significant": "bool",
+    "exposed_copy_ablation_p_value": "-",
     # engines that report what they saved and their own top-k logprobs (llama.cpp)
     "saved_state_bytes": "B",
     "device_used_bytes": "B",          # device memory a process holds at the end of a phase (NVML; not a peak)

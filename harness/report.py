@@ -141,7 +141,7 @@ class Reporter:
             abl = job[job["metric"].isin([m for m, *_ in ABLATION_METRICS])]
             if not abl.empty and abl["median"].notna().any():
                 self.console.print(self._table("paired copy ablation: this placement minus every expert resident "
-                                               "(median difference, 95% interval of the mean difference)",
+                                               "(median difference; 95% interval of the sign-flip test, from 6 pairs)",
                                                abl, ABLATION_METRICS, spread=False))
         timeline = df[(df["status"] == "ok") & (df.get("profiler", pd.Series(index=df.index)) == "timeline")]
         for job_id, job in timeline.groupby("job_id", sort=False):

@@ -35,7 +35,7 @@ from engine.nvtx_ranges import NvtxRanges
 from engine.placements import needs_cache
 from engine.planner import PlanError, plan_memory
 from harness import results
-from harness.ablation import Ablation, ablation_metrics
+from harness.ablation import Ablation, ablation_metrics, pair_order
 from harness.config import DEFAULT_CAPACITY, RunSpec, validate
 from harness.contract import MEASURED_PHASES, PREFIX_CACHE, QUALITY_METRICS, QUALITY_PHASE
 from harness.dtype_speed import dtype_speed
@@ -387,7 +387,12 @@ class Job:
     # --- the paired ablation --------------------------------------------------------------------
     def _ablation(self, spec: RunSpec, eng: Adapter, sample: WorkloadSample, measured: list[RepeatResult],
                   warm: WorkloadSample | None) -> None:
-        if not spec.run.ablation or spec.engine != "moebench" or spec.placement == "resident":
+        """The paired ablation's rows (harness.ablation): per phase its statistics, checked against the
+        timeline pass; the raw samples of each side beside them (profiler=ablation). For
+        placement=resident only as the A/A calibration (`run.ablation_aa`): resident against resident."""
+        if not spec.run.ablation or spec.engine != "moebench":
+            return
+        if spec.placement == "resident" and not spec.run.ablation_aa:
             return
         ab = self._plan_ablation(spec, eng)
         try:
@@ -396,17 +401,23 @@ class Job:
         except Exception as exc:  # noqa: BLE001
             self.failed_part("ablation", exc)
             return
-        for phase, stats in ablation_metrics(ab).items():
-            self.emit(None, phase, stats, "client", ablation_mode=ab.mode, ablation_reason=ab.reason)
-        for r, res in enumerate(ab.resident):                       # the resident side's raw samples
-            for ph in res.phases:
-                self.emit(r, ph.phase, {"time_s": ph.client["time_s"]}, "client", "ablation",
-                          ablation_side="resident", ablation_mode=ab.mode)
-        if ab.mode == "interleaved":                                # and the placement side's extra ones
-            for r, res in enumerate(ab.placement):
+        for phase, res in ablation_metrics(ab, self._timeline_exposed()).items():
+            self.emit(None, phase, res["stats"], "client", ablation_mode=ab.mode, ablation_reason=ab.reason,
+                      **{k: v for k, v in res.items() if k != "stats"})
+        interleaved = ab.mode == "interleaved"
+        sides = [("resident", ab.resident), *([("placement", ab.placement)] if interleaved else [])]
+        for side, runs in sides:               # the raw samples (the placement side's: the measured repeats if sequential)
+            for r, res in enumerate(runs):
                 for ph in res.phases:
                     self.emit(r, ph.phase, {"time_s": ph.client["time_s"]}, "client", "ablation",
-                              ablation_side="placement", ablation_mode=ab.mode)
+                              ablation_side=side, ablation_mode=ab.mode,
+                              ablation_first=pair_order(r)[0] if interleaved else None)
+
+    def _timeline_exposed(self) -> dict[str, float | None] | None:
+        """Per phase, the timeline pass's `exposed_copy_s` (None when no timeline pass ran)."""
+        rows = [r for r in self.rows if r.get("profiler") == "timeline" and r.get("source") == "engine"
+                and r.get("status") == "ok" and r.get("metric") == "exposed_copy_s"]
+        return {r["phase"]: r["value"] for r in rows} if rows else None
 
     def _plan_ablation(self, spec: RunSpec, eng: Adapter) -> Ablation:
         """Whether the resident side fits the device budget, alone and beside the measured engine."""
@@ -430,14 +441,18 @@ class Job:
             release_cached()          # the measured engine leaves the device before the resident one arrives
             ab.placement = measured
         resident = MoebenchAdapter(spec, placement="resident")
+        repeat_of = {"placement": lambda: run_repeat(eng, sample, gen, keep_logits=False, warm_with=warm),
+                     "resident": lambda: run_repeat(resident, sample, gen, keep_logits=False)}
         try:
             with self.reporter.step(f"ablation ({ab.mode}): the same work with every expert resident"):
                 for _ in range(spec.run.warmup):       # warmed as the measured engine was: a fair pair
-                    run_repeat(resident, sample, gen, keep_logits=False)
-                for _ in range(n):
-                    if ab.mode == "interleaved":
-                        ab.placement.append(run_repeat(eng, sample, gen, keep_logits=False, warm_with=warm))
-                    ab.resident.append(run_repeat(resident, sample, gen, keep_logits=False))
+                    repeat_of["resident"]()
+                for i in range(n):
+                    # which side goes first alternates: an order effect cancels over the pairs
+                    for side in (pair_order(i) if ab.mode == "interleaved" else ("resident",)):
+                        getattr(ab, side).append(repeat_of[side]())
+                if spec.run.timeline:                  # the copies a resident engine makes too (the KV restore)
+                    ab.resident_timeline = timeline_pass(resident, sample, gen, False, None)
         finally:
             resident.close()
         return ab

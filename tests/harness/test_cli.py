@@ -83,6 +83,7 @@ def test_multirun_table(tmp_path):
     per_job = df.groupby("job_id").apply(lambda j: set(zip(j.phase, j.metric)), include_groups=False)
     ablation = {(p, m) for p in MEASURED_PHASES for m in ("exposed_copy_ablation_s", "exposed_copy_ablation_ci_low_s",
                                                             "exposed_copy_ablation_ci_high_s",
+                                                            "exposed_copy_ablation_p_value",
                                                             "exposed_copy_ablation_significant")}
     full = set().union(*per_job)
     for job, pairs in per_job.items():
