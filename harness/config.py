@@ -72,6 +72,9 @@ class ModelConf:
     dtype: str = "float32"            # float32 | bfloat16 | float16 | auto (the checkpoint's)
     num_layers: Optional[int] = None  # truncate a preset (sizing runs on a small machine)
     seed: int = 0                     # seeded random weights for presets
+    # run code shipped in the checkpoint (an auto_map's .py files) where a loader would: transformers
+    # (engine=hf), llama.cpp's converter (engine=llamacpp); false: such a checkpoint is refused
+    trust_remote_code: bool = False
 
 
 PolicyOptionsConf = plugins.policy_options_schema()     # every registered policy's option fields
@@ -440,6 +443,13 @@ def validate(cfg: DictConfig) -> RunSpec:
     engine_opts = dict(c["engine"])
     engine = engine_opts.pop("name")
     engine_options = _plugin(ENGINES, "engine", engine, engine_opts)
+    loader = ENGINES.get(engine).checkpoint_loader
+    if model.path and loader:                 # before any loader sees the dir (harness.remote_code)
+        from harness.remote_code import RemoteCodeRefused, refuse_checkpoint_code
+        try:
+            refuse_checkpoint_code(model.path, model.trust_remote_code, loader)
+        except RemoteCodeRefused as exc:
+            raise ConfigError(f"model.path: {exc}") from None
     prefetch = c["prefetch"]["name"]
     prefetch_options = dataclasses.asdict(_plugin(PREFETCHERS, "prefetch", prefetch,
                                                   dict(c["prefetch"].get("options") or {})))

@@ -8,6 +8,9 @@ Does not own: what text is tokenized (the workload modules), chat templates (the
 workloads render roles as literal tags such as ``<|user|>``; the byte tokenizer maps
 those tags to its special ids, an HF tokenizer encodes them however its vocabulary
 does), or the model (only its `vocab_size` is needed here).
+A checkpoint's tokenizer is read from its tokenizer.json with the `tokenizers` library only, never
+through transformers' AutoTokenizer: no code shipped with a checkpoint (an `auto_map`) runs here,
+whatever `model.trust_remote_code` says.
 
 Usage::
 

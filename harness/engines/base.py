@@ -59,6 +59,9 @@ class EngineAdapter(ABC):
     allocates_here: ClassVar[bool] = True    # its device memory is this process's allocator's (not a server's)
     threads_at_load: ClassVar[bool] = False  # its thread count is fixed when it loads (a server's -t): a job
                                              # at another run.threads needs another engine, never this one
+    # the loader it hands a checkpoint dir to that could run code shipped in it (transformers, a
+    # converter), named in the refusal (harness.remote_code); None: it runs no checkpoint code
+    checkpoint_loader: ClassVar[str | None] = None
     compute_dtype: str | None = None   # the torch dtype its matmuls run in; None: the engine picks per tensor
     lossy: bool = False                # it runs a lossy treatment (a KV format that loses precision, ...)
     load_s: float | None = None        # its own model load, s (the load row's source=engine time_s): the

@@ -7,7 +7,9 @@ the same seeded weights), the same work as ours per pass (logits of the last pos
 Counters it cannot give stay None (never 0). MXFP4 checkpoints (GPT-OSS) load through
 transformers' own dequantisation (`Mxfp4Config(dequantize=True)`: bf16 expert weights, exact),
 cast to the run's dtype off CUDA so an fp32 run is fp32 throughout; recurrent layers' states
-(Qwen3-Next's conv and delta-rule states) move to host RAM and back with the KV.
+(Qwen3-Next's conv and delta-rule states) move to host RAM and back with the KV. Code shipped in
+the checkpoint (an `auto_map`) runs only under `model.trust_remote_code=true`; otherwise such a
+checkpoint is refused (harness.remote_code).
 """
 from __future__ import annotations
 
@@ -22,11 +24,13 @@ import torch
 from engine.dtypes import DTYPES, dtype_name
 from engine.export import export_preset
 from harness.engines.base import EngineAdapter, Produced, argmax, refuse_truncation
+from harness.remote_code import refuse_checkpoint_code
 
 
 class HFAdapter(EngineAdapter):
     name = "hf"
     uses_placement = False            # transformers runs its own way; moebench's placement/cache do not apply
+    checkpoint_loader = "transformers' from_pretrained"
 
     def __init__(self, spec: Any) -> None:
         import transformers
@@ -37,7 +41,10 @@ class HFAdapter(EngineAdapter):
                                                     Path(spec.run.out) / ".checkpoints"))
         dtype = "auto" if spec.model.dtype == "auto" else DTYPES[spec.model.dtype]
         cuda = spec.hardware.device == "cuda" or (spec.hardware.device == "auto" and torch.cuda.is_available())
-        kwargs: dict[str, Any] = {"dtype": dtype}
+        trusted = bool(spec.model.trust_remote_code)
+        refuse_checkpoint_code(path, trusted, self.checkpoint_loader)     # validate() did; a direct build too
+        # explicit either way: transformers' own default (None) would ask on a terminal
+        kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": trusted}
         if cuda:
             kwargs["device_map"] = "auto"
             if spec.hardware.device_memory:

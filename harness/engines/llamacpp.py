@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.engines.base import EngineAdapter, Produced, refuse_truncation
+from harness.llamacpp.convert import LOADER as CONVERTER
 from harness.llamacpp.flags import OWN_TYPES
 from harness.machine import job_threads
 
@@ -110,6 +111,7 @@ class LlamaCppAdapter(EngineAdapter):
     uses_placement = False            # its offload knobs are engine.*; moebench's placement/cache do not apply
     threads_at_load = True            # the server's -t
     allocates_here = False            # the server holds its device memory: this process's peaks are not its
+    checkpoint_loader = CONVERTER
 
     def __init__(self, spec: Any, options: LlamaCppOptions) -> None:
         from harness.engines import session_tokens_of
@@ -133,7 +135,8 @@ class LlamaCppAdapter(EngineAdapter):
         self.lossy = getattr(spec, "lossy", False) or self.flags.flash_attn != "off" or not (
             self.weights == self.flags.cache_type_k == self.flags.cache_type_v == own)
         self.flags.server_argv(self.binaries.server)           # validated against this build before launch
-        self.gguf = (convert(spec.model.path, self.weights) if spec.model.path else
+        self.gguf = (convert(spec.model.path, self.weights, trust_remote_code=spec.model.trust_remote_code)
+                     if spec.model.path else
                      convert_preset(spec.model.name, spec.model.seed, self.weights, cfg=spec.model_config))
         self.workdir = Path(tempfile.mkdtemp(prefix="moebench-llamacpp-"))
         try:

@@ -15,6 +15,12 @@ record, written last: a GGUF without it is not trusted). A checkpoint's identity
 path plus the name, size and mtime of each file in it; a preset's is its name, seed and the
 full ModelConfig. Change any file of a checkpoint and it is converted again.
 
+Code in a checkpoint: the pinned converter loads tokenizers with `trust_remote_code=True`, so a
+checkpoint whose JSON has an `auto_map` (or that ships `.py` files) is refused unless
+`trust_remote_code=True` is passed (`model.trust_remote_code=true`); and the converter only ever
+sees a staged copy of the dir with no `.py` file and no `auto_map` unless it is
+(harness.remote_code). A trusted conversion is cached apart from an untrusted one.
+
 Tokenizer-less checkpoints: supported for the llama-family converter (Mixtral, and so every
 mixtral preset), which reads a SentencePiece `tokenizer.model`; the Qwen/OLMoE converters read
 a BPE tokenizer through transformers and need the model's own tokenizer files. A checkpoint with
@@ -37,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness.llamacpp import build
+from harness.remote_code import refuse_checkpoint_code, stage_files
 
 if TYPE_CHECKING:
     from engine.config import ModelConfig
@@ -52,6 +59,8 @@ GGUF_TYPES = CONVERTER_TYPES + QUANTIZE_TYPES
 
 TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json", "tekken.json")
 REPO_ROOT = Path(__file__).resolve().parents[2]
+LOADER = "llama.cpp's converter (convert_hf_to_gguf.py)"     # as a refusal names it (harness.remote_code)
+TRUSTED = "\ntrust_remote_code=true"      # ends the identity of a GGUF converted with the checkpoint's code
 
 
 class ConversionError(RuntimeError):
@@ -92,16 +101,21 @@ def checkpoint_identity(model_dir: Path) -> str:
 
 
 def convert(model_dir: Path | str, outtype: str = "f32", *, identity: str | None = None,
-            root: Path | None = None, progress: Callable[[str], None] = log.info) -> GGUFModel:
+            root: Path | None = None, progress: Callable[[str], None] = log.info,
+            trust_remote_code: bool = False) -> GGUFModel:
     """The GGUF of checkpoint `model_dir` at `outtype`, converted once and cached under `root`
-    (default `gguf_root()`)."""
+    (default `gguf_root()`). Code shipped in the checkpoint is refused (RemoteCodeRefused) unless
+    `trust_remote_code`."""
     if outtype not in GGUF_TYPES:
         raise ValueError(f"outtype {outtype!r} is not offered; the converter writes {list(CONVERTER_TYPES)}, "
                          f"llama-quantize makes {list(QUANTIZE_TYPES)}")
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"{model_dir} is not a Hugging Face checkpoint dir: it has no config.json")
+    refuse_checkpoint_code(model_dir, trust_remote_code, LOADER)
     identity = identity or checkpoint_identity(model_dir)
+    if trust_remote_code and not identity.endswith(TRUSTED):
+        identity += TRUSTED           # what the checkpoint's own code did is part of this GGUF
     out_dir = Path(root or gguf_root()) / hashlib.sha256(identity.encode()).hexdigest()[:16]
     cached = _cached(out_dir, outtype)
     if cached is not None:
@@ -109,9 +123,10 @@ def convert(model_dir: Path | str, outtype: str = "f32", *, identity: str | None
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "identity.txt").write_text(identity + "\n")
     if outtype in QUANTIZE_TYPES:
-        base = convert(model_dir, "f32", identity=identity, root=root, progress=progress)
+        base = convert(model_dir, "f32", identity=identity, root=root, progress=progress,
+                       trust_remote_code=trust_remote_code)
         return _quantize(base, outtype, out_dir, progress)
-    return _convert(model_dir, outtype, identity, out_dir, progress)
+    return _convert(model_dir, outtype, identity, out_dir, progress, trust_remote_code)
 
 
 def convert_preset(name: str, seed: int = 0, outtype: str = "f32", *, cfg: ModelConfig | None = None,
@@ -139,13 +154,13 @@ def _cached(out_dir: Path, outtype: str) -> GGUFModel | None:
 
 
 def _convert(model_dir: Path, outtype: str, identity: str, out_dir: Path,
-             progress: Callable[[str], None]) -> GGUFModel:
+             progress: Callable[[str], None], trusted: bool) -> GGUFModel:
     src = build.source_dir()
     commit = build.vendored_commit(src)
     final = out_dir / f"model-{outtype}.gguf"
     with tempfile.TemporaryDirectory(prefix=".convert-", dir=out_dir) as tmp:
         stage = Path(tmp) / "checkpoint"
-        supplied = _stage(model_dir, stage)
+        supplied = _stage(model_dir, stage, trusted)
         raw = Path(tmp) / "converted.gguf"
         env = {**os.environ, "PYTHONPATH": str(src / "gguf-py")}
         env.pop("NO_LOCAL_GGUF", None)
@@ -192,12 +207,11 @@ def _record(g: GGUFModel, out_dir: Path) -> GGUFModel:
     return g
 
 
-def _stage(model_dir: Path, stage: Path) -> bool:
-    """Link the checkpoint's files into `stage`; supply a tokenizer when it has none.
-    Returns True when the tokenizer was supplied (the GGUF then gets the pass-through vocab)."""
-    stage.mkdir(parents=True)
-    for p in Path(model_dir).resolve().iterdir():
-        (stage / p.name).symlink_to(p)
+def _stage(model_dir: Path, stage: Path, trusted: bool) -> bool:
+    """Link the checkpoint's files into `stage` (untrusted: without code, harness.remote_code);
+    supply a tokenizer when it has none. Returns True when the tokenizer was supplied (the GGUF then
+    gets the pass-through vocab)."""
+    stage_files(model_dir, stage, trusted)
     if any((stage / f).exists() for f in TOKENIZER_FILES):
         return False
     (stage / "tokenizer.model").write_bytes(_placeholder_sentencepiece(_vocab_size(model_dir)))
