@@ -5,7 +5,8 @@ dtype, name) and `arch`, the family-specific dataclass (`Family.Config`) whose f
 through as attributes (`cfg.num_heads` on a GQA family) -- its validation, `replace` across
 both parts, the sizes derived from the family's blocks (`expert_params`,
 `non_expert_params()`, `kv_bytes_per_token()`, `state_bytes()`), and reading a Hugging Face `config.json`
-(the registered family that names its architecture parses it). `PRESETS`: every registered
+(the registered family that names its architecture parses it, after `check_hf_numbers` has
+checked every number in it against the types the families write). `PRESETS`: every registered
 family's presets (real shapes, seeded random weights), looked up by exact name.
 Does not own: any family's fields or parsing (engine.families), weights (engine.model),
 memory planning (engine.planner).
@@ -20,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,7 +145,9 @@ class ModelConfig:
 
     # --- Hugging Face config.json ---------------------------------------------------
     @classmethod
-    def from_hf_dict(cls, d: dict[str, Any], name: str = "") -> "ModelConfig":
+    def from_hf_dict(cls, d: dict[str, Any], name: str = "", source: str = "config.json") -> "ModelConfig":
+        """ValueError naming `source` and the key for a number of the wrong type or range."""
+        check_hf_numbers(d, source)
         return family_for_hf(d).parse(d, name)
 
     @classmethod
@@ -160,9 +164,12 @@ class ModelConfig:
         if not isinstance(d, dict):
             raise ValueError(f"{p}: expected a JSON object, got {type(d).__name__}")
         try:
-            return cls.from_hf_dict(d, name=Path(path).name)
+            return cls.from_hf_dict(d, name=Path(path).name, source=str(p))
         except KeyError as exc:
             raise ValueError(f"{p}: missing key {exc} that the {d.get('model_type')!r} family needs") from None
+        except TypeError as exc:     # a value of a type check_hf_numbers does not know the key of
+            raise ValueError(f"{p}: a value has a type the {d.get('model_type')!r} family cannot read "
+                             f"({exc})") from None
 
 
 COMMON_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name not in ("family", "arch"))
@@ -191,6 +198,63 @@ def _sizes(cfg: ModelConfig) -> tuple[int, int]:
 @functools.lru_cache(maxsize=256)
 def _expert_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
     return int(round(cfg.architecture().experts.mean_nbytes(dtype_bytes, cfg.n_experts, cfg.moe_layers)))
+
+
+# --- numbers in config.json ------------------------------------------------------------
+# keys whose absence a parser may default but whose null or value below 1 no parser can use
+HF_POSITIVE = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_experts_per_tok",
+               "num_local_experts", "num_experts", "n_routed_experts", "max_position_embeddings")
+_NUMBER_KEYS: dict[tuple[str, ...], dict[str, type]] = {}
+
+
+def hf_number_keys() -> dict[str, type]:
+    """config.json keys the registered families read as numbers (a nested key as `outer.inner`) ->
+    int or float: the types the families' own `hf_config` write them with for their presets, so the
+    table grows with the families and never lists a key by hand (int wherever written: int; a float
+    anywhere: float; a key some family writes as a bool, string or list is not a number key)."""
+    from engine.registry import FAMILIES
+    names = tuple(FAMILIES.names())
+    if names not in _NUMBER_KEYS:
+        seen: dict[str, set[type]] = {}
+        for cfg in PRESETS.values():
+            for key, value in _flat(cfg.family_class.hf_config(cfg)):
+                if value is not None:
+                    seen.setdefault(key, set()).add(type(value))
+        _NUMBER_KEYS[names] = {k: float if float in t else int for k, t in seen.items() if t <= {int, float}}
+    return _NUMBER_KEYS[names]
+
+
+def _flat(d: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for key, value in d.items():
+        if isinstance(value, Mapping):
+            yield from _flat(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def check_hf_numbers(d: Mapping[str, Any], source: str = "config.json") -> None:
+    """Every number key (`hf_number_keys`) present in config.json `d` holds a number of its kind:
+    an int (>= 1 for `HF_POSITIVE`, >= 0 otherwise) or a finite float >= 0; null only where a
+    parser defaults it. ValueError naming `source`, the key, the value and what is allowed."""
+    kinds = hf_number_keys()
+    for key, value in _flat(d):
+        kind = kinds.get(key)
+        if kind is None:
+            continue
+        positive = key in HF_POSITIVE
+        if value is None and not positive:
+            continue
+        low = 1 if positive else 0
+        if kind is int:
+            ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
+            allowed = f"an integer >= {low}"
+        else:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+                and value >= low
+            allowed = f"a finite number >= {low}"
+        if not ok:
+            raise ValueError(f"{source}: {key} must be {allowed}{'' if positive else ' or null'}, "
+                             f"got {json.dumps(value)}")
 
 
 # --- families ------------------------------------------------------------------------

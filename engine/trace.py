@@ -261,7 +261,7 @@ def _read_arrays(path: Path, z: "np.lib.npyio.NpzFile") -> RoutingTrace:
     extra = names - set(ARRAYS) - {"meta"}
     if extra:
         log.warning("%s: ignoring unknown arrays %s", path, sorted(extra))
-    raw = z["meta"]
+    raw = _member(path, z, "meta")
     if raw.dtype.kind not in "US" or raw.ndim != 0:
         raise ValueError(f"{path}: meta must be a 0-d string array holding JSON, got dtype {raw.dtype} "
                          f"shape {raw.shape}")
@@ -271,12 +271,25 @@ def _read_arrays(path: Path, z: "np.lib.npyio.NpzFile") -> RoutingTrace:
         meta = json.loads(text)
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: meta is not valid JSON ({err})") from err
-    tr = RoutingTrace(experts=z["experts"], meta=meta,
-                      weights=z["weights"] if "weights" in names else None,
-                      step=z["step"] if "step" in names else None,
-                      sequence=z["sequence"] if "sequence" in names else None,
+    tr = RoutingTrace(experts=_member(path, z, "experts"), meta=meta,
+                      weights=_member(path, z, "weights") if "weights" in names else None,
+                      step=_member(path, z, "step") if "step" in names else None,
+                      sequence=_member(path, z, "sequence") if "sequence" in names else None,
                       source=str(path))
     return tr.validate()
+
+
+def _member(path: Path, z: "np.lib.npyio.NpzFile", name: str) -> np.ndarray:
+    """One array of the file; an object array (pickled Python objects, which a trace never holds and
+    which are never unpickled) is refused naming the file and the array."""
+    try:
+        return z[name]
+    except ValueError as err:
+        if "allow_pickle" in str(err):
+            raise ValueError(f"{path}: array {name!r} holds Python objects (dtype object), which are not loaded; "
+                             "a trace's arrays are numeric (experts: int32 [tokens, layers, top_k]) and its meta "
+                             "a JSON string") from None
+        raise ValueError(f"{path}: array {name!r} cannot be read ({err})") from None
 
 
 def trace_for_model(path: str | Path, cfg: Any) -> RoutingTrace:

@@ -182,9 +182,14 @@ def _launch(argv: list[str], sweep_dir: Path | None) -> int:
                     where += (f" ({older} of them not reached by this run: their results are from before it, "
                               + ("under the config it checked when it started)" if STATE.get("configs_checked") else
                                  "their configs unchecked until the command runs again)"))
-        again = ("run the command again without run.resume=replace to resume (with it, the sweep starts over and "
-                 "the completed jobs are deleted)" if _override(argv, "run.resume") == "replace"
-                 else "run the same command again to resume")
+        if sweep_dir is None:             # a single run keeps no progress to resume from
+            again = ("a single run does not resume (one interrupted before it finished wrote no results): run "
+                     "the command again to measure it from the start")
+        elif _override(argv, "run.resume") == "replace":
+            again = ("run the command again without run.resume=replace to resume (with it, the sweep starts over "
+                     "and the completed jobs are deleted)")
+        else:
+            again = "run the same command again to resume"
         print(f"moebench: interrupted by {exc}{where}; {again}", file=sys.stderr)
         return exc.exit_code
     finally:

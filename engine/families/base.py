@@ -135,10 +135,13 @@ class Family(ABC):
     def hf_common(cls, d: dict[str, Any], *, moe_intermediate_size: int,
                   moe_layers: tuple[int, ...]) -> dict[str, Any]:
         """The ModelConfig common fields from config.json (expert count under any of the Hub keys)."""
-        n_experts = d.get("num_local_experts") or d.get("num_experts") or d.get("n_routed_experts")
-        if not n_experts:
+        key = next((k for k in ("num_local_experts", "num_experts", "n_routed_experts") if d.get(k)), None)
+        if key is None:
             raise UnsupportedModelError(f"{cls.name}: config has none of num_local_experts, num_experts, "
                                         "n_routed_experts > 0")
+        n_experts = d[key]
+        if not 1 <= d["num_experts_per_tok"] <= n_experts:      # named as config.json names them
+            raise ValueError(f"num_experts_per_tok must be in [1, {key}={n_experts}], got {d['num_experts_per_tok']}")
         return dict(vocab_size=d["vocab_size"], hidden_size=d["hidden_size"], num_layers=d["num_hidden_layers"],
                     n_experts=n_experts, top_k=d["num_experts_per_tok"], moe_intermediate_size=moe_intermediate_size,
                     moe_layers=moe_layers, max_position_embeddings=d.get("max_position_embeddings", 4096),

@@ -94,6 +94,28 @@ class LlamaCppBuildError(RuntimeError):
     """The pinned llama.cpp could not be fetched, built or found."""
 
 
+class BinaryFailed(LlamaCppBuildError):
+    """A llama.cpp binary did not run: it could not be started, or exited non-zero where it must not
+    (its --help). One line: the command, its exit status and the tail of what it printed."""
+
+
+def run_binary(binary: Path, args: Sequence[str], timeout: float = 60) -> subprocess.CompletedProcess:
+    """`binary args` to its end; BinaryFailed when it cannot start, outlasts `timeout` or exits non-zero."""
+    cmd = f"{binary} {' '.join(args)}"
+    try:
+        proc = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=timeout)
+    except OSError as exc:
+        raise BinaryFailed(f"{cmd} could not start ({exc}); {RUN_HINT}") from None
+    except subprocess.TimeoutExpired:
+        raise BinaryFailed(f"{cmd} did not finish within {timeout:.0f} s; {RUN_HINT}") from None
+    if proc.returncode != 0:
+        status = f"exit {proc.returncode}" if proc.returncode > 0 else f"killed by signal {-proc.returncode}"
+        lines = [ln.strip() for ln in (proc.stderr.strip() or proc.stdout).splitlines() if ln.strip()]
+        tail = " | ".join(lines[-3:])[-400:] or "it printed nothing"
+        raise BinaryFailed(f"{cmd} failed ({status}): {tail}; {RUN_HINT}")
+    return proc
+
+
 def cache_root() -> Path:
     """`$MOEBENCH_CACHE`, else `~/.cache/moebench` (never inside the repo)."""
     env = os.environ.get("MOEBENCH_CACHE")
@@ -401,6 +423,8 @@ def _sha256(path: Path) -> str:
 # ---------------------------------------------------------------- find
 
 
+RUN_HINT = ("the binary itself does not run here: rebuild it (`moebench setup llamacpp`) or point LLAMA_CPP_BIN "
+            "at a directory of working llama-server and llama-bench")
 BUILD_HINT = ("build them with `make llamacpp` (or `python -m harness.llamacpp.build`, "
               "`moebench setup llamacpp`), or point LLAMA_CPP_BIN at a directory holding "
               "llama-server and llama-bench")

@@ -21,6 +21,10 @@ checkpoint whose JSON has an `auto_map` (or that ships `.py` files) is refused u
 sees a staged copy of the dir with no `.py` file and no `auto_map` unless it is
 (harness.remote_code). A trusted conversion is cached apart from an untrusted one.
 
+A failed conversion raises ConversionError: one line with the converter's own error and the file
+holding its whole output; the hint about supplied tokenizers comes only when the traceback shows
+the tokenizer failed.
+
 Tokenizer-less checkpoints: supported for the llama-family converter (Mixtral, and so every
 mixtral preset), which reads a SentencePiece `tokenizer.model`; the Qwen/OLMoE converters read
 a BPE tokenizer through transformers and need the model's own tokenizer files. A checkpoint with
@@ -34,6 +38,7 @@ import io
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -64,7 +69,12 @@ TRUSTED = "\ntrust_remote_code=true"      # ends the identity of a GGUF converte
 
 
 class ConversionError(RuntimeError):
-    """The converter or quantizer failed; carries the tail of its output."""
+    """The converter or quantizer failed; the message is one line (its own error and where its
+    whole output was saved), `output` the output itself."""
+
+    def __init__(self, message: str, output: str = "") -> None:
+        super().__init__(message)
+        self.output = output
 
 
 @dataclass(frozen=True)
@@ -167,18 +177,20 @@ def _convert(model_dir: Path, outtype: str, identity: str, out_dir: Path,
         cmd = [sys.executable, str(src / "convert_hf_to_gguf.py"), str(stage), "--outtype", outtype,
                "--outfile", str(raw), "--model-name", model_dir.resolve().name]
         progress(f"converting {model_dir} to GGUF {outtype}")
+        saved = out_dir / f"convert-{outtype}.log"
         try:
-            _run(cmd, env, "convert_hf_to_gguf.py")
+            _run(cmd, env, "convert_hf_to_gguf.py", f"converting {model_dir} to GGUF {outtype}", saved)
         except ConversionError as e:
-            if supplied:     # e.g. Qwen/OLMoE converters read a BPE tokenizer, never tokenizer.model
-                raise ConversionError(f"{e}\n{model_dir} has no tokenizer; moebench supplies one only in the "
-                                      "form the llama-family converter (Mixtral) reads. Put the model's "
-                                      "tokenizer files beside its config.json") from e
+            if supplied and _tokenizer_failed(e.output):   # e.g. Qwen/OLMoE converters read a BPE tokenizer
+                raise ConversionError(f"{e}; {model_dir} has no tokenizer, and moebench supplies one only in the "
+                                      "form the llama-family converter (Mixtral) reads: put the model's "
+                                      "tokenizer files beside its config.json", e.output) from e
             raise
         out = Path(tmp) / "model.gguf"
         if supplied:
             env["PYTHONPATH"] = os.pathsep.join([str(src / "gguf-py"), str(REPO_ROOT)])
-            _run([sys.executable, "-m", "harness.llamacpp.gguf_vocab", str(raw), str(out)], env, "gguf_vocab")
+            _run([sys.executable, "-m", "harness.llamacpp.gguf_vocab", str(raw), str(out)], env, "gguf_vocab",
+                 f"writing the pass-through vocabulary of {model_dir}", saved)
         else:
             raw.rename(out)
         vocab = _vocab_size(model_dir)
@@ -195,7 +207,8 @@ def _quantize(base: GGUFModel, outtype: str, out_dir: Path, progress: Callable[[
     final = out_dir / f"model-{outtype}.gguf"
     tmp = out_dir / f".model-{outtype}.gguf.tmp"
     progress(f"quantizing {base.path.name} to {outtype}")
-    _run([str(quantize), str(base.path), str(tmp), outtype.upper()], dict(os.environ), "llama-quantize")
+    _run([str(quantize), str(base.path), str(tmp), outtype.upper()], dict(os.environ), "llama-quantize",
+         f"quantizing {base.path} to {outtype}", out_dir / f"quantize-{outtype}.log")
     os.replace(tmp, final)
     return _record(dataclasses.replace(base, path=final, outtype=outtype, size_bytes=final.stat().st_size), out_dir)
 
@@ -238,9 +251,41 @@ def _vocab_size(model_dir: Path) -> int:
     return v
 
 
-def _run(cmd: list[str], env: dict[str, str], what: str) -> None:
+def _run(cmd: list[str], env: dict[str, str], what: str, doing: str, saved: Path) -> None:
+    """Run one conversion step; on failure its whole output goes to `saved` and the error is one
+    line: the step, what it was doing, its exit status and its own error line."""
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    output = proc.stdout + proc.stderr
     if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
-        raise ConversionError(f"{what} failed (exit {proc.returncode}): {' '.join(cmd)}\n{tail}")
-    log.debug("%s output:\n%s", what, proc.stdout[-4000:] + proc.stderr[-4000:])
+        try:
+            saved.write_text(f"$ {' '.join(cmd)}\n{output}")
+            where = f"its whole output is in {saved}"
+        except OSError as exc:
+            where = f"its output could not be saved to {saved} ({exc})"
+        raise ConversionError(f"{what} failed (exit {proc.returncode}) {doing}: {_error_line(output)}; {where}",
+                              output)
+    log.debug("%s output:\n%s", what, output[-8000:])
+
+
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b(: .*)?$")
+_LOGGED_ERROR = re.compile(r"^(?:ERROR|CRITICAL):[\w.-]+:(.*)$")
+# the converter's frames that read a tokenizer (its set_vocab, _set_vocab_gpt2, get_vocab_base, ...)
+_VOCAB_FRAME = re.compile(r'^\s*File ".*", line \d+, in (set_vocab|_set_vocab\w*|get_vocab_base\w*|'
+                          r'_create_vocab_sentencepiece)\s*$', re.M)
+
+
+def _error_line(output: str, limit: int = 400) -> str:
+    """The line of a tool's output that says why it failed: the last Python exception line, else the
+    last logged ERROR, else the last line."""
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    line = next((ln for ln in reversed(lines) if _EXCEPTION.match(ln)), None)
+    if line is None:
+        line = next((m.group(1).strip() for ln in reversed(lines) if (m := _LOGGED_ERROR.match(ln))), None)
+    line = line or (lines[-1] if lines else "it printed nothing")
+    return line if len(line) <= limit else line[:limit] + "..."
+
+
+def _tokenizer_failed(output: str) -> bool:
+    """Whether the converter's output shows the tokenizer as the cause: its traceback passes
+    through a vocabulary-reading frame, or its error line names the tokenizer."""
+    return bool(_VOCAB_FRAME.search(output)) or "tokenizer" in _error_line(output).lower()

@@ -4,8 +4,8 @@ Owns: the knobs moebench sweeps (`-ngl`, `--cpu-moe`, `--n-cpu-moe`, `-ot`, `-ub
 `-ctk/-ctv`, `-fa`, `-t`, `-np`), the two named configurations (`EXACT`: reproduces the
 fp32 reference token for token; `DEFAULTS`: what llama.cpp picks when given nothing), and
 validating a knob set against what *this* binary accepts, by parsing its `--help` once per
-binary (cached by path, size and mtime). Does not own: starting the server (`server`), or
-which knob values a sweep tries (Hydra config).
+binary (cached by path, size and mtime; a binary whose --help fails raises build.BinaryFailed).
+Does not own: starting the server (`server`), or which knob values a sweep tries (Hydra config).
 
     flags = LlamaFlags(threads=2, n_gpu_layers=0, cache_type_k="f32", cache_type_v="f32", flash_attn="off")
     argv = flags.server_argv(bins.server)       # validated: ['-t', '2', '-ngl', '0', ...]
@@ -25,6 +25,8 @@ import subprocess
 from dataclasses import dataclass, fields
 from functools import lru_cache
 from pathlib import Path
+
+from harness.llamacpp.build import run_binary
 
 log = logging.getLogger(__name__)
 
@@ -218,7 +220,9 @@ KV_TYPE_CANDIDATES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q
 
 @lru_cache(maxsize=16)
 def _help_cached(path: str, size: int, mtime_ns: int) -> HelpSpec:
-    out = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=60)
+    # a binary that fails is reported as failing (BinaryFailed: its exit status and output), never as
+    # a build that lacks the flags a failed --help did not list
+    out = run_binary(Path(path), ["--help"])
     text = out.stdout + out.stderr
     if not text.strip():
         raise FlagError(f"{path} --help printed nothing (exit {out.returncode}); cannot validate flags")

@@ -13,7 +13,8 @@ top_k: the engine refuses a smaller cache).
 --out (.parquet or .csv) gets the tidy replay (+ curve) rows with a `kind` column
 ("replay" | "curve"); with --stats too, the stats table goes to `<out stem>.stats<suffix>`.
 Parquet cannot hold a column mixing ints and "all", so `layer` is written as text there.
-Exit status: 0 on success, 2 on a bad argument or trace (the message says what was wrong).
+Exit status: 0 on success, 2 on a bad argument or trace (the message says what was wrong), an empty
+trace or `--tokens` below 1 included: there is nothing to replay, so no row.
 """
 from __future__ import annotations
 
@@ -63,6 +64,8 @@ def _load(args: argparse.Namespace) -> RoutingTrace:
     if (args.trace is None) == (args.synthetic is None):
         raise ValueError("give either a TRACE.npz or --synthetic PRESET (exactly one)")
     if args.synthetic is not None:
+        if args.tokens < 1:
+            raise ValueError(f"--tokens must be >= 1 (the length of the synthetic trace), got {args.tokens}")
         tr = generate_preset(args.synthetic, args.tokens, args.seed)
         if args.save_trace:
             save_trace(args.save_trace, tr)
@@ -70,7 +73,11 @@ def _load(args: argparse.Namespace) -> RoutingTrace:
         return tr
     if args.save_trace:
         raise ValueError("--save-trace is for --synthetic traces; the input trace is already a file")
-    return load_trace(args.trace)
+    tr = load_trace(args.trace)
+    if tr.n_tokens == 0:              # every hit rate would be 0/0: no row, an error
+        raise ValueError(f"{args.trace}: the trace holds 0 tokens, so nothing can be replayed; allowed: a trace of "
+                         ">= 1 token")
+    return tr
 
 
 def _write(df: pd.DataFrame, path: Path) -> None:
@@ -99,8 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         tr = _load(args)
         print(f"trace: {tr.n_tokens} tokens x {tr.n_layers} layers x top-{tr.top_k} of {tr.n_experts} experts, "
-              f"{tr.expert_bytes} B per expert{'' if tr.step is None else f', {int(tr.step_ids()[-1]) + 1} steps'}"
-              if tr.n_tokens else "trace: empty")
+              f"{tr.expert_bytes} B per expert{'' if tr.step is None else f', {int(tr.step_ids()[-1]) + 1} steps'}")
         tables = []
         stats = trace_stats(tr) if args.stats else None
         if stats is not None:

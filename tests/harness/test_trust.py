@@ -374,6 +374,8 @@ def test_ctrl_c_in_a_single_run_prints_one_line(tmp_path):
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("moebench: interrupted by SIGINT")
     run_dir = next((tmp_path / "results" / "runs").iterdir())
     assert not results.job_complete(run_dir)
+    # a single run keeps nothing to resume from, so the line promises no resume
+    assert "a single run does not resume" in err and "again to resume" not in err
 
 
 # ----------------------------------------------------------------------------- 13. rerun one job
