@@ -77,6 +77,10 @@ METRIC_UNITS: dict[str, str] = {
     "peak_device_bytes": "B",
     "peak_device_reserved_bytes": "B",
     "peak_host_rss_bytes": "B",
+    # CPU time of the process doing a phase's work, and its share of the threads it was allowed
+    # (harness.measure.starvation; the `starved` row column is judged from them)
+    "cpu_time_s": "s",
+    "cpu_util": "ratio",
     "max_abs_logit_diff": "-",
     "token_agreement": "ratio",
     "roofline_tok_per_s": "tok/s",     # the physical bound (source=model, harness.roofline)

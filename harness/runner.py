@@ -162,7 +162,7 @@ class Job:
         numerical check against the reference (null when there is no reference)."""
         ref = self.reference.result if (check and self.reference is not None) else None
         for ph in res.phases:
-            state = {"expert_cache": ph.expert_cache}
+            state = {"expert_cache": ph.expert_cache, **ph.columns}     # ph.columns: starved, on every row of it
             self.emit(r, ph.phase, ph.client, "client", profiler, **state)
             engine_metrics = dict(ph.engine)
             if ph.tokens:                    # null when unchecked or nothing to compare with, never 0
@@ -381,8 +381,8 @@ class Job:
 
     def _emit_pass(self, res: RepeatResult, profiler: str, **more: Any) -> None:
         for ph in res.phases:
-            self.emit(0, ph.phase, ph.client, "client", profiler, expert_cache=ph.expert_cache, **more)
-            self.emit(0, ph.phase, ph.engine, "engine", profiler, expert_cache=ph.expert_cache, **more)
+            self.emit(0, ph.phase, ph.client, "client", profiler, expert_cache=ph.expert_cache, **ph.columns, **more)
+            self.emit(0, ph.phase, ph.engine, "engine", profiler, expert_cache=ph.expert_cache, **ph.columns, **more)
 
     # --- the paired ablation --------------------------------------------------------------------
     def _ablation(self, spec: RunSpec, eng: Adapter, sample: WorkloadSample, measured: list[RepeatResult],

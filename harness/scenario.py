@@ -44,6 +44,7 @@ class PhaseResult:
     tokens: list[list[int]] = field(default_factory=list)           # per token produced: one id per row
     top_logprobs: list[list[dict[int, float] | None]] = field(default_factory=list)   # per token: per row
     expert_cache: str | None = None                                  # cold | warm at phase start; None: no cache
+    columns: dict[str, object] = field(default_factory=dict)         # row columns of every row of the phase (starved)
 
 
 @dataclass
@@ -79,7 +80,8 @@ def _phase(name: str, probe: PhaseProbe, tokens: int | None, extra: dict[str, fl
               "tok_per_s": tokens / t if tokens and t > 0 else None,
               "peak_device_bytes": probe.peak_device_bytes,
               "peak_device_reserved_bytes": probe.peak_device_reserved_bytes,
-              "peak_host_rss_bytes": probe.peak_host_rss_bytes, **extra}
+              "peak_host_rss_bytes": probe.peak_host_rss_bytes,
+              "cpu_time_s": probe.cpu_time_s, "cpu_util": probe.starvation.cpu_util, **extra}
     if probe.counters is not None:
         engine: dict[str, float | None] = {k: float(v) for k, v in probe.counters.items()}
         engine.update(rates(probe.counters))
@@ -92,7 +94,8 @@ def _phase(name: str, probe: PhaseProbe, tokens: int | None, extra: dict[str, fl
         t0, t1 = probe.t_start, probe.t_end
         engine.update(overlap_metrics(timeline.intervals("copy", t0, t1), timeline.compute_intervals(t0, t1),
                                       h2d_bytes=engine.get("h2d_bytes"), emulated=emulated))
-    return PhaseResult(name, client, engine)
+    starved = {"starved": probe.starvation.starved, "starved_reason": probe.starvation.reason}
+    return PhaseResult(name, client, engine, columns=starved)
 
 
 def prime_expert_cache(eng: Adapter, sample: WorkloadSample, gen_tokens: int) -> None:
@@ -108,10 +111,14 @@ def prime_expert_cache(eng: Adapter, sample: WorkloadSample, gen_tokens: int) ->
 @contextmanager
 def closing_session(eng: Adapter, sess: Any) -> Iterator[None]:
     """Close `sess` after the block; when the block failed, a failing close (a dead server's) is
-    logged and the block's own error is the one raised."""
+    logged and the block's own error is the one raised. An engine that is no longer alive (a
+    server killed after a stall) gets no close at all: no request goes to it."""
     try:
         yield
     except BaseException:
+        if not eng.alive():
+            log.debug("not closing the session: the engine is gone")
+            raise
         try:
             eng.close_session(sess)
         except Exception as exc:  # noqa: BLE001 -- the first error says what went wrong
@@ -142,7 +149,8 @@ def run_repeat(eng: Adapter, sample: WorkloadSample, gen_tokens: int, keep_logit
         if before_phase is not None:
             before_phase(name, eng, sess)
         eng.reset_device_peak()
-        with span("phase", phase=name), PhaseProbe(kind, counters, eng.allocates_here) as p:
+        with span("phase", phase=name), PhaseProbe(kind, counters, eng.allocates_here, cpu_pid=eng.worker_pid(),
+                                                   threads=eng.worker_threads()) as p:
             tokens, extra = body()
         res = _phase(name, p, tokens, extra, timeline, eng.emulated)
         res.engine["emulated_device_peak_bytes"] = eng.device_peak()

@@ -15,6 +15,7 @@ An engine family member is one module with a subclass registered in `harness.eng
 """
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -68,8 +69,18 @@ class EngineAdapter(ABC):
                                        # client's time_s also holds one-time setup (imports, a GGUF conversion)
 
     def alive(self) -> bool:
-        """Whether a cached adapter can serve another job (a server process can die between jobs)."""
+        """Whether a cached adapter can serve another job (a server process can die between jobs, or be
+        killed after a stall); False: it gets no further request, not even a session's close."""
         return True
+
+    def worker_pid(self) -> int:
+        """The process whose CPU time is a phase's work (harness.measure: `cpu_time_s`, `starved`):
+        by default this one, all its threads; an engine serving from another process names it."""
+        return os.getpid()
+
+    def worker_threads(self) -> int:
+        """The threads that process was allowed for the work (`cpu_util`'s denominator)."""
+        return torch.get_num_threads()
 
     def budget_gap(self) -> str | None:
         """How this engine falls short of holding `hardware.device_memory` (the runner warns), or None."""

@@ -7,10 +7,12 @@ Owns: turning the job into llama.cpp's world -- the model converted to GGUF at
 --n-cpu-moe, -ot, -b, -ctk/-ctv, -fa, the server's host prompt cache; -ub from
 `workload.ubatch`, -c from the session length, -t from the run's threads) checked against this
 build before launch, one server per model and knob set (reused across repeats and jobs, always
-stopped) -- and each phase as llama.cpp requests:
+stopped; one that stalled is killed and never reused: `engine.stall_timeout_s`,
+`engine.request_timeout_s`, `engine.startup_timeout_s`), the server process as the one whose CPU
+time a phase measures -- and each phase as llama.cpp requests:
 
-  prefill_fresh         the slot erased, then the context as one request (n_predict=1); the
-                        server must report 0 cached tokens
+  prefill_fresh         the slot erased, then the context as one request (n_predict=1, streamed
+                        with prompt-progress events); the server must report 0 cached tokens
   decode                the pending token and gen-1 steps, streamed: each step timed as it
                         arrives (client) and by the server's own clock (engine)
   prefill_continuation  the whole history plus the turn, the slot's KV reused (`reused_tokens`
@@ -27,6 +29,7 @@ Does not own: building llama.cpp, converting, or the HTTP client (harness.llamac
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -60,9 +63,18 @@ class LlamaCppOptions:
     cache_ram: int = 0                     # --cache-ram MiB: the server's host-RAM prompt cache (0: off, so a
                                            # fresh prefill is fresh; set it to sweep what it buys)
     top_logprobs: bool = True              # ask for the top-5 logprobs of each token (checked against ours)
+    # limits, s (harness.llamacpp.server): launch -> /health ok; no byte from the server while a request
+    # is in flight (the server is killed, the job fails); one request start to end
+    startup_timeout_s: float = 180.0
+    stall_timeout_s: float = 300.0
+    request_timeout_s: float = 3600.0
 
     def __post_init__(self) -> None:
         from harness.llamacpp.convert import GGUF_TYPES
+        for name in ("startup_timeout_s", "stall_timeout_s", "request_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                raise ValueError(f"{name}: allowed a positive number of seconds, got {value!r}")
         if self.config not in CONFIGS:
             raise ValueError(f"config: allowed {list(CONFIGS)}, got {self.config!r}")
         if self.weights is not None and self.weights not in GGUF_TYPES:
@@ -141,7 +153,10 @@ class LlamaCppAdapter(EngineAdapter):
         self.workdir = Path(tempfile.mkdtemp(prefix="moebench-llamacpp-"))
         try:
             self.server = LlamaServer(self.gguf.path, self.flags, log_path=self.workdir / "llama-server.log",
-                                      binaries=self.binaries, slot_save_path=self.workdir / "slots").start()
+                                      binaries=self.binaries, slot_save_path=self.workdir / "slots",
+                                      startup_timeout_s=options.startup_timeout_s,
+                                      request_timeout_s=options.request_timeout_s,
+                                      stall_timeout_s=options.stall_timeout_s).start()
         except BaseException:                  # the failure carries the log's tail; the dir goes
             shutil.rmtree(self.workdir, ignore_errors=True)
             raise
@@ -162,7 +177,16 @@ class LlamaCppAdapter(EngineAdapter):
         return cls(spec, options)
 
     def alive(self) -> bool:
-        return self.server.proc is not None and self.server.proc.poll() is None
+        srv = self.server
+        return srv is not None and srv.broken is None and srv.proc is not None and srv.proc.poll() is None
+
+    def worker_pid(self) -> int:
+        """The server does the work: its CPU time is the phase's (harness.measure reads /proc)."""
+        return self.server.pid
+
+    def worker_threads(self) -> int:
+        """The server's -t (llama.cpp's default, every core, when unset)."""
+        return self.flags.threads or os.cpu_count() or 1
 
     def budget_gap(self) -> str | None:
         return ("llama.cpp puts on the device what its knobs say (engine.n_gpu_layers, engine.n_cpu_moe, ...), "
@@ -212,7 +236,8 @@ class LlamaCppAdapter(EngineAdapter):
     def prefill(self, sess: _Session, rows: list[list[int]]) -> Produced:
         fresh = not sess.history
         prompt = [*sess.history, *rows[0]]
-        r = self.server.complete(prompt, 1, cache_prompt=True, n_probs=self._probs(), ignore_eos=True)
+        # streamed: its prompt-progress events are what the stall watchdog sees of a long prefill
+        r = self.server.complete(prompt, 1, cache_prompt=True, n_probs=self._probs(), ignore_eos=True, stream=True)
         t = r.timings
         if fresh and t.cache_n:
             raise RuntimeError(f"llama-server reused {t.cache_n} cached tokens for a fresh prefill (its prompt cache "
@@ -274,7 +299,8 @@ class LlamaCppAdapter(EngineAdapter):
     def close_session(self, sess: _Session) -> None:
         if sess.saved is not None:
             (self.workdir / "slots" / sess.saved).unlink(missing_ok=True)
-        self.server.slot_erase(0)
+        if self.alive():                       # a server killed after a stall gets no request
+            self.server.slot_erase(0)
 
     def reset(self) -> None:
         self.server.slot_erase(0)

@@ -6,6 +6,15 @@ typed results (llama.cpp's own timings kept apart from the client's, DESIGN §7.
 process's peak RSS, and stopping it whatever happens: `with` exit, an exception, Ctrl-C, SIGTERM
 to the parent (terminate, then kill). Its stdout/stderr go to the log file the caller names; a
 failed start, a timeout or a crash raises `LlamaServerError` carrying the log's last lines.
+
+Only our own server is talked to: before any request (/health included) the listening socket of
+the port must be the child's and no other process's (harness.llamacpp.listener), and each start
+gets a secret API key (`--api-key-file`, sent on every request), so no other local process can
+drive it. Three limits: `startup_timeout_s` (launch -> /health ok), `stall_timeout_s` (no byte from
+the server while a request is in flight; completions are streamed with prompt-progress events, so
+a working server sends one at least every micro-batch and token) and `request_timeout_s` (one
+request, start to end). A request that stalls or outlasts its limit gets the server SIGKILLed at
+once and `LlamaServerStall` raised; that server gets no further request (`broken`).
 Does not own: building (`build`), converting (`convert`), knob validation (`flags`), or turning
 results into tidy rows (the harness's llama.cpp engine adapter).
 
@@ -20,100 +29,49 @@ uses for them are in `harness.llamacpp.responses`.
 """
 from __future__ import annotations
 
-import atexit
-import ctypes
 import http.client
 import json
 import logging
 import os
-import signal
-import socket
+import secrets
 import subprocess
-import threading
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from harness.llamacpp.build import Binaries, find_binaries
-from harness.llamacpp.flags import DEFAULTS, LlamaFlags
+from harness.llamacpp.flags import DEFAULTS, FlagError, LlamaFlags, help_spec
+from harness.llamacpp.listener import Foreign, Ours, check_port, holder, listeners
+from harness.llamacpp.process import HOST, die_with_parent, free_port, proc_status_bytes, register, server_env, unregister
 from harness.llamacpp.responses import Completion, SlotResult, StreamChunk, parse_completion, sse_events
 
 log = logging.getLogger(__name__)
 
-HOST = "127.0.0.1"
 LOG_TAIL_LINES = 40
 
 
 class LlamaServerError(RuntimeError):
     """The server failed to start, timed out, answered with an error, or died; `log_tail` holds
-    the last lines of its log and `returncode` its exit status when it has exited."""
+    the last lines of its log (in the message too, unless `tail_in_message=False`: an error the
+    log does not explain stays one line) and `returncode` its exit status when it has exited."""
 
-    def __init__(self, message: str, log_tail: str = "", returncode: int | None = None) -> None:
-        super().__init__(f"{message}\n--- last lines of the llama-server log ---\n{log_tail}" if log_tail else message)
+    def __init__(self, message: str, log_tail: str = "", returncode: int | None = None,
+                 tail_in_message: bool = True) -> None:
+        shown = log_tail if tail_in_message else ""
+        super().__init__(f"{message}\n--- last lines of the llama-server log ---\n{shown}" if shown else message)
         self.log_tail = log_tail
         self.returncode = returncode
 
 
-# ---------------------------------------------------------------- process bookkeeping
-
-_live: set[LlamaServer] = set()
-_live_lock = threading.RLock()       # re-entrant: the SIGTERM handler may run while it is held
-_prev_sigterm: Any = None
+class LlamaServerStall(LlamaServerError):
+    """A request got no byte for `stall_timeout_s`, or outlasted `request_timeout_s`: the server was
+    killed and gets no further request."""
 
 
-def _stop_all() -> None:
-    with _live_lock:
-        servers = list(_live)
-    for s in servers:
-        s.stop()
-
-
-def _on_sigterm(signum: int, frame: Any) -> None:
-    """SIGTERM in the parent: stop every server we started, then behave as before."""
-    _stop_all()
-    prev = _prev_sigterm
-    if callable(prev):
-        prev(signum, frame)
-    elif prev != signal.SIG_IGN:
-        raise SystemExit(128 + signum)
-
-
-def _install_sigterm() -> None:
-    global _prev_sigterm
-    if threading.current_thread() is not threading.main_thread():
-        return                       # signal handlers can only be set from the main thread
-    current = signal.getsignal(signal.SIGTERM)
-    if current is not _on_sigterm:
-        _prev_sigterm = current
-        signal.signal(signal.SIGTERM, _on_sigterm)
-
-
-atexit.register(_stop_all)
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: get SIGKILL when the parent dies (Linux), so a SIGKILLed
-    harness leaves no server behind."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
-def server_env() -> dict[str, str]:
-    """The parent's environment less LLAMA_ARG_* (llama-server reads every knob from those too,
-    so a stray one would change a run without showing in its argv)."""
-    dropped = sorted(k for k in os.environ if k.startswith("LLAMA_ARG_"))
-    if dropped:
-        log.warning("not passing %s to llama-server: knobs come from argv only", ", ".join(dropped))
-    return {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
-
-
-def free_port(host: str = HOST) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+class PortTaken(LlamaServerError):
+    """llama-server could not bind its port: another process holds it."""
 
 
 # ---------------------------------------------------------------- the server
@@ -124,8 +82,8 @@ class LlamaServer:
 
     def __init__(self, model: Path | str, flags: LlamaFlags = DEFAULTS, *, log_path: Path | str,
                  binaries: Binaries | None = None, port: int | None = None, startup_timeout_s: float = 180.0,
-                 request_timeout_s: float = 600.0, slot_save_path: Path | str | None = None,
-                 extra_args: Sequence[str] = ()) -> None:
+                 request_timeout_s: float = 3600.0, stall_timeout_s: float = 300.0,
+                 slot_save_path: Path | str | None = None, extra_args: Sequence[str] = ()) -> None:
         self.model = Path(model)
         if not self.model.is_file():
             raise FileNotFoundError(f"GGUF model {self.model} does not exist")
@@ -135,12 +93,17 @@ class LlamaServer:
         self.port = port
         self.startup_timeout_s = startup_timeout_s
         self.request_timeout_s = request_timeout_s
+        self.stall_timeout_s = stall_timeout_s
         self.slot_save_path = Path(slot_save_path) if slot_save_path else None
         self.extra_args = list(extra_args)
         self.proc: subprocess.Popen | None = None
         self.last_peak_rss_bytes: int | None = None
         self.load_s: float | None = None        # start -> /health ok (client wall time)
+        self.broken: str | None = None          # why this server gets no further request (killed after a stall)
         self._log_start = 0
+        self._key = ""                           # this start's API key, sent on every request
+        self._key_file: str | None = None        # where llama-server reads it (never argv: logs show argv)
+        self._verified_port: int | None = None   # the port whose only listener is our child's
 
     # -------------------------------------------------------- lifecycle
 
@@ -149,6 +112,8 @@ class LlamaServer:
                 *self.flags.server_argv(self.binaries.server)]
         if self.slot_save_path:
             argv += ["--slot-save-path", str(self.slot_save_path)]
+        if self._key_file:
+            argv += ["--api-key-file", self._key_file]
         return argv + self.extra_args
 
     def start(self) -> LlamaServer:
@@ -156,24 +121,32 @@ class LlamaServer:
         is picked again (twice at most); every other startup failure raises LlamaServerError."""
         if self.proc is not None:
             raise RuntimeError("this LlamaServer is already started")
+        if "--api-key-file" not in help_spec(self.binaries.server).flags:
+            raise FlagError(f"{self.binaries.server} has no --api-key-file option: without a per-start key any local "
+                            "process could drive the server moebench measures; allowed: a build that has it (the "
+                            "pinned one does)")
         if self.slot_save_path:
             self.slot_save_path.mkdir(parents=True, exist_ok=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        _install_sigterm()
         fixed_port = self.port is not None
         for attempt in range(3):
             self.port = self.port if fixed_port else free_port()
             try:
                 self._launch()
                 return self
-            except LlamaServerError as e:
-                if fixed_port or attempt == 2 or "bind" not in e.log_tail.lower():
+            except PortTaken:
+                if fixed_port or attempt == 2:
                     raise
                 log.info("port %d was taken before llama-server bound it; trying another", self.port)
                 self.proc = None
         raise AssertionError("unreachable")
 
     def _launch(self) -> None:
+        self._key = secrets.token_urlsafe(32)
+        fd, self._key_file = tempfile.mkstemp(prefix="moebench-llama-key-")       # mode 0600
+        with os.fdopen(fd, "w") as f:
+            f.write(self._key + "\n")
+        self._verified_port = None
         argv = self.argv(self.port)
         t0 = time.perf_counter()
         with open(self.log_path, "ab") as logf:
@@ -182,36 +155,68 @@ class LlamaServer:
             logf.flush()
             # own session: a Ctrl-C in the terminal reaches us, not the server; we stop it
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                                         env=server_env(), start_new_session=True, preexec_fn=_die_with_parent)
-        with _live_lock:
-            _live.add(self)
+                                         env=server_env(), start_new_session=True, preexec_fn=die_with_parent)
+        register(self)
         try:
             self._wait_healthy()
         except BaseException:
             self.stop()
             raise
+        finally:                                   # read at argument parsing, long before /health answers
+            Path(self._key_file).unlink(missing_ok=True)
         self.load_s = time.perf_counter() - t0
         log.info("llama-server pid %d up on port %d in %.2f s (log %s)", self.proc.pid, self.port, self.load_s,
                  self.log_path)
 
     def _wait_healthy(self) -> None:
+        """Poll until /health says ok -- asked only once the port's one listener is our child's."""
         deadline = time.monotonic() + self.startup_timeout_s
         last = "no answer yet"
         while time.monotonic() < deadline:
             rc = self.proc.poll()
             if rc is not None:
-                raise LlamaServerError(f"llama-server exited with status {rc} during startup "
-                                       f"({' '.join(self.argv(self.port))})", self.log_tail(), rc)
-            try:
-                status, body = self._request("GET", "/health", timeout=2.0)
-                if status == 200:
-                    return
-                last = f"HTTP {status}: {body!r}"
-            except (OSError, http.client.HTTPException) as e:
-                last = f"{type(e).__name__}: {e}"
+                raise self._exited(rc)
+            if self._owned():
+                try:
+                    status, body = self._request("GET", "/health", timeout=2.0)
+                    if status == 200:
+                        return
+                    last = f"HTTP {status}: {body!r}"
+                except (OSError, http.client.HTTPException) as e:
+                    last = f"{type(e).__name__}: {e}"
+            else:
+                others = [holder(i) for i in listeners(self.port)]
+                last = f"not asked: {', '.join(others)} listens on the port" if others else "not listening yet"
             time.sleep(0.02)                       # load_s is this fine-grained
         raise LlamaServerError(f"llama-server not healthy after {self.startup_timeout_s:.0f} s "
                                f"(last /health: {last})", self.log_tail())
+
+    def _owned(self) -> bool:
+        """Whether 127.0.0.1:port is our child's alone (then it may be asked). Another process
+        listening beside it fails the start, in one line, before anything is sent."""
+        try:
+            verdict = check_port(self.port, self.proc.pid)
+        except OSError as e:
+            raise LlamaServerError(f"cannot verify that 127.0.0.1:{self.port} is our llama-server's (pid "
+                                   f"{self.proc.pid}): {e}; nothing was sent to it") from None
+        if isinstance(verdict, Foreign):
+            raise LlamaServerError(f"127.0.0.1:{self.port} is also listened on by {', '.join(verdict.holders)}, beside "
+                                   f"the llama-server moebench started (pid {self.proc.pid}): nothing was sent to it")
+        if isinstance(verdict, Ours):
+            self._verified_port = self.port
+            return True
+        return False
+
+    def _exited(self, rc: int) -> LlamaServerError:
+        """The error for a server that exited during startup: a port another process holds, in one
+        line (`start` picks another), or its status and log."""
+        tail = self.log_tail()
+        if "couldn't bind" in tail:
+            held = ", ".join(holder(i) for i in listeners(self.port)) or "another process (gone since)"
+            return PortTaken(f"llama-server couldn't bind 127.0.0.1:{self.port}: {held} holds it (exit status {rc}); "
+                             "nothing was sent to the port", tail, rc, tail_in_message=False)
+        return LlamaServerError(f"llama-server exited with status {rc} during startup "
+                                f"({' '.join(self.argv(self.port))})", tail, rc)
 
     def stop(self, grace_s: float = 10.0) -> int | None:
         """Terminate, wait up to grace_s, then kill. Idempotent; returns the exit status."""
@@ -227,9 +232,18 @@ class LlamaServer:
                 log.warning("llama-server pid %d ignored SIGTERM for %.0f s; killing it", proc.pid, grace_s)
                 proc.kill()
                 proc.wait()
-        with _live_lock:
-            _live.discard(self)
+        unregister(self)
         return proc.returncode
+
+    def kill(self, why: str) -> None:
+        """SIGKILL now (a stopped or hung process leaves SIGTERM pending) and send it nothing more."""
+        self.broken = why
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            self.last_peak_rss_bytes = self.peak_rss_bytes() or self.last_peak_rss_bytes
+            proc.kill()
+            proc.wait()
+        unregister(self)
 
     def __enter__(self) -> LlamaServer:
         return self.start()
@@ -259,10 +273,10 @@ class LlamaServer:
     def peak_rss_bytes(self) -> int | None:
         """Peak resident set of the server process (VmHWM) since start or the last
         `reset_peak_rss()`; None when the process is gone or /proc is not there."""
-        return _proc_status_bytes(self.pid, "VmHWM") if self.proc and self.proc.poll() is None else None
+        return proc_status_bytes(self.pid, "VmHWM") if self.proc and self.proc.poll() is None else None
 
     def rss_bytes(self) -> int | None:
-        return _proc_status_bytes(self.pid, "VmRSS") if self.proc and self.proc.poll() is None else None
+        return proc_status_bytes(self.pid, "VmRSS") if self.proc and self.proc.poll() is None else None
 
     def reset_peak_rss(self) -> bool:
         """Reset VmHWM to the current RSS (Linux: write 5 to /proc/PID/clear_refs), so the next
@@ -275,12 +289,37 @@ class LlamaServer:
 
     # -------------------------------------------------------- HTTP
 
+    def _connect(self, what: str, timeout: float | None = None) -> http.client.HTTPConnection:
+        """A connection for one request -- refused, with nothing sent, to a server that was killed
+        after a stall or whose port is not verified as its own. Each read waits at most the stall
+        timeout (or `timeout`)."""
+        if self.broken:
+            raise LlamaServerError(f"not sending {what}: {self.broken}")
+        if self._verified_port is None or self._verified_port != self.port:
+            raise LlamaServerError(f"not sending {what}: 127.0.0.1:{self.port} is not verified as the llama-server "
+                                   "moebench started")
+        return http.client.HTTPConnection(HOST, self.port,
+                                          timeout=timeout or min(self.stall_timeout_s, self.request_timeout_s))
+
+    def _headers(self, data: bytes | None) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._key}", **({"Content-Type": "application/json"} if data else {})}
+
+    def _stalled(self, what: str, overdue: bool = False) -> LlamaServerStall:
+        """Kill the server that stalled (or outlasted request_timeout_s) during `what`; the error."""
+        pid = self.proc.pid if self.proc is not None else None
+        why = (f"it did not finish {what} within request_timeout_s={self.request_timeout_s:g} s" if overdue else
+               f"it sent nothing for stall_timeout_s={self.stall_timeout_s:g} s during {what} (stalled)")
+        self.kill(f"llama-server (pid {pid}) was killed: {why}")
+        log.error("llama-server pid %s: %s; killed it", pid, why)
+        return LlamaServerStall(f"llama-server (pid {pid}) killed: {why}; it gets no further request",
+                                self.log_tail(), self.proc.returncode if self.proc else None)
+
     def _request(self, method: str, path: str, body: dict | None = None,
                  timeout: float | None = None) -> tuple[int, Any]:
-        conn = http.client.HTTPConnection(HOST, self.port, timeout=timeout or self.request_timeout_s)
+        conn = self._connect(f"{method} {path}", timeout)
         try:
             data = json.dumps(body).encode() if body is not None else None
-            conn.request(method, path, body=data, headers={"Content-Type": "application/json"} if data else {})
+            conn.request(method, path, body=data, headers=self._headers(data))
             resp = conn.getresponse()
             raw = resp.read()
             try:
@@ -294,6 +333,8 @@ class LlamaServer:
         """A request that must succeed: HTTP errors and a dead server raise LlamaServerError."""
         try:
             status, out = self._request(method, path, body)
+        except TimeoutError:
+            raise self._stalled(f"{method} {path}") from None
         except (OSError, http.client.HTTPException) as e:
             raise self._failure(f"{method} {path} failed: {type(e).__name__}: {e}") from e
         if status != 200:
@@ -309,8 +350,7 @@ class LlamaServer:
             except subprocess.TimeoutExpired:
                 rc = None
         if rc is not None:
-            with _live_lock:
-                _live.discard(self)
+            unregister(self)
             return LlamaServerError(f"llama-server (pid {self.proc.pid}) died with status {rc}: {what}",
                                     self.log_tail(), rc)
         return LlamaServerError(what, self.log_tail())
@@ -361,6 +401,8 @@ class LlamaServer:
         t0 = time.perf_counter()
         try:
             status, out = self._request("POST", "/completion", body)
+        except TimeoutError:
+            raise self._stalled("POST /completion") from None
         except (OSError, http.client.HTTPException) as e:
             raise self._failure(f"POST /completion failed: {type(e).__name__}: {e}") from e
         wall = time.perf_counter() - t0
@@ -375,27 +417,35 @@ class LlamaServer:
         """The same request streamed: one `StreamChunk` per server event as it arrives (its new
         tokens, seconds since the request, their top logprobs); the last chunk carries the whole
         `Completion` as `.final`. A caller that stops iterating early closes the connection."""
-        body = self._body(prompt_ids, n_predict, slot, cache_prompt, n_probs, True, timings_per_token, ignore_eos,
-                          extra)
+        # prompt-progress events (one per micro-batch) and no keep-alive pings: every byte is progress
+        body = {**self._body(prompt_ids, n_predict, slot, cache_prompt, n_probs, True, timings_per_token, ignore_eos,
+                             extra), "return_progress": True, "sse_ping_interval": -1}
+        what = "POST /completion (stream)"
         t0 = time.perf_counter()
-        conn = http.client.HTTPConnection(HOST, self.port, timeout=self.request_timeout_s)
+        conn = self._connect(what)
         tokens: list[int] = []
         times: list[float] = []
         server_ms: list[float] = []
         probs: list[dict] = []
         try:
             try:
-                conn.request("POST", "/completion", body=json.dumps(body).encode(),
-                             headers={"Content-Type": "application/json"})
+                data = json.dumps(body).encode()
+                conn.request("POST", "/completion", body=data, headers=self._headers(data))
                 resp = conn.getresponse()
+            except TimeoutError:
+                raise self._stalled(what) from None
             except (OSError, http.client.HTTPException) as e:
-                raise self._failure(f"POST /completion (stream) failed: {type(e).__name__}: {e}") from e
+                raise self._failure(f"{what} failed: {type(e).__name__}: {e}") from e
             if resp.status != 200:
                 raise LlamaServerError(f"POST /completion (stream) -> HTTP {resp.status}: {resp.read()!r}",
                                        self.log_tail())
             try:
                 for event in sse_events(resp):
                     now = time.perf_counter() - t0
+                    if now > self.request_timeout_s:
+                        raise self._stalled(what, overdue=True)
+                    if "prompt_progress" in event:     # progress only: its `tokens` is a placeholder
+                        continue
                     new = [int(t) for t in event.get("tokens") or []]
                     tokens += new
                     times += [now] * len(new)
@@ -411,6 +461,8 @@ class LlamaServer:
                         yield StreamChunk(new, now, event_probs, final)
                         return
                     yield StreamChunk(new, now, event_probs, None)
+            except TimeoutError:
+                raise self._stalled(what) from None
             except (OSError, http.client.HTTPException, ValueError) as e:
                 raise self._failure(f"stream broke: {type(e).__name__}: {e}") from e
             raise self._failure("stream ended without a final event")
@@ -442,16 +494,6 @@ class LlamaServer:
     def slot_erase(self, slot: int) -> SlotResult:
         """Drop the slot's KV: the next request on it is a fresh prefill."""
         return self._slot(slot, "erase")
-
-
-def _proc_status_bytes(pid: int, key: str) -> int | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024          # kB
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 # the typed answers live in `responses`; importable from here too

@@ -308,7 +308,10 @@ def test_a_failing_close_after_a_failure_does_not_mask_the_failure(caplog):
     Without a failure in the block, the close's error is the one raised."""
     from harness.scenario import closing_session
 
-    class DeadServer:                  # the one method closing_session calls, failing as a dead server's does
+    class DeadServer:                  # a close failing as a dead server's does (one not yet known dead)
+        def alive(self):
+            return True
+
         def close_session(self, sess):
             raise ConnectionError("POST /slots/0?action=erase: connection refused")
 
