@@ -8,7 +8,10 @@ phases, rows per phase) lives with the harness. One module per concern:
   convert       HF checkpoint dir or moebench preset -> cached GGUF of a given type
   gguf_vocab    the pass-through vocabulary for tokenizer-less checkpoints (run by convert)
   flags         the offload/runtime knobs as a dataclass -> argv, checked against the build
-  server        `LlamaServer`: one llama-server process, its health, its log, a typed client
+  server        `LlamaServer`: one llama-server process, its health, its log, a typed client,
+                its stall watchdog
+  listener      which process listens on a port: the server answering is the one we started
+  process       the servers as child processes: stopped with the harness, clean env, free port
   bench_import  llama-bench JSON/JSONL -> tidy rows + manifest
 
 Submodules are imported on demand (`from harness.llamacpp.server import LlamaServer`), so
