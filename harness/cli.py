@@ -261,12 +261,17 @@ def main() -> None:
             module, _, fn = COMMANDS[name].partition(":")
             sys.exit(getattr(importlib.import_module(module), fn)(argv[words:]))
     if argv[:1] == ["rerun"]:
-        from harness.rerun import rerun_args
+        from harness.rerun import plan_rerun
         try:
-            argv = rerun_args(argv[1:])
+            rerun = plan_rerun(argv[1:])
         except (SweepError, ValueError, OSError) as exc:
             print(f"moebench rerun: {exc}", file=sys.stderr)
             sys.exit(2)
+        for note in rerun.notes:
+            print(f"moebench rerun: {note}", file=sys.stderr)
+        if rerun.needs_new_process():    # torch's thread runtimes read the environment once, at import
+            rerun.exec()
+        argv = rerun.argv
     handle_signals()
     if not _is_multirun(argv):
         sys.exit(_launch(argv, None))

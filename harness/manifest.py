@@ -1,8 +1,10 @@
 """The job manifest: everything needed to reproduce or judge a result (DESIGN.md §6, §7.9).
 
 Owns: collecting the resolved config, creation time, git commit and dirty flag, package
-versions, Python, host (CPU model, cores, RAM) and GPU (name, memory, driver, PCIe link
-via NVML) into one JSON-serialisable dict.
+versions and the engine's own builds (a llama-server's commit), Python, the environment
+variables that change a measurement (`env`: thread pools, CUDA, torch's allocator;
+`recorded_env`), host (CPU model, cores, RAM) and GPU (name, memory, driver, PCIe link via NVML)
+into one JSON-serialisable dict.
 Does not own: writing it (`harness.results.write_job` writes it atomically beside the
 rows), or resolving the config (the caller passes the resolved dict, e.g.
 `OmegaConf.to_container(cfg, resolve=True)`).
@@ -45,7 +47,16 @@ PACKAGES = ("moebench", "torch", "transformers", "safetensors", "numpy", "pandas
 GPU_FIELDS = ("count", "index", "name", "uuid", "memory_bytes", "compute_capability",
               "cuda_runtime", "driver_version", "pcie_gen_current", "pcie_width_current",
               "pcie_gen_max", "pcie_width_max")
-MANIFEST_KEYS = ("schema_version", "created", "config", "git", "packages", "python", "host", "gpu")
+MANIFEST_KEYS = ("schema_version", "created", "config", "git", "packages", "engine_builds", "python", "env", "host",
+                 "gpu")
+# Environment variables that change what a job measures, so `moebench rerun` sets them again: the
+# thread pools of the OpenMP and BLAS runtimes under torch and llama.cpp (they read these once, when
+# the library loads), CUDA's device selection and numerics, torch's allocator and CPU kernel
+# dispatch, and which llama.cpp build runs. moebench's own MOEBENCH_NSYS_CHILD (a marker for the
+# process it re-launches) and MOEBENCH_RESULTS (the notebooks') change no measurement.
+ENV_NAMES = frozenset({"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_LAUNCH_BLOCKING", "CUBLAS_WORKSPACE_CONFIG",
+                       "NVIDIA_TF32_OVERRIDE", "ATEN_CPU_CAPABILITY", "LLAMA_CPP_BIN", "MOEBENCH_CACHE"})
+ENV_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "VECLIB_", "NUMEXPR_", "DNNL_", "ONEDNN_", "PYTORCH_")
 _GIT_TIMEOUT_S = 10
 
 
@@ -64,9 +75,11 @@ def collect_manifest(resolved_config: Mapping[str, Any], extra: Mapping[str, Any
         "config": _jsonable(resolved_config),
         "git": git_info(REPO_DIR if repo_dir is None else Path(repo_dir)),
         "packages": package_versions(),
+        "engine_builds": engine_builds(resolved_config),
         "python": {"version": platform.python_version(),
                    "implementation": platform.python_implementation(),
                    "executable": sys.executable},
+        "env": recorded_env(),
         "host": host_info(),
         "gpu": gpu_info(),
     }
@@ -125,6 +138,27 @@ def package_versions() -> dict[str, str | None]:
     return versions
 
 
+def engine_name(resolved_config: Mapping[str, Any]) -> str | None:
+    """The config's engine (`engine.name`; a plain `engine` value in an older config)."""
+    engine = resolved_config.get("engine")
+    name = engine.get("name") if isinstance(engine, Mapping) else engine
+    return str(name) if name else None
+
+
+def engine_builds(resolved_config: Mapping[str, Any]) -> dict[str, str] | None:
+    """What the config's engine runs beside the Python packages (`EngineAdapter.builds`: a
+    llama-server's commit); {} when nothing, None when it cannot be told (no such engine, no build)."""
+    name = engine_name(resolved_config)
+    if not name:
+        return None
+    try:
+        from harness.engines import ENGINES
+        return dict(ENGINES.get(name).builds())
+    except Exception as exc:  # noqa: BLE001 -- a manifest never fails its job; the engine reports its own errors
+        log.debug("engine %s: builds unknown: %s", name, exc)
+        return None
+
+
 def _checkout_version() -> str | None:
     try:
         import tomllib
@@ -135,6 +169,20 @@ def _checkout_version() -> str | None:
     except (OSError, ValueError):
         return None
     return project.get("version") if project.get("name") == "moebench" else None
+
+
+# ----------------------------------------------------------------------------- environment
+
+def env_recorded(name: str) -> bool:
+    """Whether a manifest records the environment variable `name` (ENV_NAMES, ENV_PREFIXES)."""
+    return name in ENV_NAMES or name.startswith(ENV_PREFIXES)
+
+
+def recorded_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The recorded variables that are set, sorted by name; one the rule names but that is
+    absent was unset when the job ran."""
+    environ = os.environ if environ is None else environ
+    return {k: environ[k] for k in sorted(environ) if env_recorded(k)}
 
 
 # ----------------------------------------------------------------------------- host

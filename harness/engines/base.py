@@ -123,6 +123,13 @@ class EngineAdapter(ABC):
         """Engine settings that become row columns (e.g. llama.cpp's -ngl, --n-cpu-moe)."""
         return {}
 
+    @classmethod
+    def builds(cls) -> dict[str, str]:
+        """What this engine runs that no Python package version names (a server binary's commit),
+        by name: a job's manifest records it (`engine_builds`), and `moebench rerun` says where
+        what it would run differs. {} when there is nothing beside the packages."""
+        return {}
+
     def set_progress(self, progress: Any) -> None:
         """Report long work (a long prefill) to `progress(what, done, total)`; None: stop."""
 

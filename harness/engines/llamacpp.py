@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -203,6 +205,15 @@ class LlamaCppAdapter(EngineAdapter):
         out.update(llamacpp_config=self.options.config, gguf_type=self.weights, n_ctx=self.n_ctx,
                    llamacpp_commit=self.server_commit, gguf_converter_commit=self.gguf.llama_cpp_commit)
         return out
+
+    @classmethod
+    def builds(cls) -> dict[str, str]:
+        """`llamacpp_commit`: the commit of the llama-server a job would run now, as it says itself."""
+        from harness.llamacpp.build import find_binaries
+        server = find_binaries().server
+        out = subprocess.run([str(server), "--version"], capture_output=True, text=True, timeout=60)
+        found = re.search(r"commit ([0-9a-f]+)", out.stdout + out.stderr)
+        return {"llamacpp_commit": found.group(1) if found else "unknown"}
 
     def phase_metrics(self) -> dict[str, float | None]:
         out, self._metrics = self._metrics, {}
