@@ -117,6 +117,17 @@ class Placement(ABC):
     def check_model(cls, cfg: ModelConfig, options: dict[str, Any]) -> None:
         """Raise ValueError naming the option when these options cannot apply to this model."""
 
+    @classmethod
+    def describe(cls, options: dict[str, Any]) -> str:
+        """A few words for these options where a figure or a table names a configuration
+        ("1 CPU layer"); "" when they add nothing to the placement's name. The default: each
+        option that differs from its default, as name=value. Raises what `parse_options` raises."""
+        parsed = cls.parse_options(options)
+        defaults = {f.name: f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+                    for f in dataclasses.fields(parsed)}
+        return ", ".join(f"{name}={getattr(parsed, name)}" for name, default in defaults.items()
+                         if default is dataclasses.MISSING or getattr(parsed, name) != default)
+
     def setup(self) -> None:
         """Allocate device-side structures after the weights are loaded."""
 

@@ -33,6 +33,11 @@ class Hybrid(Placement):
         return PlacementTraits(cpu_layers=frozenset(l for l in cfg.moe_layers if l < n_cpu))
 
     @classmethod
+    def describe(cls, options: dict[str, Any]) -> str:
+        n_cpu = cls.parse_options(options).n_cpu_layers
+        return f"{n_cpu} CPU layer{'' if n_cpu == 1 else 's'}"
+
+    @classmethod
     def check_model(cls, cfg: ModelConfig, options: dict[str, Any]) -> None:
         n_cpu = cls.parse_options(options).n_cpu_layers
         if n_cpu > cfg.n_moe_layers:

@@ -56,6 +56,12 @@ class Stream(Placement):
         return fb + o.stream_buffers * expert_bytes
 
     @classmethod
+    def describe(cls, options: dict[str, Any]) -> str:
+        o = cls.parse_options(options)
+        rest = super().describe({k: v for k, v in options.items() if k != "stream_threshold"})
+        return ", ".join(p for p in (f"streams above {o.stream_threshold} tokens", rest) if p)
+
+    @classmethod
     def traits(cls, cfg: ModelConfig, options: dict[str, Any]) -> PlacementTraits:
         from engine.registry import PLACEMENTS
         o = cls.parse_options(options)

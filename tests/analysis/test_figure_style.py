@@ -205,6 +205,12 @@ def _numbers(labels: list[str]) -> list[float]:
     return [float(m.group()) for m in (re.search(r"\d+(\.\d+)?", t) for t in labels) if m]
 
 
+def _details(label: str) -> list[str]:
+    """The bracketed details of a config label: "fetch (4 slots, ctx 512)" -> ["4 slots", "ctx 512"]."""
+    inside = re.search(r"\((.*)\)", label)
+    return inside.group(1).split(", ") if inside else []
+
+
 def test_numeric_axes_are_in_numeric_order(figures) -> None:
     for prefix in ("samples", "synthetic"):
         for name in ("capacity_sweep", "memory_peaks"):
@@ -226,9 +232,10 @@ def test_numeric_axes_are_in_numeric_order(figures) -> None:
             by_placement: dict[str, list[tuple]] = {}
             for lab in labels:
                 head = lab.split()[0]
-                by_placement.setdefault(head, []).append(tuple(_numbers(re.findall(r"=(\S+)", lab))))
+                by_placement.setdefault(head, []).append(tuple(_numbers(_details(lab))))
             for head, keys in by_placement.items():
                 assert keys == sorted(keys), (prefix, name, head, keys)
+            assert any(len(keys) > 1 and keys[0] for keys in by_placement.values()), (prefix, name, labels)
             heads = list(by_placement)
             builtin = [h for h in heads if h in plotstyle.PLACEMENT_STYLES]
             assert builtin == [p for p in plotstyle.PLACEMENT_STYLES if p in builtin]   # table order
@@ -324,15 +331,59 @@ def test_a_single_capacity_is_drawn_as_bars(figures) -> None:
 
 # ----------------------------------------------------------------------------- the style table
 
-def test_every_builtin_plugin_has_a_fixed_style() -> None:
+def colliding(kind: str) -> list[str]:
+    """Two names that an unregistered lookup hashes to one colour (what a registry must keep apart)."""
+    by_colour: dict[str, list[str]] = {}
+    for i in range(200):
+        name = f"new_{kind}_{i}"
+        by_colour.setdefault(plotstyle.style(kind, name).color, []).append(name)
+    return next(names[:2] for names in by_colour.values() if len(names) > 1)
+
+
+def register(monkeypatch, kind: str, names: list[str]):
     from engine.registry import PLACEMENTS, POLICIES
     from harness.engines import ENGINES
 
-    for registry, kind in ((PLACEMENTS, "placement"), (POLICIES, "policy"), (ENGINES, "engine")):
-        builtin = {n for n in registry.names() if registry._targets[n].startswith(("engine.", "harness."))}
-        assert builtin and builtin <= set(plotstyle.STYLE_TABLE[kind]), (kind, builtin - set(plotstyle.STYLE_TABLE[kind]))
+    registry = {"placement": PLACEMENTS, "policy": POLICIES, "engine": ENGINES}[kind]
+    for name in names:
+        monkeypatch.setitem(registry._targets, name, "engine.placements.fetch:Fetch")
+    return registry
+
+
+def test_every_registered_plugin_gets_a_distinct_style(monkeypatch) -> None:
+    """No plugin needs an entry in the style table: every registered placement, policy and engine
+    -- builtin or not, in the table or not -- has a colour no other of its kind has, and one that
+    is not in the table keeps clear of every table colour (and a policy or engine of a registered
+    placement's). Shown with new plugins registered under names the table does not know, as a new
+    builtin or an installed third-party one is, two of each kind hashing to one colour."""
     fixed = [s.color for table in plotstyle.STYLE_TABLE.values() for s in table.values() if s is not None]
     assert len(set(fixed)) == len(fixed)
+    new = {kind: [*colliding(kind), f"brand_new_{kind}"] for kind in ("placement", "policy", "engine")}
+    registries = {kind: register(monkeypatch, kind, names) for kind, names in new.items()}
+    defaults: dict[str, set[str]] = {}
+    for kind, registry in registries.items():
+        names = [n for n in registry.names() if n not in plotstyle.STYLE_TABLE[kind]
+                 or plotstyle.STYLE_TABLE[kind][n] is not None]        # our engine is drawn in its placements' styles
+        assert set(new[kind]) <= set(names)
+        styles = {n: plotstyle.style(kind, n) for n in names}
+        colors = [st.color for st in styles.values()]
+        assert len(set(colors)) == len(colors), (kind, styles)
+        defaults[kind] = {st.color for n, st in styles.items() if n not in plotstyle.STYLE_TABLE[kind]}
+        assert len(defaults[kind]) >= len(new[kind]) and not defaults[kind] & set(fixed), (kind, defaults[kind])
+    assert not defaults["policy"] & defaults["placement"] and not defaults["engine"] & defaults["placement"]
+    # a figure of every registered placement draws each in that style
+    placements = registries["placement"].names()
+    _, series = plotstyle.configs(pd.DataFrame({"placement": placements, "value": 1.0}), ["placement"])
+    assert {st.name: st.color for st in series.values()} == {n: plotstyle.style("placement", n).color
+                                                            for n in placements}
+
+
+def test_more_new_placements_than_free_colours_still_differ_in_style(monkeypatch) -> None:
+    """Past the colours kept for plugins without an entry, a new placement still has a style (colour
+    and marker) no other registered placement has."""
+    registry = register(monkeypatch, "placement", [f"extra_{i}" for i in range(24)])
+    styles = [plotstyle.style("placement", n) for n in registry.names()]
+    assert len(set(styles)) == len(styles)
 
 
 def test_a_third_party_name_gets_a_stable_colour_no_builtin_has() -> None:
@@ -355,8 +406,8 @@ def test_variants_of_a_placement_keep_its_hue_and_vary_shade_and_line() -> None:
     df = pd.DataFrame({"placement": ["fetch"] * 3 + ["cpu"], "cache_policy": ["lru", "lfu", "fifo", None],
                        "context_tokens": ["1024", "256", "auto", "512"]})
     labelled, styles = plotstyle.configs(df, ["placement", "cache_policy", "context_tokens"])
-    assert list(styles) == ["fetch policy=fifo ctx=auto", "fetch policy=lfu ctx=256", "fetch policy=lru ctx=1024",
-                            "cpu ctx=512"]
+    assert list(styles) == ["fetch (policy fifo, ctx auto)", "fetch (policy lfu, ctx 256)",
+                            "fetch (policy lru, ctx 1024)", "cpu (ctx 512)"]
     fetch = [s for s in styles.values() if s.name == "fetch"]
     assert all(same_hue(hue(s.color), hue(fetch[0].color)) for s in fetch) and len({s.color for s in fetch}) == 3
     assert len({s.linestyle for s in fetch}) == 3 and fetch[0].color == plotstyle.PLACEMENT_STYLES["fetch"].color

@@ -43,7 +43,12 @@ def test_moebench_plot_writes_every_standard_figure(tmp_path: Path, capsys) -> N
         png = tmp_path / f"{name}.png"
         assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 5_000, name
     prov = json.loads((tmp_path / "figures.json").read_text())
-    assert sorted(prov["figures"]) == sorted(f"{n}.png" for n in plots.STANDARD) and not prov["skipped"]
+    assert sorted(prov["figures"]) == sorted(f"{n}.png" for n in plots.STANDARD)
+    # the samples are exact runs without the quality pass: the experiment's figure is skipped, and says why
+    assert list(prov["skipped"]) == ["treatment_frontier"]
+    assert "no quality rows" in prov["skipped"]["treatment_frontier"]
+    assert "skipped treatment_frontier: treatment frontier: no quality rows" in capsys.readouterr().out
+    assert not (tmp_path / "treatment_frontier.png").exists()
     assert len(prov["jobs"]) == 21 and prov["git_commits"]
 
 
@@ -171,7 +176,7 @@ def test_series_never_pool_two_settings_or_two_sources(samples: pd.DataFrame) ->
     lines = _lines(fig.axes[0])                       # the decode panel (one context length)
     llama = {k: v for k, v in lines.items() if k.startswith("llamacpp")}
     assert sorted(set(v) for v in llama.values()) == [{100.0}, {400.0}], llama
-    assert any("source=client" in k for k in llama) and any("source=engine" in k for k in llama)
+    assert any("source client" in k for k in llama) and any("source engine" in k for k in llama)
     legend = [t.get_text() for lg in fig.legends for t in lg.get_texts()]
     fetch = [k for k in legend if "fetch" in k.split(" ")[:2]]
     assert len(fetch) == 2 and sum("prefetch_depth" in k for k in fetch) == 1, legend
