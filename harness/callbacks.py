@@ -3,8 +3,9 @@
 Owns: writing `<sweep dir>/results.parquet`, `results_steps.parquet` and `summary.csv`
 (harness.results.write_sweep) after the last job, whatever happened to the others -- with the
 failed rows of jobs whose own files could not be written, held in memory (`STATE["unwritten"]`;
-in-process launchers only) -- and flagging failures so the CLI exits non-zero: a failed job, or a
-table that could not be written (the CLI prints `STATE["table_error"]` as one line). Works for
+in-process launchers only) -- and flagging failures so the CLI exits non-zero: a failed job, a job
+whose reference check failed (`STATE["check_failed"]`, read from the table, so any launcher's), or
+a table that could not be written (the CLI prints `STATE["table_error"]` as one line). Works for
 any launcher: it reads the job dirs, not process memory, for everything that was written.
 """
 from __future__ import annotations
@@ -18,10 +19,12 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from harness import results
+from harness.checks import failed_check_jobs
 from harness.report import Reporter, close_progress
 
 log = logging.getLogger(__name__)
 STATE: dict[str, Any] = {"failed_jobs": 0, "sweep_dir": None, "unwritten": [], "table_error": None,
+                         "check_failed": [],      # job ids whose reference check failed (harness.checks)
                          "handled_jobs": set()}   # job ids this process measured or found current (same hash):
                                                   # added as each is reached (JobContext.reached), before its DONE
 
@@ -55,6 +58,7 @@ class SweepTable(Callback):
             return
         failed = df[df["status"] == "failed"]["job_id"].nunique()
         STATE["failed_jobs"] = int(failed)
+        STATE["check_failed"] = failed_check_jobs(df)
         close_progress()                 # the progress line ends before the table prints
         Reporter(quiet=quiet).sweep_table(df, f"sweep {sweep_dir.name}")
         print(f"sweep table: {sweep_dir / results.SWEEP_TABLE} ({df['job_id'].nunique()} jobs, {failed} failed); "

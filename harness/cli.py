@@ -16,7 +16,8 @@ when the sweep resumes, and a stale one retired before any job runs), failed job
 (run.retry_failed=false keeps them), and a dir holding a different sweep is refused
 (run.resume=add|replace). One process writes a sweep dir at a time. SIGTERM or Ctrl-C ends
 the sweep after writing the table of the jobs completed so far (exit 143 / 130). The process
-exits non-zero if any job failed or a table could not be written, after the table is written.
+exits non-zero if any job failed, any job failed its reference check (one line names them), or a
+table could not be written, after the table is written.
 """
 from __future__ import annotations
 
@@ -89,8 +90,11 @@ def _finish_single(ctx: JobContext, quiet: bool, outcome) -> None:
         return
     if outcome.skipped:
         return
-    Reporter(quiet).summary(results.load(ctx.job_dir), "run")
+    from harness.checks import failed_check_jobs
+    df = results.load(ctx.job_dir)
+    Reporter(quiet).summary(df, "run")
     print(f"results: {ctx.job_dir / 'rows.parquet'}")
+    STATE["check_failed"] = failed_check_jobs(df)
 
 
 # --- the command line ---------------------------------------------------------------------------
@@ -194,10 +198,13 @@ def _launch(argv: list[str], sweep_dir: Path | None) -> int:
         return exc.exit_code
     finally:
         report.close_progress()
+    if STATE["check_failed"]:            # after the table: the run measured, but not what the reference computes
+        from harness.checks import failure_line
+        print(f"moebench: {failure_line(STATE['check_failed'])}", file=sys.stderr)
     if STATE["table_error"]:
         print(f"moebench: {STATE['table_error']}", file=sys.stderr)
         return 1
-    return 1 if STATE["failed_jobs"] else 0
+    return 1 if STATE["failed_jobs"] or STATE["check_failed"] else 0
 
 
 def _retire_stale(sweep_dir: Path, argv: list[str]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import pandas as pd
 from rich.console import Console
@@ -18,6 +19,10 @@ from rich.text import Text
 
 from harness.contract import EMULATED_OVERLAP_NOTE, phase_rank
 from harness.results import spread_table
+
+if TYPE_CHECKING:
+    from harness.checks import JobCheck
+    from harness.outliers import JobFlags
 
 # (metric, label, format, scale) of the speed table and the transfer table
 KEY_METRICS = (("time_s", "time s", "{:.4f}", 1), ("ttft_s", "TTFT s", "{:.4f}", 1),
@@ -109,25 +114,31 @@ class Reporter:
         """The end of a sweep: one row per configuration (harness.table), failed jobs with their error."""
         if self.quiet or df.empty:
             return
-        from harness.table import display_rows, sweep_table
-        from harness.table import COLUMNS
-        header, rows = display_rows(sweep_table(df))
+        from harness.table import COLUMNS, display_rows, notes, sweep_table
+        table = sweep_table(df)
+        header, rows = display_rows(table)
         metrics = {c.label for c in COLUMNS}
-        t = Table(title=Text(f"{title}: median ± half the min-max range over repeats (speed rows only)"),
-                  title_justify="left")
+        t = Table(title=Text(f"{title}: median ± half the min-max range over repeats (speed rows only, "
+                             "flagged repeats excluded)"), title_justify="left")
         for h in header:
             t.add_column(Text(h), justify="right" if h in metrics else "left", overflow="fold")
         for r in rows:
             t.add_row(*(Text(c) for c in r))
         self.console.print(t)
+        for line in notes(table):
+            self.console.print(Text(line, style="red" if " FAIL " in line else ""), soft_wrap=True)
 
     def summary(self, df: pd.DataFrame, title: str) -> None:
-        """Per job: the speed table (median, min-max, n over un-instrumented repeats, per phase),
-        the transfer table from the instrumented timeline pass when present, the paired ablation,
-        the quality pass against the exact reference, and every failed job or pass with its error."""
+        """Per job: the speed table (median, min-max, n over un-instrumented repeats, per phase,
+        flagged repeats excluded), its reference check and flagged repeats, the transfer table
+        from the instrumented timeline pass when present, the paired ablation, the quality pass
+        against the exact reference, and every failed job or pass with its error."""
         if self.quiet or df.empty:
             return
+        from harness.checks import job_checks
+        from harness.outliers import job_flags
         spread = spread_table(df)
+        checks, flags = job_checks(df), job_flags(df)
         ok = spread[spread["status"] == "ok"]
         for job_id, job in ok.groupby("job_id", sort=False):
             first = df[df["job_id"] == job_id].iloc[0]
@@ -138,6 +149,10 @@ class Reporter:
                     f"{'kv=' + str(first['kv_dtype']) + ' (lossy) ' if first.get('lossy') == True else ''}"  # noqa: E712 (a numpy bool)
                     f"({'emulated ' if first['emulated'] else ''}{first['device_name']})")
             self.console.print(self._table(head, job, KEY_METRICS))
+            key = (first["sweep_id"], job_id)
+            if line := _check_line(checks.get(key), flags.get(key)):
+                self.console.print(Text(line, style="red" if key in checks and checks[key].failed else ""),
+                                   soft_wrap=True)
             abl = job[job["metric"].isin([m for m, *_ in ABLATION_METRICS])]
             if not abl.empty and abl["median"].notna().any():
                 self.console.print(self._table("paired copy ablation: this placement minus every expert resident "
@@ -197,6 +212,18 @@ class Reporter:
                 if any(c != "—" for c in row):
                     t.add_row(Text(f"{label} [{source}]" if many else label), *row)
         return t
+
+
+def _check_line(check: "JobCheck | None", flags: "JobFlags | None") -> str:
+    """`reference check: ok; flagged repeats: none of 3` for one job (harness.checks, harness.outliers)."""
+    parts = []
+    if check is not None:
+        text = check.text()
+        parts.append(f"reference check: {'not judged' if text == '—' else text}"
+                     + (f" ({check.reason})" if check.reason and (check.failed or text == "—") else ""))
+    if flags is not None:
+        parts.append(f"flagged repeats: {flags.text()}")
+    return "; ".join(parts)
 
 
 class SweepProgress:

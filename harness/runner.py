@@ -37,13 +37,15 @@ from engine.planner import PlanError, plan_memory
 from harness import results
 from harness.ablation import Ablation, ablation_metrics, pair_order
 from harness.config import DEFAULT_CAPACITY, RunSpec, validate
-from harness.contract import MEASURED_PHASES, PREFIX_CACHE, QUALITY_METRICS, QUALITY_PHASE
+from harness.checks import LOSSY_REASON, NO_REFERENCE_REASON, RepeatCheck
+from harness.contract import CHECK_METRICS, MEASURED_PHASES, PREFIX_CACHE, QUALITY_METRICS, QUALITY_PHASE
 from harness.dtype_speed import dtype_speed
 from harness.engines import ENGINES, EngineAdapter as Adapter, get_adapter, release_cached, session_tokens_of
 from harness.engines.moebench import MoebenchAdapter
 from harness.machine import MachineLoad, job_threads
 from harness.manifest import collect_manifest
 from harness.measure import PhaseProbe
+from harness.outliers import flag_outliers
 from harness.model_id import model_id
 from harness.passes import (CudaProfilerRange, relaunch_under_nsys, timeline_pass, torch_profile_pass, trace_pass,
                             under_nsys)
@@ -52,7 +54,7 @@ from harness.quality import compare as quality_compare, quality_pass
 from harness.reference import Reference, reference_for
 from harness.roofline import Roofline, frac, roofline
 from harness.report import Reporter
-from harness.scenario import RepeatResult, check_phase, run_repeat
+from harness.scenario import RepeatResult, check_metrics, compare_phase, run_repeat
 from harness.sweep import job_fingerprint, measurement_key, resume_decision, twin_of
 from workloads import build as build_workload
 from workloads.base import WorkloadSample
@@ -148,6 +150,7 @@ class Job:
         self.load_end: MachineLoad | None = None
         self.reference: Reference | None = None
         self.adapter: Adapter | None = None
+        self.check_dtype = "float32"           # the run's dtype once the engine is built (_load)
 
     # --- rows -------------------------------------------------------------------------------
     def emit(self, repeat: int | None, phase: str, metrics: dict, source: str, profiler: str = "none",
@@ -159,15 +162,21 @@ class Job:
 
     def emit_repeat(self, r: int, res: RepeatResult, profiler: str, check: bool) -> None:
         """Rows of one repeat; with `check`, every phase that produced tokens carries its own
-        numerical check against the reference (null when there is no reference)."""
+        numerical check against the reference (null when there is no reference) and its verdict
+        (harness.checks: `check_ok`, `check_tolerance`, `check_reason`)."""
         ref = self.reference.result if (check and self.reference is not None) else None
+        skip = LOSSY_REASON if self.factors.get("lossy") else None if ref is not None else NO_REFERENCE_REASON
+        judge = RepeatCheck(self.check_dtype, skip)          # phases in the order they ran
         for ph in res.phases:
             state = {"expert_cache": ph.expert_cache, **ph.columns}     # ph.columns: starved, on every row of it
             self.emit(r, ph.phase, ph.client, "client", profiler, **state)
-            engine_metrics = dict(ph.engine)
+            engine_metrics, verdict = dict(ph.engine), {}
             if ph.tokens:                    # null when unchecked or nothing to compare with, never 0
-                engine_metrics.update(check_phase(ph, ref.phase(ph.phase) if ref else None))
-            self.emit(r, ph.phase, engine_metrics, "engine", profiler, **state)
+                theirs = ref.phase(ph.phase) if ref else None
+                cmp = compare_phase(ph, theirs) if theirs is not None and theirs.tokens else None
+                engine_metrics.update(check_metrics(cmp) if cmp else dict.fromkeys(CHECK_METRICS))
+                verdict = judge.phase(ph.phase, cmp).columns()
+            self.emit(r, ph.phase, engine_metrics, "engine", profiler, **state, **verdict)
         self.steps.extend({"sweep_id": self.ctx.sweep_id, "job_id": self.ctx.job_id, "repeat": r,
                            "profiler": profiler, "phase": "decode", "step": i, "tpot_s": s}
                           for i, s in enumerate(res.steps))
@@ -248,6 +257,7 @@ class Job:
             eng.set_instrument(None)
         for r, res in enumerate(measured):
             self.emit_repeat(r, res, "nsys" if nvtx_child else "none", check=run_cfg.check_reference)
+        flag_outliers(self.rows)                    # each repeat against its siblings (harness.outliers)
         self._quality(spec, eng, sample)
         self._roofline(spec, eng, measured)
         self._passes(spec, eng, sample, warm)
@@ -275,8 +285,9 @@ class Job:
                 eng, loaded = get_adapter(spec, prefetch_options=prefetch_options, key_extra=key_extra,
                                           progress=self.reporter.progress)
         self.adapter = eng
-        if spec.lossy or eng.lossy:                                 # what this engine runs (llama.cpp's defaults too)
-            self.factors["lossy"] = True
+        # what this engine runs (llama.cpp's defaults too): known now, exact ones included
+        self.factors["lossy"] = bool(spec.lossy or eng.lossy)
+        self.check_dtype = spec.dtype                               # the check's tolerance is the run dtype's
         eng.set_progress(self.reporter.progress)
         self.device = {"device_kind": eng.device_kind, "device_name": eng.device_name, "emulated": eng.emulated}
         load = {"time_s": probe.time_s if loaded else None,

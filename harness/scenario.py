@@ -26,6 +26,7 @@ import torch
 
 from engine.counters import METRICS as COUNTER_METRICS
 from engine.timeline import Timeline
+from harness.checks import LOGIT, LOGPROB, Comparison
 from harness.contract import CHECK_METRICS, OFFLOAD_PHASE
 from harness.engines.base import EngineAdapter as Adapter, Produced
 from harness.measure import PhaseProbe, percentile, rates
@@ -231,27 +232,52 @@ def _note(ph: PhaseResult, out: Produced, keep_logits: bool) -> list[int]:
     return out.tokens
 
 
+def compare_phase(got: PhaseResult, ref: PhaseResult) -> Comparison:
+    """`got` against the reference's same phase, per token the reference produced and per row
+    (harness.checks judges it): |Δ logits| where the engine gave logits, else |Δ logprob| over the
+    top-k ids it reported (against the reference's log-softmax), the tokens, and the reference's
+    margin of its own token over the engine's."""
+    if got.logits:
+        metric, diffs = LOGIT, [(g - r).abs().amax(dim=-1).tolist() for g, r in zip(got.logits, ref.logits)]
+    elif got.top_logprobs:
+        metric, diffs = LOGPROB, [_logprob_diffs(step, r) for step, r in zip(got.top_logprobs, ref.logits)]
+    else:
+        metric, diffs = None, []
+    rows = len(ref.tokens[0]) if ref.tokens else 0
+    same, margins = [], []
+    for i, want in enumerate(ref.tokens):
+        have = got.tokens[i] if i < len(got.tokens) else [None] * rows
+        same.append([a == b for a, b in zip(have, want)])
+        margins.append([0.0 if a == b else None if a is None else (ref.logits[i][row, b] - ref.logits[i][row, a]).item()
+                        for row, (a, b) in enumerate(zip(have, want))])
+    diffs += [[None] * rows] * (len(ref.tokens) - len(diffs))       # steps the engine gave nothing for
+    return Comparison(metric, diffs[:len(ref.tokens)], same, margins)
+
+
 def check_phase(got: PhaseResult, ref: PhaseResult | None) -> dict[str, float | None]:
     """max |Δ logits| over the tokens this phase produced and the fraction of equal tokens,
-    against the reference's same phase; nulls where there is nothing to compare."""
+    against the reference's same phase (and max |Δ logprob| for an engine that reports top-k
+    logprobs); nulls where there is nothing to compare."""
     if ref is None or not got.tokens or not ref.tokens:
         return dict.fromkeys(CHECK_METRICS)
-    n = min(len(got.logits), len(ref.logits))
-    diff = max((got.logits[i] - ref.logits[i]).abs().max().item() for i in range(n)) if n else None
-    # over the reference's tokens: one the engine did not produce is a disagreement, never skipped
-    same = sum(a == b for ga, gb in zip(got.tokens, ref.tokens) for a, b in zip(ga, gb))
-    out = {"max_abs_logit_diff": diff, "token_agreement": same / sum(len(gb) for gb in ref.tokens)}
-    if got.top_logprobs and ref.logits:
-        out["max_abs_logprob_diff"] = _logprob_diff(got.top_logprobs, ref.logits)
+    return check_metrics(compare_phase(got, ref))
+
+
+def check_metrics(cmp: Comparison) -> dict[str, float | None]:
+    """The check's metric rows from a comparison: one token the engine did not produce is a
+    disagreement, never skipped."""
+    same = [s for step in cmp.same for s in step]
+    diffs = [d for step in cmp.diffs for d in step if d is not None]
+    out: dict[str, float | None] = {LOGIT: max(diffs) if cmp.metric == LOGIT and diffs else None,
+                                    "token_agreement": sum(same) / len(same) if same else None}
+    if cmp.metric == LOGPROB:
+        out[LOGPROB] = max(diffs) if diffs else None
     return out
 
 
-def _logprob_diff(got: list[list[dict[int, float] | None]], ref: list[torch.Tensor]) -> float | None:
-    """max |logprob - reference log-softmax| over the ids an engine reported (its top-k), per token
-    and row; None when it reported none."""
-    diffs = []
-    for step, logits in zip(got, ref):
-        lp = torch.log_softmax(logits.double(), dim=-1)                  # [B, V]
-        for row, probs in enumerate(step):
-            diffs += [abs(v - lp[row, i].item()) for i, v in (probs or {}).items()]
-    return max(diffs) if diffs else None
+def _logprob_diffs(step: list[dict[int, float] | None], logits: torch.Tensor) -> list[float | None]:
+    """Per row: max |logprob - reference log-softmax| over the ids the engine reported (its top-k);
+    None for a row it reported none for."""
+    lp = torch.log_softmax(logits.double(), dim=-1)                      # [B, V]
+    return [max((abs(v - lp[row, i].item()) for i, v in probs.items()), default=None) if probs else None
+            for row, probs in enumerate(step)]

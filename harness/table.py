@@ -1,11 +1,14 @@
 """One readable table per sweep, llama-bench style: one row per configuration, only the factors
-that vary as columns, key metrics per phase as median ± spread, failed jobs with the first line
-of their error -- and `moebench table DIR --format md|csv|json|latex` to print it from any
-results dir for pasting into issues and papers.
+that vary as columns, key metrics per phase as median ± spread, each job's reference check
+(`ok`, `FAIL (2 of 12)`: phase-repeats beyond tolerance of those judged, `—`: not judged) and
+its flagged repeats, failed jobs with the first line of their error -- and `moebench table DIR
+--format md|csv|json|latex` to print it from any results dir for pasting into issues and papers.
 
 Owns: which metrics the table shows by default (`COLUMNS`), how a cell is summarised (median of
-the speed rows' repeats, ± half the min-max range, n), and the four text formats. Does not own:
-loading (harness.results.load), the per-job detail tables (harness.report).
+the speed rows' repeats -- flagged repeats excluded, harness.outliers --, ± half the min-max
+range, n), the lines under it (`notes`: check failures counted, what a flag means), and the four
+text formats. Does not own: loading (harness.results.load), the per-job detail tables
+(harness.report), the check and flag rules (harness.checks, harness.outliers).
 
     from harness.table import sweep_table, render
     t = sweep_table(results.load("results/sweeps/s1"))
@@ -22,6 +25,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from harness import outliers
+from harness.checks import job_checks
 from harness.contract import speed_rows
 from harness.order import natural_key
 from harness.results import CONFIG_COLUMNS
@@ -48,7 +53,13 @@ COLUMNS = (Column("pp tok/s", "prefill_fresh", "tok_per_s", "client", fmt=".1f")
            Column("decode hit rate", "decode", "hit_rate", "engine"),
            Column("decode h2d MiB", "decode", "h2d_bytes", "engine", 2**20, fmt=".2f"),
            Column("max|Δlogit|", "decode", "max_abs_logit_diff", "engine", fmt=".1e"),
+           Column("max|Δlogprob|", "decode", "max_abs_logprob_diff", "engine", fmt=".1e"),   # top-k only (llama.cpp)
            Column("token agr.", "decode", "token_agreement", "engine"))
+
+# per job beside the metric columns: the reference check (harness.checks) and the flagged repeats
+# (harness.outliers); "check" and "flagged repeats" are shown, the rest are for csv/json readers
+CHECK, FLAGGED = "check", "flagged repeats"
+JOB_COLUMNS = (CHECK, "check failed", "check judged", "check reason", FLAGGED, "flagged n")
 
 
 JOB = ["sweep_id", "job_id"]     # a job's identity: job ids repeat across sweeps (every single run is "run")
@@ -71,11 +82,12 @@ def _varying(df: pd.DataFrame) -> list[str]:
 
 def sweep_table(df: pd.DataFrame, columns: Sequence[Column] = COLUMNS) -> pd.DataFrame:
     """One row per job: the varying factors, then per column `<label>` (median), `<label> ±`
-    (half the min-max range over repeats), `<label> n` and `<label> source`; failed jobs get
-    `status`/`error`."""
+    (half the min-max range over repeats), `<label> n` and `<label> source` -- over the repeats no
+    flag excludes --, the job's `JOB_COLUMNS`; failed jobs get `status`/`error`."""
     factors = _varying(df)
     values = _per_job(df, [c for c in factors if c != "sweep_id"])
-    speed = speed_rows(df)
+    speed = outliers.kept(speed_rows(df))
+    checks, flags = job_checks(df), outliers.job_flags(df)
     out = []
     for job_key, job in df.groupby(JOB, sort=False):
         row = {c: job[c].iloc[0] if c == "sweep_id" else values.loc[job_key, c] for c in factors}
@@ -94,6 +106,10 @@ def sweep_table(df: pd.DataFrame, columns: Sequence[Column] = COLUMNS) -> pd.Dat
             row[f"{col.label} ±"] = float(vals.max() - vals.min()) / 2 / col.scale if len(vals) > 1 else None
             row[f"{col.label} n"] = int(len(vals))
             row[f"{col.label} source"] = source if len(vals) else None
+        check, flag = checks.get(job_key), flags.get(job_key)
+        row.update({CHECK: check.text() if check else "—", "check failed": check.failed if check else None,
+                    "check judged": check.judged if check else None, "check reason": check.reason if check else None,
+                    FLAGGED: flag.text() if flag else None, "flagged n": flag.flagged if flag else None})
         out.append(row)
     # numeric factors in their natural order (contexts 512 < 1024, not as text, whatever order
     # the jobs' files were read in); text factors (placements) keep the sweep's order
@@ -107,7 +123,7 @@ def sweep_table(df: pd.DataFrame, columns: Sequence[Column] = COLUMNS) -> pd.Dat
         return tuple(rank(c, r[c]) for c in factors)
 
     out.sort(key=key)
-    return pd.DataFrame(out)
+    return pd.DataFrame(out).astype({"check failed": "Int64", "check judged": "Int64", "flagged n": "Int64"})
 
 
 def _missing(v: float | None) -> bool:
@@ -123,24 +139,53 @@ def _cell(value: float | None, spread: float | None, fmt: str) -> str:
 
 def display_rows(t: pd.DataFrame, columns: Sequence[Column] = COLUMNS) -> tuple[list[str], list[list[str]]]:
     """(header, rows) of text cells: factors, then 'median ± spread' per metric column that has
-    any value, then the error of failed jobs."""
-    factors = [c for c in t.columns if c not in ("status", "error") and not any(
+    any value, the check and flagged repeats, then the error of failed jobs."""
+    factors = [c for c in t.columns if c not in ("status", "error", *JOB_COLUMNS) and not any(
         c == col.label or c.startswith(col.label + " ") for col in columns)]
     shown = [col for col in columns if col.label in t and t[col.label].notna().any()]
-    header = [*factors, *(col.label for col in shown)] + (["error"] if (t["status"] == "failed").any() else [])
+    # the check where any job carries one, the flags where any job has measured repeats
+    per_job = [c for c, shows in ((CHECK, _has(t, "check judged")), (FLAGGED, _has(t, FLAGGED))) if shows]
+    header = [*factors, *(col.label for col in shown), *per_job] + (["error"] if (t["status"] == "failed").any() else [])
     rows = []
     for _, r in t.iterrows():
         cells = ["—" if pd.isna(r[c]) else str(r[c]) for c in factors]
         cells += [_cell(r[col.label], r[f"{col.label} ±"], col.fmt)
                   + ("" if r[f"{col.label} source"] in (None, col.source) or pd.isna(r[f"{col.label} source"])
                      else f" ({r[f'{col.label} source']})") for col in shown]
+        cells += ["—" if pd.isna(r[c]) else str(r[c]) for c in per_job]
         if "error" in header:
             cells.append("" if pd.isna(r["error"]) else str(r["error"]))
         rows.append(cells)
     return header, rows
 
 
+def _has(t: pd.DataFrame, column: str) -> bool:
+    """Whether any job has a value in `column` (results from before it have none)."""
+    return column in t and bool(t[column].notna().any())
+
+
+def notes(t: pd.DataFrame) -> list[str]:
+    """The lines under a table: how many jobs failed their reference check (and why some were not
+    judged), and what a flagged repeat is, where any job has one."""
+    out = []
+    if _has(t, "check judged"):
+        failed, judged = t[t["check failed"].fillna(0) > 0], t[t["check judged"].fillna(0) > 0]
+        unjudged = t[(t[CHECK] == "—") & t["check reason"].notna()]
+        parts = ([f"{len(failed)} of {len(judged)} judged job(s) FAIL (check_ok=false; first: "
+                  f"{failed.iloc[0]['check reason']})"] if len(failed) else
+                 [f"all {len(judged)} judged job(s) within tolerance"] if len(judged) else [])
+        parts += [f"{len(unjudged)} job(s) not judged ({unjudged.iloc[0]['check reason']})"] if len(unjudged) else []
+        out.append("reference check: " + "; ".join(parts))
+    if _has(t, "flagged n") and t["flagged n"].fillna(0).gt(0).any():
+        out.append(f"flagged repeats are excluded from the medians and spreads: outlier = at least "
+                   f"{outliers.MIN_RATIO:g}x off its siblings' median and beyond {outliers.K:g} robust sigmas "
+                   f"(judged from {outliers.MIN_REPEATS} repeats); starved = its process got too little CPU over "
+                   "the window (the rows' starved_reason says what was measured)")
+    return out
+
+
 def render(t: pd.DataFrame, fmt: str, columns: Sequence[Column] = COLUMNS) -> str:
+    """The table in `fmt`; md and latex end with `notes` (csv and json carry the same as columns)."""
     if fmt not in FORMATS:
         raise ValueError(f"format: allowed {list(FORMATS)}, got {fmt!r}")
     if fmt == "csv":
@@ -152,6 +197,8 @@ def render(t: pd.DataFrame, fmt: str, columns: Sequence[Column] = COLUMNS) -> st
         esc = lambda s: s.replace("|", "\\|")  # noqa: E731
         lines = ["| " + " | ".join(map(esc, header)) + " |", "|" + "---|" * len(header)]
         lines += ["| " + " | ".join(map(esc, r)) + " |" for r in rows]
+        under = notes(t)
+        lines += ["", *under] if under else []
         return "\n".join(lines) + "\n"
     tex = lambda s: (s.replace("\\", "\\textbackslash{}").replace("&", "\\&").replace("%", "\\%")  # noqa: E731
                      .replace("_", "\\_").replace("#", "\\#").replace("±", "$\\pm$").replace("Δ", "$\\Delta$")
@@ -160,6 +207,7 @@ def render(t: pd.DataFrame, fmt: str, columns: Sequence[Column] = COLUMNS) -> st
              " & ".join(map(tex, header)) + " \\\\", "\\hline"]
     lines += [" & ".join(map(tex, r)) + " \\\\" for r in rows]
     lines += ["\\hline", "\\end{tabular}"]
+    lines += [f"% {tex(n)}" for n in notes(t)]
     return "\n".join(lines) + "\n"
 
 
@@ -178,5 +226,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if df.empty:
         print(f"moebench table: no rows under {args.results}", file=sys.stderr)
         return 1
-    sys.stdout.write(render(sweep_table(df), args.format))
+    t = sweep_table(df)
+    sys.stdout.write(render(t, args.format))
+    if args.format in ("csv", "json"):          # the data stays parseable; its notes go beside it
+        for line in notes(t):
+            print(line, file=sys.stderr)
     return 0
