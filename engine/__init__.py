@@ -10,6 +10,8 @@ engine.families (and engine/families/README.md) for model families and how to ad
 """
 from engine.config import PRESETS, ModelConfig, preset
 from engine.engine import Engine, GenerateResult
+from engine.finite import NonFiniteError
 from engine.registry import FAMILIES, PLACEMENTS, POLICIES
 
-__all__ = ["Engine", "GenerateResult", "ModelConfig", "PRESETS", "preset", "FAMILIES", "PLACEMENTS", "POLICIES"]
+__all__ = ["Engine", "GenerateResult", "NonFiniteError", "ModelConfig", "PRESETS", "preset", "FAMILIES", "PLACEMENTS",
+           "POLICIES"]

@@ -10,6 +10,12 @@ own: which names a model has (each block declares its tensors, each family's exp
 expert names: engine.blocks; each family the tensors it skips on purpose: `Family.skipped`) or
 where tensors end up (engine.model).
 
+Non-finite weights: every weight is tested as it is read (one reduction, engine.finite), after
+its conversion to the run's dtype where the caller asks for one, and after a load
+`refuse_nonfinite` refuses a checkpoint with any NaN or inf in one line naming the first bad
+tensor, its file, its count and how many tensors are bad; `scan_nonfinite` gives the same verdict
+without a model, reading each tensor once (for an engine that runs the checkpoint itself).
+
 Tensors are read one at a time through `safe_open` (memory-mapped), so loading never
 holds a second full copy of the weights: each tensor is copied straight into its
 destination and dropped.
@@ -27,6 +33,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from engine.dtypes import DTYPES, torch_dtype  # noqa: F401 -- re-exported: callers import them from here
+from engine.finite import BadTensor, nonfinite_count, refuse_bad_tensors
 from engine.quant import FLOAT8, SCALE_SUFFIX, BlockFP8, block_fp8
 
 log = logging.getLogger(__name__)
@@ -65,6 +72,7 @@ class Checkpoint:
                     raise ValueError(f"{f}: not a readable safetensors file ({e})") from None
         self._handles: dict[Path, object] = {}
         self._read_names: set[str] = set()      # every tensor read so far, FP8 scales and MXFP4 parts included
+        self._bad: dict[str, BadTensor] = {}     # weights read with non-finite values, by name (rows summed)
         config = self.path / "config.json"
         self.fp8: BlockFP8 | None = block_fp8(json.loads(config.read_text())) if config.is_file() else None
         if self.fp8 is not None:
@@ -104,7 +112,23 @@ class Checkpoint:
             raise ValueError(f"{where} has shape {tuple(t.shape)}, config implies {tuple(shape)}")
         if not t.is_floating_point():
             raise ValueError(f"{where} is stored as {t.dtype}; a weight must be floating point")
-        return t if dtype is None else t.to(dtype)
+        out = t if dtype is None else t.to(dtype)
+        if n := nonfinite_count(out):         # as the model holds it; finite as stored: the cast overflowed
+            raw = nonfinite_count(t) if out is not t else n
+            self._note_bad(name, raw or n, out.numel(), None if raw else str(out.dtype).split(".")[-1])
+        return out
+
+    def _note_bad(self, name: str, count: int, numel: int, cast_to: str | None) -> None:
+        """A weight (or one row of a stacked one) read with `count` non-finite values."""
+        old = self._bad.get(name)
+        if old is not None:
+            count, numel = count + old.count, numel + old.numel
+        self._bad[name] = BadTensor(self._where[name].name, name, count, numel, cast_to)
+
+    def refuse_nonfinite(self) -> None:
+        """After a load: NonFiniteError naming the first weight read with NaN or inf (its file, its
+        count) and how many were; nothing when every weight was finite."""
+        refuse_bad_tensors(str(self.path), list(self._bad.values()))
 
     def _read(self, name: str, read: Callable[[Any], torch.Tensor]) -> torch.Tensor:
         f = self._where[name]
@@ -154,3 +178,21 @@ class Checkpoint:
 
     def close(self) -> None:
         self._handles.clear()
+
+
+def scan_nonfinite(path: str | Path) -> list[BadTensor]:
+    """Every floating-point tensor of checkpoint dir `path` with NaN or inf values, each read once
+    through safetensors (memory-mapped, one tensor at a time): the loader's verdict without a model,
+    for an engine that runs the checkpoint itself. `refuse_bad_tensors(path, bad)` words it as a
+    load does."""
+    ckpt = Checkpoint(path)
+    bad = []
+    try:
+        for name in sorted(ckpt.names(), key=lambda n: (ckpt._where[n].name, n)):     # file by file
+            t = ckpt._read(name, lambda h, name=name: h.get_tensor(name))
+            if count := nonfinite_count(t):
+                bad.append(BadTensor(ckpt._where[name].name, name, count, t.numel()))
+            del t
+    finally:
+        ckpt.close()
+    return bad

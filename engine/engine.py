@@ -1,7 +1,9 @@
 """The public engine: build from a checkpoint or preset, generate greedily, expose counters.
 
 Owns: turning user options into a validated, planned, loaded model with its placement;
-prefill in micro-batches of `ubatch` tokens; greedy decode; sessions; counters.
+prefill in micro-batches of `ubatch` tokens; greedy decode; sessions; counters; the finiteness
+check of every pass, read with its greedy token (`greedy`: a NaN or inf raises NonFiniteError
+naming the pass and the first layer that produced it; engine.finite).
 Does not own: tokenization (the engine sees token ids only), timing and phases (the
 harness), what a model computes (its family: engine.families, engine.blocks, engine.model).
 
@@ -31,6 +33,7 @@ from engine.checkpoint import Checkpoint, torch_dtype
 from engine.config import ModelConfig, preset, PRESETS
 from engine.counters import Counters
 from engine.devices import Device, fmt_bytes, parse_bytes
+from engine.finite import FiniteWatch, NonFiniteError, check_sum, combined, describe_decode, describe_prefill
 from engine.hostmem import host_alloc_bytes
 from engine.hooks import NULL, Instrument, Progress
 from engine.kv import Session, check_planned
@@ -59,6 +62,7 @@ class Engine:
                  counters: Counters, ubatch: int, options: dict[str, Any]) -> None:
         self.cfg, self.model, self.placement, self.device = cfg, model, placement, device
         self.plan, self._counters, self.ubatch, self.options = plan, counters, ubatch, options
+        self._watch = FiniteWatch(model)      # every pass's finiteness check, read with its token
 
     # --- construction ----------------------------------------------------------------------
     @classmethod
@@ -287,7 +291,8 @@ class Engine:
         """Append prompts [B][T] to the session in micro-batches of `ubatch` tokens.
 
         Returns last-position logits [B, V] (all positions [B, T, V] with all_logits: on a budgeted
-        device only where the plan made room for them, at most `ubatch` tokens per call)."""
+        device only where the plan made room for them, at most `ubatch` tokens per call); `greedy`
+        reads the token and this prefill's check (its logits, every position's final hidden state)."""
         ids = self._ids(prompts, sess)
         T = ids.shape[1]
         if T == 0:
@@ -295,14 +300,19 @@ class Engine:
         if all_logits and self.device.ledger.budget is not None:
             self._check_all_logits(T)
         self._room(sess, T)
-        outs = []
+        self._watch.begin(sess)
+        start, outs, sums = sess.length, [], []
         chunks = -(-T // self.ubatch)
         for n, s in enumerate(range(0, T, self.ubatch)):
             with self.model.instrument.span("step", phase="prefill", tokens=min(self.ubatch, T - s) * sess.batch):
-                outs.append(self.model.forward(ids[:, s:s + self.ubatch], sess, all_logits))
+                outs.append(self.model.forward(ids[:, s:s + self.ubatch], sess, all_logits, sums=sums))
+            self._watch.record(sess, [r[s:s + self.ubatch] for r in prompts], all_logits)
             if self.progress is not None and chunks > 1:
                 self.progress("prefill", n + 1, chunks)
-        return torch.cat(outs, dim=1) if all_logits and len(outs) > 1 else outs[-1]
+        out = torch.cat(outs, dim=1) if all_logits and len(outs) > 1 else outs[-1]
+        sums.append(check_sum(out))          # every position's final hidden state, and the logits returned
+        self._watch.pending(sess, combined(sums), describe_prefill(start, T, chunks))
+        return out
 
     def _check_all_logits(self, tokens: int) -> None:
         """Every position's logits, [B, T, V] on the device, fit the budget only as planned: room for
@@ -318,15 +328,38 @@ class Engine:
 
     @torch.inference_mode()
     def decode_step(self, sess: Session, tokens: list[int]) -> torch.Tensor:
-        """Feed one token per sequence; returns logits [B, V]."""
-        ids = self._ids([[t] for t in tokens], sess)
+        """Feed one token per sequence; returns logits [B, V] (`greedy` reads the token and the step's check)."""
+        rows = [[t] for t in tokens]
+        ids = self._ids(rows, sess)
         self._room(sess, 1)
+        self._watch.begin(sess)
+        position = sess.length
         with self.model.instrument.span("step", phase="decode", tokens=sess.batch):
             if self.placement.static_decode:
                 if sess.static_decoder is None:
                     sess.static_decoder = StaticDecoder(self.model, sess)
-                return sess.static_decoder.step(ids)
-            return self.model.forward(ids, sess)
+                logits = sess.static_decoder.step(ids)
+            else:
+                logits = self.model.forward(ids, sess)
+        self._watch.record(sess, rows, False)
+        self._watch.pending(sess, check_sum(logits), describe_decode(position, sess.batch))
+        return logits
+
+    def greedy(self, sess: Session, logits: torch.Tensor) -> list[int]:
+        """The greedy id per row of `logits` [B, V] -- what prefill or decode_step just returned for
+        `sess` -- read to the host in one read together with that pass's finiteness check (its
+        logits and, for a prefill, every position's final hidden state: engine.finite). Raises
+        NonFiniteError naming the pass and the first layer whose output went NaN or inf (found by
+        replaying the session's passes; the session is then left empty)."""
+        self._open()
+        return self._watch.read(sess, logits)
+
+    def check_finite(self, sess: Session, logits: torch.Tensor | None = None) -> None:
+        """The finiteness check of `sess`'s last pass, for a caller that reads its logits itself (a
+        host read; `greedy` does it for free). Raises as `greedy` does. A pass left unchecked is
+        checked before the session's next one anyway."""
+        self._open()
+        self._watch.settle(sess, logits)
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int = 16,
                  session: Session | None = None) -> GenerateResult:
@@ -342,12 +375,12 @@ class Engine:
                 self._room(sess, len(rows[0]) + max_new_tokens - 1)
             logits = self.prefill(sess, rows)
             out_logits, generated = [logits], []
-            tok = logits.argmax(-1).tolist()
+            tok = self.greedy(sess, logits)
             generated.append(tok)
             for _ in range(max_new_tokens - 1):
                 logits = self.decode_step(sess, tok)
                 out_logits.append(logits)
-                tok = logits.argmax(-1).tolist()
+                tok = self.greedy(sess, logits)
                 generated.append(tok)
             sess.pending = tok
         finally:
@@ -363,7 +396,7 @@ class Engine:
         if self.model is None:
             return
         self.device.synchronize()
-        self.model = self.placement = None
+        self.model = self.placement = self._watch = None
         self.device.ledger.held.clear()
         self.device.close()
         if self.device.kind == "cuda":
@@ -411,4 +444,4 @@ def _check_host_ram(cfg: ModelConfig, dt: torch.dtype, ckpt_dir: Path | None, ne
                           "(e.g. num_layers) for a truncated run")
 
 
-__all__ = ["Engine", "GenerateResult", "parse_bytes"]
+__all__ = ["Engine", "GenerateResult", "NonFiniteError", "parse_bytes"]

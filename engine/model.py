@@ -3,12 +3,13 @@
 Owns: loading every tensor the blocks declare (from a checkpoint, or seeded random for
 presets) into its home -- non-expert weights on the device, routed experts packed by the
 family's ExpertLayout into the ExpertStore on the device or in host RAM as the placement
-asks -- then one warning naming the checkpoint tensors nothing read that the family does not
-skip on purpose (`Family.skipped`); sessions with one state per layer (each created by the
+asks -- then the refusal of a checkpoint whose weights held NaN or inf (engine.checkpoint), and
+one warning naming the checkpoint tensors nothing read that the family does not skip on purpose
+(`Family.skipped`); sessions with one state per layer (each created by the
 layer's attention block), and one forward pass over a chunk of tokens: embedding, each decoder
 layer, the head. The routed experts of every MoE block are handed over here (`_run_experts`):
 routing hooks and the step log hear the routing, the prefetcher guesses ahead, the placement
-runs them.
+runs them. A diagnostic replay (engine.finite) sets `probe`, which checks every layer's output.
 Does not own: what a layer computes (the family's blocks: engine.families, engine.blocks),
 generation loops and micro-batching (engine.engine), memory planning.
 
@@ -30,6 +31,7 @@ from engine.checkpoint import Checkpoint
 from engine.config import ModelConfig
 from engine.counters import Counters
 from engine.devices import Device
+from engine.finite import LayerProbe, check_sum
 from engine.hooks import Instrument, Progress, RoutingHook
 from engine.kv import Session
 from engine.prefetch.base import Prefetcher
@@ -78,6 +80,7 @@ class MoEModel:
         self.prefetcher = None  # set by the engine when prefetch != "none"
         self.routing_hooks: list[RoutingHook] = []      # hear each pass's routing (trace recorders)
         self.step_log: dict[int, list[list[int]]] | None = None   # per layer, experts of each pass
+        self.probe: LayerProbe | None = None            # checks every layer's output (a diagnostic replay only)
 
     def add_routing_hook(self, hook: RoutingHook) -> None:
         self.routing_hooks.append(hook)
@@ -126,6 +129,7 @@ class MoEModel:
             if progress is not None:
                 progress("load", self.cfg.moe_layers.index(i) + 1, len(self.cfg.moe_layers))
         if src.ckpt is not None:   # everything is read by now (no placement reads the checkpoint later)
+            src.ckpt.refuse_nonfinite()
             src.ckpt.warn_unread(self.cfg.family, self.cfg.family_class.skipped(self.cfg))
 
     # --- sessions and the forward pass ------------------------------------------------------
@@ -138,11 +142,12 @@ class MoEModel:
         return Session(self.device, counters, batch, states, max_tokens)
 
     def forward(self, ids: torch.Tensor, sess: Session, all_logits: bool = False,
-                static: StaticStep | None = None) -> torch.Tensor:
+                static: StaticStep | None = None, sums: list[torch.Tensor] | None = None) -> torch.Tensor:
         """ids [B, T] -> logits [B, V] for the last position ([B, T, V] with all_logits). A
         `static` step (engine.static_decode: T = 1, position on the device) leaves the session's
         token count to its caller, which advances it once per step whether the step ran or was
-        replayed."""
+        replayed. `sums` hears the check sum of every position's final hidden state (engine.finite:
+        the positions whose logits a prefill does not compute), on the device."""
         span = self.instrument.span
         B, T = ids.shape
         self.placement.begin_forward(B * T)
@@ -155,13 +160,23 @@ class MoEModel:
                 prefetcher = None
         p = Pass(B, T, None if static else sess.length, ids.device, self.dtype, span,
                  functools.partial(self._run_experts, prefetcher), static)
+        probe = self.probe
         x = self.arch.embedding(ids, p)                                            # [B, T, D]
+        if probe is not None:
+            probe.check("the embedding (model.embed_tokens)", x)
         for i, layer in enumerate(self.layers):
             with span("layer", layer=i):
                 x = layer(x, sess.state(i), p)
+            if probe is not None:
+                probe.check("layer", x, layer=i)
         if static is None:
             sess.advance(T)
-        return self.arch.head(x, all_logits)                                       # [B, V] or [B, T, V]
+        if sums is not None:
+            sums.append(check_sum(x))
+        logits = self.arch.head(x, all_logits)                                     # [B, V] or [B, T, V]
+        if probe is not None:
+            probe.check("the head (final norm and lm_head)", logits)
+        return logits
 
     def _run_experts(self, prefetcher: Prefetcher | None, layer: int, h: torch.Tensor, ids: torch.Tensor,
                      weights: torch.Tensor) -> torch.Tensor:
@@ -174,4 +189,7 @@ class MoEModel:
             self.step_log.setdefault(layer, []).append(ids.unique().tolist())
         if prefetcher is not None:
             prefetcher.after_route(layer, h, ids)
-        return self.placement.run(layer, h, ids, weights)
+        out = self.placement.run(layer, h, ids, weights)
+        if self.probe is not None:
+            self.probe.route(layer, h, out)
+        return out

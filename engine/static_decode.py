@@ -66,6 +66,23 @@ def check_model(arch) -> None:
                          "allowed for this model: cuda_graph=false")
 
 
+@contextlib.contextmanager
+def instruments_off(model):
+    """The model's, its device's and its placement's instruments off inside the block: a capture
+    hears no spans (a replay would not repeat them, and event records inside a capture are not the
+    step's timing; the caller's span around the replay is the step's), nor does a diagnostic
+    replay (engine.finite)."""
+    owners = (model, model.device, model.placement.ctx)
+    saved = [o.instrument for o in owners]
+    for o in owners:
+        o.instrument = NULL
+    try:
+        yield
+    finally:
+        for o, inst in zip(owners, saved):
+            o.instrument = inst
+
+
 class StaticDecoder:
     """Batch decode steps of one session through static buffers (module docstring)."""
 
@@ -115,21 +132,6 @@ class StaticDecoder:
         self.sess.advance(1)
         return logits
 
-    @contextlib.contextmanager
-    def _instruments_off(self):
-        """A capture hears no spans (a replay would not repeat them, and event records inside a
-        capture are not the step's timing); the caller's span around the replay is the step's."""
-        m = self.model
-        owners = (m, m.device, m.placement.ctx)
-        saved = [o.instrument for o in owners]
-        for o in owners:
-            o.instrument = NULL
-        try:
-            yield
-        finally:
-            for o, inst in zip(owners, saved):
-                o.instrument = inst
-
     def _replay(self, keys: int) -> torch.Tensor:
         if keys not in self.graphs:
             # one side stream for every capture: each new stream would get its own cuBLAS workspace
@@ -139,7 +141,7 @@ class StaticDecoder:
                 self.run(keys)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with self._instruments_off(), torch.cuda.graph(graph):
+            with instruments_off(self.model), torch.cuda.graph(graph):
                 out = self.run(keys)
             self.graphs[keys] = (graph, out)
         graph, out = self.graphs[keys]
@@ -147,4 +149,4 @@ class StaticDecoder:
         return out.clone()
 
 
-__all__ = ["MIN_KEYS", "StaticDecoder", "check_model", "keys_bucket"]
+__all__ = ["MIN_KEYS", "StaticDecoder", "check_model", "instruments_off", "keys_bucket"]

@@ -21,12 +21,16 @@ every sequence of the batch. Over them:
   every prompt position that predicts a prompt token (all of them, not only the kept ones);
 - `token_agreement`: free-running greedy tokens equal to the reference's, over gen_tokens.
 Identical logits give exactly 0, 1, 0, 1 and 1 (an exact run on the CPU, where placement
-changes nothing bit for bit).
+changes nothing bit for bit). A metric that cannot be computed is null with its reason
+(`compare_explained`), never 0. NaN or inf is never compared: a pass whose logits go non-finite
+raises the engine's NonFiniteError (checked after every pass), and `compare` refuses non-finite
+inputs or results (a NaN compared with NaN would read as a metric).
 
     ref = quality_pass(reference_engine, sample.contexts, gen_tokens)
     got = quality_pass(engine, sample.contexts, gen_tokens, forced=ref.continuation)
     free = quality_pass(engine, sample.contexts, gen_tokens)
     metrics = compare(got, ref, free.continuation)
+    metrics, reasons = compare_explained(got, ref, free.continuation)   # reasons: null metric -> why
 """
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.finite import NonFiniteError, nonfinite_count
 from harness.contract import QUALITY_METRICS
 
 PROMPT_POSITIONS = 512       # prompt positions whose full distributions are kept (the last ones)
@@ -63,6 +68,7 @@ def quality_pass(engine, contexts: list[list[int]], gen_tokens: int,
         step = engine.ubatch
         for s in range(0, T, step):
             logits = engine.prefill(sess, ids[:, s:s + step].tolist(), all_logits=True)    # [B, t, V]
+            engine.check_finite(sess, logits)
             logits = logits.to("cpu", torch.float32)
             t = logits.shape[1]
             targets = ids[:, s + 1:s + t + 1]                                           # [B, <=t]
@@ -75,7 +81,9 @@ def quality_pass(engine, contexts: list[list[int]], gen_tokens: int,
             last = logits[:, -1]                                                        # [B, V]
         fed = [[r[0] for r in forced]] if forced is not None else [last.argmax(-1).tolist()]
         for i in range(1, gen_tokens):
-            logits = engine.decode_step(sess, fed[-1]).to("cpu", torch.float32)         # [B, V]
+            logits = engine.decode_step(sess, fed[-1])                                  # [B, V]
+            engine.check_finite(sess, logits)
+            logits = logits.to("cpu", torch.float32)
             kept.append(logits.unsqueeze(1))
             fed.append([r[i] for r in forced] if forced is not None else logits.argmax(-1).tolist())
     finally:
@@ -86,20 +94,47 @@ def quality_pass(engine, contexts: list[list[int]], gen_tokens: int,
 def compare(got: QualityPass, ref: QualityPass, greedy: list[list[int]] | None) -> dict[str, float | None]:
     """The quality metrics of a treatment's teacher-forced pass `got` against the reference's;
     `greedy`: the treatment's free-running continuation (None: token_agreement not measured)."""
+    return compare_explained(got, ref, greedy)[0]
+
+
+def compare_explained(got: QualityPass, ref: QualityPass,
+                      greedy: list[list[int]] | None) -> tuple[dict[str, float | None], dict[str, str]]:
+    """`compare`'s metrics, and for each one left null the reason (a row's `quality_reason`).
+    Raises NonFiniteError when either pass holds NaN or inf, or a metric comes out non-finite."""
     if got.logits.shape != ref.logits.shape:
         raise ValueError(f"quality passes over different positions: {tuple(got.logits.shape)} vs "
                          f"{tuple(ref.logits.shape)} [B, positions, vocab]")
+    for side, qp in (("the treatment's", got), ("the reference's", ref)):
+        if n := nonfinite_count(qp.logits):
+            raise NonFiniteError(f"{side} quality pass holds {n} of {qp.logits.numel()} logits NaN or inf: "
+                                 "nothing compared with them is a measurement")
+        if not math.isfinite(qp.nll):
+            raise NonFiniteError(f"{side} quality pass gives the prompt a non-finite NLL ({qp.nll})")
     lp_ref = torch.log_softmax(ref.logits.double(), dim=-1)                              # [B, N, V]
     lp_got = torch.log_softmax(got.logits.double(), dim=-1)
     kl = (lp_ref.exp() * (lp_ref - lp_got)).sum(-1).clamp_min(0.0)                       # [B, N]
     top1 = (got.logits.argmax(-1) == ref.logits.argmax(-1)).double()
     out: dict[str, float | None] = dict.fromkeys(QUALITY_METRICS)
+    reasons: dict[str, str] = {}
     out.update(kl_div_mean=float(kl.mean()), kl_div_max=float(kl.max()), top1_agreement=float(top1.mean()),
                max_abs_logit_diff=float((got.logits - ref.logits).abs().max()),
                quality_positions=float(kl.numel()))
-    if ref.nll_count and got.nll_count == ref.nll_count:
+    if not ref.nll_count:
+        reasons["ppl_ratio"] = "the prompt has no position that predicts a prompt token (one-token prompt)"
+    elif got.nll_count != ref.nll_count:
+        reasons["ppl_ratio"] = (f"the passes scored different prompt positions ({got.nll_count} vs the reference's "
+                                f"{ref.nll_count})")
+    else:
         out["ppl_ratio"] = math.exp((got.nll - ref.nll) / ref.nll_count)
-    if greedy is not None:
-        pairs = [(a, b) for ga, gb in zip(greedy, ref.continuation) for a, b in zip(ga, gb)]
-        out["token_agreement"] = sum(a == b for a, b in pairs) / len(pairs) if pairs else None
-    return out
+    pairs = [(a, b) for ga, gb in zip(greedy or [], ref.continuation) for a, b in zip(ga, gb)]
+    if greedy is None:
+        reasons["token_agreement"] = "no free-running pass of the treatment was given"
+    elif not pairs:
+        reasons["token_agreement"] = "no generated token to compare (gen_tokens=0)"
+    else:
+        out["token_agreement"] = sum(a == b for a, b in pairs) / len(pairs)
+    bad = sorted(k for k, v in out.items() if v is not None and not math.isfinite(v))
+    if bad:
+        raise NonFiniteError(f"quality metrics {', '.join(f'{k}={out[k]}' for k in bad)} are not finite (a "
+                             "probability the treatment rounds to 0 where the reference's is not)")
+    return out, reasons

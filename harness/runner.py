@@ -50,7 +50,7 @@ from harness.model_id import model_id
 from harness.passes import (CudaProfilerRange, relaunch_under_nsys, timeline_pass, torch_profile_pass, trace_pass,
                             under_nsys)
 from harness.profiling.torchprof import PROFILER_UNITS
-from harness.quality import compare as quality_compare, quality_pass
+from harness.quality import compare_explained as quality_compare, quality_pass
 from harness.reference import Reference, reference_for
 from harness.roofline import Roofline, frac, roofline
 from harness.report import Reporter
@@ -303,27 +303,38 @@ class Job:
 
     # --- quality against the exact reference (exact runs too: 0 / 1 there) -------------------------
     def _quality(self, spec: RunSpec, eng: Adapter, sample: WorkloadSample) -> None:
-        """The `quality` phase (harness.quality): null with the reason where it is not measured."""
+        """The `quality` phase (harness.quality): every metric measured, or null with its reason in
+        the row's `quality_reason`; NaN or inf in the pass is the quality part's failed row."""
         ref = self.reference.quality if (spec.run.check_reference and self.reference is not None) else None
-        reason = None
         metrics: dict[str, float | None] = dict.fromkeys(QUALITY_METRICS)
-        if ref is None:
-            reason = "no exact reference (run.check_reference=false)"
+        reasons: dict[str, str] = {}
+        if not spec.run.check_reference:
+            reasons = dict.fromkeys(metrics, "no exact reference (run.check_reference=false)")
+        elif ref is None:
+            reasons = dict.fromkeys(metrics, "the exact reference holds no quality pass")
         elif getattr(eng, "engine", None) is None or spec.engine != "moebench":
-            reason = f"engine={spec.engine} gives no full-vocabulary logits per position"
+            reasons = dict.fromkeys(metrics, f"engine={spec.engine} gives no full-vocabulary logits per position")
         else:
             try:
                 with self.reporter.step("quality pass (teacher-forced and greedy, vs the exact reference)"):
                     gen = spec.workload.gen_tokens
                     forced = quality_pass(eng.engine, sample.contexts, gen, forced=ref.continuation)
                     free = quality_pass(eng.engine, sample.contexts, gen)
-                metrics = quality_compare(forced, ref, free.continuation)
+                metrics, reasons = quality_compare(forced, ref, free.continuation)
             except Exception as exc:  # noqa: BLE001 -- a failed quality pass keeps the job's measured rows
                 self.failed_part(QUALITY_PHASE, exc)
                 return
         # its own pass, like the timeline's: profiler=quality keeps it out of speed rows and out of the
-        # per-phase checks, which read profiler=none
-        self.emit(0, QUALITY_PHASE, metrics, "engine", QUALITY_PHASE, quality_reason=reason)
+        # per-phase checks, which read profiler=none; a null metric's row carries why, a measured one none
+        def reason_of(m: str) -> str | None:
+            return reasons.get(m) if metrics[m] is None else None
+
+        unexplained = [m for m, v in metrics.items() if v is None and not reasons.get(m)]
+        if unexplained:
+            raise RuntimeError(f"quality metrics {unexplained} are null with no reason")
+        for reason in dict.fromkeys(map(reason_of, metrics)):
+            self.emit(0, QUALITY_PHASE, {m: v for m, v in metrics.items() if reason_of(m) == reason}, "engine",
+                      QUALITY_PHASE, quality_reason=reason)
 
     # --- the physical limit beside every speed ---------------------------------------------------
     def _roofline(self, spec: RunSpec, eng: Adapter, measured: list[RepeatResult]) -> None:

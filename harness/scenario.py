@@ -4,9 +4,11 @@ Owns: the phase sequence of DESIGN.md §4 -- prefill_fresh, decode, prefill_cont
 (earlier KV still on the device), kv_offload (the displacement between turns, its own phase),
 prefill_restored (the earlier KV restored from host RAM) -- the metrics each phase records,
 the state each phase starts from (expert cache cold or warm, prefix state), the logits and
-tokens each phase produced (for the numerical check, `check_phase`), and the raw per-step
-decode latencies. Does not own: building engines (harness.engines), rows and files
-(harness.runner), where the reference comes from (harness.reference).
+tokens each phase produced (for the numerical check, `check_phase`), the raw per-step
+decode latencies, and refusing NaN or inf in what an engine that does not check its own outputs
+returned (`check_received`: logits, or llama-server's top-k logprobs). Does not own: building
+engines (harness.engines), rows and files (harness.runner), where the reference comes from
+(harness.reference).
 
 Per repeat the expert cache starts cold, or -- `expert_cache="warm"` -- as a previous turn of
 another session left it (the steady state of a running server). Continuation and restored
@@ -16,6 +18,7 @@ session, so `reused_tokens` is the session length before the turn.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,6 +28,7 @@ from typing import Any
 import torch
 
 from engine.counters import METRICS as COUNTER_METRICS
+from engine.finite import NonFiniteError, nonfinite_count
 from engine.timeline import Timeline
 from harness.checks import LOGIT, LOGPROB, Comparison
 from harness.contract import CHECK_METRICS, OFFLOAD_PHASE
@@ -171,7 +175,7 @@ def run_repeat(eng: Adapter, sample: WorkloadSample, gen_tokens: int, keep_logit
 
         ph = measured("prefill_fresh", fresh, state)
         ph.client["ttft_s"] = ph.client["time_s"]
-        tok = _note(ph, produced[0], keep_logits)
+        tok = _note(ph, produced[0], keep_logits, eng)
         ctx_len = len(sample.contexts[0])
         if gen_tokens > 1:
             logits_of_steps: list[torch.Tensor] = []
@@ -185,6 +189,7 @@ def run_repeat(eng: Adapter, sample: WorkloadSample, gen_tokens: int, keep_logit
                 for out in steps:                 # each step timed from the end of the previous one
                     t1 = time.perf_counter()
                     result.steps.append(t1 - t0)
+                    check_received(eng, out, "decode", len(step_tokens) + 1)     # after the step's time
                     tok = out.tokens
                     step_tokens.append(tok)
                     if keep_logits and out.logits is not None:
@@ -218,12 +223,35 @@ def run_repeat(eng: Adapter, sample: WorkloadSample, gen_tokens: int, keep_logit
 
             ph = measured(name, turn, "warm" if cached else None)
             ph.client["ttft_s"] = ph.client["time_s"]
-            tok = _note(ph, produced[0], keep_logits)
+            tok = _note(ph, produced[0], keep_logits, eng)
     return result
 
 
-def _note(ph: PhaseResult, out: Produced, keep_logits: bool) -> list[int]:
-    """Record the token a prefill phase produced (and its logits); returns it."""
+def check_received(eng: Adapter, out: Produced, phase: str, step: int | None = None) -> None:
+    """Refuse what an engine that does not check its own outputs (`checks_finite`) returned with
+    NaN or inf in it: logits, or -- where it reports top-k logprobs instead (llama-server, which
+    writes a NaN as null) -- a logprob that is missing or non-finite. One line naming the engine,
+    the phase and the step; never a TypeError further on."""
+    if eng.checks_finite:
+        return
+    said = f"engine={eng.name} returned"
+    where = f"in phase {phase}" + ("" if step is None else f", step {step}")
+    if out.logits is not None and (n := nonfinite_count(out.logits)):
+        raise NonFiniteError(f"{said} {n} of {out.logits.numel()} logits NaN or inf {where} (the model computed "
+                             "no number there; no token it chose is a measurement)")
+    for row, probs in enumerate(out.top_logprobs or ()):
+        if not probs:
+            raise NonFiniteError(f"{said} no logprobs {where} for token {out.tokens[row]} of row {row} (its top-k "
+                                 "were asked for; a server that computed NaN sends none)")
+        bad = {i: v for i, v in probs.items() if v is None or not math.isfinite(v)}
+        if bad:
+            raise NonFiniteError(f"{said} {len(bad)} of {len(probs)} top logprobs NaN or inf {where} for token "
+                                 f"{out.tokens[row]} of row {row} (ids {sorted(bad)}; the server writes NaN as null)")
+
+
+def _note(ph: PhaseResult, out: Produced, keep_logits: bool, eng: Adapter) -> list[int]:
+    """Record the token a prefill phase produced (and its logits), once checked; returns it."""
+    check_received(eng, out, ph.phase)
     ph.tokens = [out.tokens]
     if keep_logits and out.logits is not None:
         ph.logits = [_host(out.logits)]

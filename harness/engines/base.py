@@ -60,6 +60,8 @@ class EngineAdapter(ABC):
     allocates_here: ClassVar[bool] = True    # its device memory is this process's allocator's (not a server's)
     threads_at_load: ClassVar[bool] = False  # its thread count is fixed when it loads (a server's -t): a job
                                              # at another run.threads needs another engine, never this one
+    checks_finite: ClassVar[bool] = False    # it refuses NaN/inf outputs itself; else the scenario checks what
+                                             # it returns (harness.scenario.check_received)
     # the loader it hands a checkpoint dir to that could run code shipped in it (transformers, a
     # converter), named in the refusal (harness.remote_code); None: it runs no checkpoint code
     checkpoint_loader: ClassVar[str | None] = None

@@ -3,7 +3,8 @@ weights and the same token ids, so one sweep compares llama.cpp's offload knobs 
 and with our placements.
 
 Owns: turning the job into llama.cpp's world -- the model converted to GGUF at
-`engine.weights` (harness.llamacpp.convert, cached), the knobs (`Options`: -ngl, --cpu-moe,
+`engine.weights` (harness.llamacpp.convert, cached; refused first, in our loader's words, when
+its weights hold NaN or inf: `refuse_nonfinite_weights`), the knobs (`Options`: -ngl, --cpu-moe,
 --n-cpu-moe, -ot, -b, -ctk/-ctv, -fa, the server's host prompt cache; -ub from
 `workload.ubatch`, -c from the session length, -t from the run's threads) checked against this
 build before launch, one server per model and knob set (reused across repeats and jobs, always
@@ -28,6 +29,7 @@ Does not own: building llama.cpp, converting, or the HTTP client (harness.llamac
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -35,13 +37,14 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from harness.engines.base import EngineAdapter, Produced, refuse_truncation
 from harness.llamacpp.convert import LOADER as CONVERTER
 from harness.llamacpp.flags import OWN_TYPES
+from harness.llamacpp.responses import logprob_of
 from harness.machine import job_threads
 
 log = logging.getLogger(__name__)
@@ -149,6 +152,8 @@ class LlamaCppAdapter(EngineAdapter):
         self.lossy = getattr(spec, "lossy", False) or self.flags.flash_attn != "off" or not (
             self.weights == self.flags.cache_type_k == self.flags.cache_type_v == own)
         self.flags.server_argv(self.binaries.server)           # validated against this build before launch
+        if spec.model.path:                    # NaN or inf weights convert without a word: refused as our loader does
+            refuse_nonfinite_weights(spec.model.path)
         self.gguf = (convert(spec.model.path, self.weights, trust_remote_code=spec.model.trust_remote_code)
                      if spec.model.path else
                      convert_preset(spec.model.name, spec.model.seed, self.weights, cfg=spec.model_config))
@@ -259,7 +264,7 @@ class LlamaCppAdapter(EngineAdapter):
         self._metrics.update(time_s=t.prompt_ms / 1e3, tokens=float(t.prompt_n), tok_per_s=t.prefill_tok_per_s,
                              reused_tokens=None if t.cache_n is None else float(t.cache_n))
         sess.history = prompt
-        return Produced([r.tokens[0]], top_logprobs=[_top(r.top_logprobs, 0)])
+        return Produced([r.tokens[0]], top_logprobs=[_top(r.top_logprobs, 0)] if self._probs() else None)
 
     def decode(self, sess: _Session, tokens: list[int], steps: int) -> Iterator[Produced]:
         prompt = [*sess.history, tokens[0]]
@@ -274,7 +279,7 @@ class LlamaCppAdapter(EngineAdapter):
             for i, tok in enumerate(chunk.tokens):
                 made.append(tok)
                 probs = chunk.probs[i] if i < len(chunk.probs) else None
-                yield Produced([tok], top_logprobs=[_top_one(probs)])
+                yield Produced([tok], top_logprobs=[_top_one(probs)] if self._probs() else None)
             final = chunk.final or final
         if final is None:
             raise RuntimeError("llama-server's stream ended without its timings")
@@ -323,10 +328,34 @@ class LlamaCppAdapter(EngineAdapter):
         shutil.rmtree(getattr(self, "workdir", ""), ignore_errors=True)
 
 
+def refuse_nonfinite_weights(model_dir: str | Path) -> None:
+    """Our loader's verdict on a checkpoint's weights (engine.checkpoint.scan_nonfinite: NaN or inf,
+    by file, tensor and count) before llama.cpp gets it, in the loader's words; kept beside the
+    checkpoint's GGUFs (`nonfinite.json`), so the weights are read once per checkpoint identity."""
+    from engine.checkpoint import scan_nonfinite
+    from engine.finite import BadTensor, refuse_bad_tensors
+    from harness.llamacpp.convert import cache_dir, checkpoint_identity
+    from harness.results import atomic_write_bytes
+
+    model_dir = Path(model_dir)
+    identity = checkpoint_identity(model_dir)
+    verdict = cache_dir(identity) / "nonfinite.json"
+    try:
+        data = json.loads(verdict.read_text())
+        bad = [BadTensor(**b) for b in data["bad"]] if data["identity"] == identity else None
+    except (OSError, ValueError, KeyError, TypeError):      # none yet, or unreadable: read the weights
+        bad = None
+    if bad is None:
+        bad = scan_nonfinite(model_dir)
+        verdict.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(verdict, json.dumps({"identity": identity, "bad": [asdict(b) for b in bad]}).encode())
+    refuse_bad_tensors(str(model_dir), bad)
+
+
 def _top_one(prob: dict[str, Any] | None) -> dict[int, float] | None:
     if not prob:
         return None
-    return {int(c["id"]): float(c["logprob"]) for c in prob.get("top_logprobs", [])}
+    return {int(c["id"]): logprob_of(c.get("logprob")) for c in prob.get("top_logprobs", [])}
 
 
 def _top(top: list | None, i: int) -> dict[int, float] | None:

@@ -16,11 +16,12 @@ from typing import Any
 from engine import Engine
 from engine.hooks import NULL, Instrument
 from engine.kvquant import DEFAULT_KV_DTYPE
-from harness.engines.base import EngineAdapter, Produced, argmax
+from harness.engines.base import EngineAdapter, Produced
 
 
 class MoebenchAdapter(EngineAdapter):
     name = "moebench"
+    checks_finite = True              # every pass checked in the engine, read with its token (Engine.greedy)
 
     def __init__(self, spec: Any, placement: str | None = None, device: str | None = None,
                  prefetch_options: dict[str, Any] | None = None, progress: Any = None, exact: bool = False,
@@ -67,12 +68,12 @@ class MoebenchAdapter(EngineAdapter):
 
     def prefill(self, sess, rows) -> Produced:
         out = self.engine.prefill(sess, rows)
-        return Produced(argmax(out), out)
+        return Produced(self.engine.greedy(sess, out), out)
 
     def decode(self, sess, tokens: list[int], steps: int) -> Iterator[Produced]:
         for _ in range(steps):
             out = self.engine.decode_step(sess, tokens)
-            tokens = argmax(out)
+            tokens = self.engine.greedy(sess, out)
             yield Produced(tokens, out)
 
     def offload(self, sess) -> None:

@@ -110,6 +110,12 @@ def checkpoint_identity(model_dir: Path) -> str:
     return "\n".join(parts)
 
 
+def cache_dir(identity: str, root: Path | None = None) -> Path:
+    """The dir of a model identity's GGUFs (and of what else is known of its weights) under `root`
+    (default `gguf_root()`)."""
+    return Path(root or gguf_root()) / hashlib.sha256(identity.encode()).hexdigest()[:16]
+
+
 def convert(model_dir: Path | str, outtype: str = "f32", *, identity: str | None = None,
             root: Path | None = None, progress: Callable[[str], None] = log.info,
             trust_remote_code: bool = False) -> GGUFModel:
@@ -126,7 +132,7 @@ def convert(model_dir: Path | str, outtype: str = "f32", *, identity: str | None
     identity = identity or checkpoint_identity(model_dir)
     if trust_remote_code and not identity.endswith(TRUSTED):
         identity += TRUSTED           # what the checkpoint's own code did is part of this GGUF
-    out_dir = Path(root or gguf_root()) / hashlib.sha256(identity.encode()).hexdigest()[:16]
+    out_dir = cache_dir(identity, root)
     cached = _cached(out_dir, outtype)
     if cached is not None:
         return cached

@@ -59,6 +59,12 @@ class TopLogprob:
     logprob: float
 
 
+def logprob_of(value: Any) -> float:
+    """A logprob as the server sent it: a number, or null where it computed NaN (its JSON writer
+    has no NaN), read back as NaN for the caller to refuse (harness.scenario.check_received)."""
+    return float("nan") if value is None else float(value)
+
+
 @dataclass(frozen=True)
 class Completion:
     """One /completion answer. `wall_s` (request sent -> answer complete) and, when streamed,
@@ -104,7 +110,8 @@ def parse_completion(out: dict[str, Any], tokens: list[int], wall: float, ttft: 
                 times: list[float] | None, server_ms: list[float] | None, probs: list[dict] | None) -> Completion:
     top = None
     if probs:
-        top = [[TopLogprob(int(c["id"]), float(c["logprob"])) for c in p.get("top_logprobs", [])] for p in probs]
+        top = [[TopLogprob(int(c["id"]), logprob_of(c.get("logprob"))) for c in p.get("top_logprobs", [])]
+               for p in probs]
     return Completion(tokens=[int(t) for t in tokens], timings=Timings.parse(out["timings"]), wall_s=wall,
                       ttft_s=ttft, token_times_s=times, token_server_ms=server_ms,
                       tokens_cached=out.get("tokens_cached"),
