@@ -3,7 +3,8 @@
 Owns: the memory plan of a composed config (`plan_of`: the engine planner's arithmetic for the
 job's model, placement, cache, context the scenario needs, batch, micro-batch, dtype, device
 budget and device kind, with room for the quality pass's logits where the job makes one:
-RunSpec.quality_pass), whether every registered placement would fit, a table over a sweep's
+RunSpec.quality_pass; `job_plan`: the one a job's engine will make, which the runner checks
+before anything reads a weight), whether every registered placement would fit, a table over a sweep's
 jobs (`-m`), and the searches of `fit` -- the largest context, the largest cache capacity, or the
 fewest CPU layers (llama.cpp's --n-cpu-moe) that fit -- each printed with its plan, and, when
 nothing fits, what would. Does not own: the arithmetic (engine.planner), composing configs
@@ -103,6 +104,20 @@ def plan_of(spec: RunSpec, placement: str | None = None, options: dict[str, Any]
                            w.batch, w.ubatch, dtype_bytes(dt), opts, device_kind=_device_kind(spec),
                            capacity_bytes=cap_bytes, kv_dtype=spec.kv_dtype if spec.engine == "moebench" else None,
                            all_logits=spec.quality_pass)
+
+
+def job_plan(spec: RunSpec) -> MemoryPlan | None:
+    """The memory plan the job's engine will make when it loads (engine.Engine.from_pretrained),
+    made first, from the config alone: the runner asks for it right after `validate`, so a budget
+    that cannot hold the job fails it with the plan's arithmetic before the reference or the
+    engine reads a weight. None when there is nothing to refuse: an engine that does not plan with
+    engine.planner (one that runs no moebench placement) or no hardware.device_memory (the engine
+    plans without a budget then). Raises PlanError, or ValueError for an impossible cache."""
+    from harness.engines import ENGINES
+
+    if spec.hardware.device_memory is None or not ENGINES.get(spec.engine).uses_placement:
+        return None
+    return plan_of(spec)
 
 
 @contextmanager

@@ -1,4 +1,4 @@
-"""One job, end to end: validate -> reference (CPU) -> measured engine (cached per process) ->
+"""One job, end to end: validate -> memory plan -> reference (CPU) -> measured engine (cached per process) ->
 warm-up and repeats, each phase checked -> quality vs the exact reference -> instrumented
 passes -> paired ablation -> tidy rows + manifest, written atomically into the job dir.
 
@@ -49,6 +49,7 @@ from harness.outliers import flag_outliers
 from harness.model_id import model_id
 from harness.passes import (CudaProfilerRange, relaunch_under_nsys, timeline_pass, torch_profile_pass, trace_pass,
                             under_nsys)
+from harness.plan import job_plan
 from harness.profiling.torchprof import PROFILER_UNITS
 from harness.quality import compare_explained as quality_compare, quality_pass
 from harness.reference import Reference, reference_for
@@ -211,6 +212,7 @@ class Job:
 
     def _measure(self) -> None:
         spec = validate(self.cfg)                                       # before any weight is read
+        job_plan(spec)      # the engine's own memory plan: a budget it cannot fit fails here, not after the reference
         torch.set_num_threads(job_threads(spec))
         threads = torch.get_num_threads()
         self.load_start = MachineLoad.sample(threads)
