@@ -49,12 +49,29 @@ def write_sweep_table(sweep_dir: Path, quiet: bool) -> pd.DataFrame | None:
     return df
 
 
+def show_sweep_table(sweep_dir: Path, quiet: bool, note: str = "", as_found: bool = False) -> int:
+    """Print the table of the jobs `sweep_dir` holds, for a sweep whose table could not be written:
+    this run's (the job dirs, with the failed rows kept in memory), or with `as_found` -- a dir
+    this run could not write at all -- whatever the dir holds (`results.load`: its job dirs, then
+    its last table). Returns how many jobs it holds (0: nothing to show)."""
+    try:
+        df = results.load(sweep_dir) if as_found else results.sweep_frame(sweep_dir, extra_rows=STATE["unwritten"])
+    except (results.ResultsError, OSError) as exc:
+        log.debug("no table to show for %s: %s", sweep_dir, exc)
+        return 0
+    close_progress()
+    Reporter(quiet=quiet).sweep_table(df, f"sweep {sweep_dir.name}{note}")
+    return int(df["job_id"].nunique())
+
+
 class SweepTable(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         quiet = bool(config.run.quiet)
         df = write_sweep_table(sweep_dir, quiet)
         if df is None:
+            if STATE["table_error"]:     # not written: its jobs are shown all the same, then the CLI's one line
+                show_sweep_table(sweep_dir, quiet, " (not written)")
             return
         failed = df[df["status"] == "failed"]["job_id"].nunique()
         STATE["failed_jobs"] = int(failed)

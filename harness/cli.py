@@ -17,26 +17,32 @@ when the sweep resumes, and a stale one retired before any job runs), failed job
 (run.resume=add|replace). One process writes a sweep dir at a time. SIGTERM or Ctrl-C ends
 the sweep after writing the table of the jobs completed so far (exit 143 / 130). The process
 exits non-zero if any job failed, any job failed its reference check (one line names them), or a
-table could not be written, after the table is written.
+table could not be written, after the table is written; a sweep dir that cannot be written at
+all, or a write of Hydra's own that fails, ends the run with the table of the finished jobs and
+one line naming the path and the OS error.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from harness.callbacks import STATE, write_sweep_table
+from harness.callbacks import STATE, show_sweep_table, write_sweep_table
 from harness.config import register_configs
 from harness.contract import COSMETIC_KEYS
 from harness import report
 from harness.report import Reporter
 from harness.runner import JobContext, run
-from harness.sweep import (Interrupted, SweepError, SweepLock, claim_sweep, deliver_pending, handle_signals,
-                           interruptible, job_dirname, signals_deferred, sweep_overrides, sweep_size)
+from harness.sweep import (Interrupted, SweepError, SweepLock, check_dir_name, check_own_dir, check_subpath,
+                           claim_sweep, deliver_pending, handle_signals, interruptible, job_dirname, signals_deferred,
+                           sweep_overrides, sweep_size)
 
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 register_configs()
@@ -102,6 +108,10 @@ def _is_multirun(argv: list[str]) -> bool:
     return any(a in ("-m", "--multirun") for a in argv)
 
 
+def _quiet(argv: list[str]) -> bool:
+    return (_override(argv, "run.quiet") or "false").lower() == "true"
+
+
 def _override(argv: list[str], key: str) -> str | None:
     vals = [a.split("=", 1)[1] for a in argv if a.split("=", 1)[0].lstrip("+") == key and "=" in a]
     return vals[-1] if vals else None
@@ -115,19 +125,34 @@ def sweep_dir_of(argv: list[str]) -> Path:
     or a hash of the measurement overrides>. An interpolation (`${...}`) in any of the three is
     refused: the dir is locked and claimed before Hydra starts, at the path as written, while Hydra
     would write where the interpolation resolves (a second writer got in, an interrupt's table
-    came out empty)."""
+    came out empty). What names a dir under the results root stays under it (run.sweep_id is one
+    dir name, hydra.sweep.subdir a relative path); a dir given in full may not be the root or
+    above it (harness.sweep.check_own_dir). `run.out` itself may be any path: it is the root."""
     for key in SWEEP_DIR_KEYS:
         value = _override(argv, key)
         if value is not None and "${" in value:
             raise SweepError(f"{key}={value}: a sweep's dir must be a plain path, known before Hydra starts "
                              "(it is locked and claimed first), not an interpolation; let the shell expand "
                              "it instead, e.g. run.out=$HOME/results")
+    root = _override(argv, "run.out") or "results"
+    if (subdir := _override(argv, "hydra.sweep.subdir")) is not None:
+        check_subpath("hydra.sweep.subdir", subdir)
     given = _override(argv, "hydra.sweep.dir")
     if given:
+        check_own_dir("hydra.sweep.dir", given, root)
         return Path(given)
-    sweep_id = _override(argv, "run.sweep_id") or \
-        "sweep-" + hashlib.sha1("\n".join(sweep_overrides(argv)).encode()).hexdigest()[:10]
-    return Path(_override(argv, "run.out") or "results") / "sweeps" / sweep_id
+    sweep_id = _override(argv, "run.sweep_id")
+    if sweep_id:
+        check_dir_name("run.sweep_id", sweep_id)
+    sweep_id = sweep_id or "sweep-" + hashlib.sha1("\n".join(sweep_overrides(argv)).encode()).hexdigest()[:10]
+    return Path(root) / "sweeps" / sweep_id
+
+
+def check_run_dir(argv: list[str]) -> None:
+    """A single run's dir given in full (hydra.run.dir) may be anywhere but the results root or
+    above it; without it, the run's dir is <run.out>/runs/<time> (conf/config.yaml)."""
+    if (given := _override(argv, "hydra.run.dir")) and "${" not in given:
+        check_own_dir("hydra.run.dir", given, _override(argv, "run.out") or "results")
 
 
 # Hydra's flags that take a value (argparse would read an override after them as that value)
@@ -172,7 +197,8 @@ def _launch(argv: list[str], sweep_dir: Path | None) -> int:
         quiet = (_override(argv, "run.quiet") or "false").lower() == "true"
         report.start_progress(_sweep_jobs(argv), quiet=quiet)
     try:
-        app()
+        with hydra_raises():
+            app()
         deliver_pending()                # one that arrived while Hydra wrapped up
     except Interrupted as exc:
         report.close_progress()
@@ -196,6 +222,9 @@ def _launch(argv: list[str], sweep_dir: Path | None) -> int:
             again = "run the same command again to resume"
         print(f"moebench: interrupted by {exc}{where}; {again}", file=sys.stderr)
         return exc.exit_code
+    except Exception as exc:  # noqa: BLE001 -- what Hydra raised to us (hydra_raises)
+        report.close_progress()
+        return _hydra_failed(exc, argv, sweep_dir)
     finally:
         report.close_progress()
     if STATE["check_failed"]:            # after the table: the run measured, but not what the reference computes
@@ -205,6 +234,55 @@ def _launch(argv: list[str], sweep_dir: Path | None) -> int:
         print(f"moebench: {STATE['table_error']}", file=sys.stderr)
         return 1
     return 1 if STATE["failed_jobs"] or STATE["check_failed"] else 0
+
+
+@contextlib.contextmanager
+def hydra_raises() -> Iterator[None]:
+    """Hydra catches what its own code raises -- a config that does not compose, or a write of its
+    own failing (a job's or run's dir, the sweep's multirun.yaml: disk full, read-only) -- prints a
+    traceback and exits, ending a sweep without its table; with HYDRA_FULL_ERROR set it raises it
+    instead, to `_launch`, which ends an OS error in one line after the table (`_hydra_failed`)."""
+    before = os.environ.get(_FULL_ERROR)
+    os.environ[_FULL_ERROR] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(_FULL_ERROR, None)
+        else:
+            os.environ[_FULL_ERROR] = before
+
+
+_FULL_ERROR = "HYDRA_FULL_ERROR"
+
+
+def _hydra_failed(exc: Exception, argv: list[str], sweep_dir: Path | None) -> int:
+    """What Hydra raised (hydra_raises). An OS error -- one of Hydra's own writes failed; the
+    job-level ones of ours end as failed rows in harness.runner -- ends the run: the table of the
+    jobs finished so far, written where it can be and shown, then one line naming the path and the
+    error. Anything else is reported as Hydra would: its own config errors in their few lines, the
+    rest as a traceback (always, when the user set HYDRA_FULL_ERROR)."""
+    from hydra.errors import CompactHydraException, HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    if not isinstance(exc, OSError) or isinstance(exc, HydraException):   # a missing config is an IOError too
+        if isinstance(exc, CompactHydraException) and os.environ.get(_FULL_ERROR) is None:
+            print(exc, file=sys.stderr)
+            if isinstance(exc.__cause__, OmegaConfBaseException):
+                print(exc.__cause__, file=sys.stderr)
+            return 1
+        raise exc
+    if sweep_dir is None:
+        print(f"moebench: cannot write the run's files: {exc}", file=sys.stderr)
+        return 1
+    quiet = _quiet(argv)
+    with signals_deferred():
+        written = write_sweep_table(sweep_dir, quiet=True) is not None
+        n = show_sweep_table(sweep_dir, quiet, "" if written else " (not written)")
+    table = ("no job of it finished" if not n else f"the table of its {n} finished job(s) is in {sweep_dir}" if written
+             else f"the table of its {n} finished job(s) could not be written ({STATE['table_error']})")
+    print(f"moebench: the sweep in {sweep_dir} cannot go on: {exc}; {table}", file=sys.stderr)
+    return 1
 
 
 def _retire_stale(sweep_dir: Path, argv: list[str]) -> None:
@@ -281,7 +359,13 @@ def main() -> None:
         argv = rerun.argv
     handle_signals()
     if not _is_multirun(argv):
+        try:
+            check_run_dir(argv)
+        except SweepError as exc:
+            print(f"moebench: {exc}", file=sys.stderr)
+            sys.exit(1)
         sys.exit(_launch(argv, None))
+    sweep_dir = None
     try:
         sweep_dir = sweep_dir_of(argv)
         with SweepLock(sweep_dir):
@@ -295,7 +379,21 @@ def main() -> None:
     except Interrupted as exc:          # before any job started: nothing to write
         print(f"moebench: interrupted by {exc} before the sweep started", file=sys.stderr)
         code = exc.exit_code
+    except OSError as exc:              # the sweep dir cannot be made, locked or recorded (read-only, full, not ours)
+        code = _cannot_write(sweep_dir, exc, argv)
     sys.exit(code)
+
+
+def _cannot_write(sweep_dir: Path | None, exc: OSError, argv: list[str]) -> int:
+    """Before any job: the sweep dir cannot be written, so nothing of this run could be kept. The
+    table of the jobs it finished before is shown (from their dirs), then one line naming the
+    path and the OS error."""
+    quiet = _quiet(argv)
+    n = show_sweep_table(sweep_dir, quiet, as_found=True) if sweep_dir is not None and sweep_dir.is_dir() else 0
+    before = "" if not n else f"; it holds {n} finished job(s): " + (f"moebench table {sweep_dir}" if quiet else
+                                                                      "the table above")
+    print(f"moebench: cannot write the sweep dir {sweep_dir}: {exc}{before}", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@ engine with every expert resident *on the CPU, in host RAM*, in the run's dtype,
 the model's dtype whatever the job's `kv.dtype` (the reference is the exact model, never the
 treatment: `reference_key` leaves the treatment out, so exact and lossy jobs share it); cached per
 process and in a file under the results root keyed by (model identity, dtype, prompt,
-lengths), so a later job or sweep loads it instead of recomputing. The engine that computed it
+lengths), so a later job or sweep loads it instead of recomputing; a cache file that is not a
+reference (refused by `weights_only` loading, garbage, another layout) is named in a warning,
+moved aside to `<name>.bad-<time>` and recomputed, never a failure of the jobs that share it. The engine that computed it
 is freed before the measured engine is built; if the full copy does not fit host RAM the
 refusal shows the arithmetic (engine.Engine's host-RAM check) and says how to go on.
 Does not own: running phases (harness.scenario), the measured engine (harness.engines).
@@ -23,6 +25,8 @@ import hashlib
 import io
 import json
 import logging
+import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,18 +82,37 @@ def _save(path: Path, ref: Reference) -> None:
 
 
 def _load(path: Path, key: str) -> Reference | None:
+    """The reference in `path`, or None (recompute it): a file of another prompt or format is
+    left for the new one to replace; one that is no reference at all is set aside (`_set_aside`)."""
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, EOFError, ValueError) as exc:
-        log.warning("reference file %s is unreadable (%s); recomputing it", path, exc)
+        if not isinstance(data, dict):
+            raise TypeError(f"it holds a {type(data).__name__}, not a dict")
+        if data.get("format") != FORMAT or data.get("key") != key:
+            log.warning("reference file %s is for another prompt or format; recomputing it", path)
+            return None
+        phases = [PhaseResult(name, logits=v["logits"], tokens=v["tokens"]) for name, v in data["phases"].items()]
+        q = data.get("quality")
+        quality = None if q is None else QualityPass(q["logits"], q["nll"], q["nll_count"], q["continuation"])
+        steps = {int(k): v for k, v in data["steps"].items()}
+    except Exception as exc:  # noqa: BLE001 -- whatever is wrong with it (weights_only refused it, garbage, another
+        _set_aside(path, exc)     # layout), it is no reference: every job sharing the prompt would fail on it
         return None
-    if data.get("format") != FORMAT or data.get("key") != key:
-        log.warning("reference file %s is for another prompt or format; recomputing it", path)
-        return None
-    phases = [PhaseResult(name, logits=v["logits"], tokens=v["tokens"]) for name, v in data["phases"].items()]
-    q = data.get("quality")
-    quality = None if q is None else QualityPass(q["logits"], q["nll"], q["nll_count"], q["continuation"])
-    return Reference(key, RepeatResult(phases), {int(k): v for k, v in data["steps"].items()}, "file", quality)
+    return Reference(key, RepeatResult(phases), steps, "file", quality)
+
+
+def _set_aside(path: Path, why: Exception) -> None:
+    """Warn, naming the file, and move it to `<name>.bad-<time>` (kept for a look, never read again)."""
+    aside = path.with_name(f"{path.name}.bad-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+    try:
+        os.replace(path, aside)
+        where = f"moved to {aside}"
+    except OSError as exc:
+        where = f"left in place (it could not be moved aside: {exc.strerror or exc})"
+    # the first sentence: torch's refusal goes on to explain how to load the file without weights_only
+    reason = (str(why).strip().splitlines() or [""])[0].split(". ")[0]
+    log.warning("reference cache file %s is not a reference (%s: %s); %s, and the reference is computed again",
+                path, type(why).__name__, reason, where)
 
 
 def reference_for(spec: RunSpec, sample: WorkloadSample, root: Path) -> Reference:

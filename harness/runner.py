@@ -5,8 +5,9 @@ passes -> paired ablation -> tidy rows + manifest, written atomically into the j
 Owns: the job lifecycle (`Job`), skipping a job only when its recorded config hash matches
 (`harness.sweep.resume_decision`), and turning any failure into rows: a job that fails becomes
 a `status=failed` row so a sweep goes on; a profiling pass that fails records its own failed
-row and keeps the job's measured rows; a job whose files cannot be written becomes a failed
-row held in memory for the sweep table (`JobOutcome.unwritten`).
+row and keeps the job's measured rows; a job whose dir cannot be written (found before it is
+measured) or whose files cannot be written becomes a failed row held in memory for the sweep
+table (`JobOutcome.unwritten`).
 Does not own: the phases (harness.scenario), the reference (harness.reference), storage
 format (harness.results), the CLI (harness.cli).
 
@@ -507,22 +508,33 @@ def run(cfg: DictConfig, ctx: JobContext, reporter: Reporter) -> JobOutcome:
     resolved = OmegaConf.to_container(cfg, resolve=True)
     fingerprint = job_fingerprint(resolved)
     retry = bool(OmegaConf.select(cfg, "run.retry_failed", default=True))
-    decision = resume_decision(results.read_done(ctx.job_dir), fingerprint, retry)
+    done, damaged = results.inspect_job(ctx.job_dir)
+    if damaged:                              # a DONE its files do not bear out: never skipped as complete
+        reporter.warn(f"{ctx.job_id}: {damaged}; it runs again")
+    decision = resume_decision(done, fingerprint, retry, damaged)
     if not decision.run:
         _reached(ctx)
         reporter.info(f"skip {ctx.job_id}: {decision.reason}")
         return JobOutcome([], skipped=decision.reason)
     key = _measurement_key(cfg, resolved)
     twin = twin_of(ctx.job_dir, key) if ctx.in_sweep else None
+    job = Job(cfg, ctx, reporter)
+    try:
+        if twin is not None:
+            results.remove_job(ctx.job_dir)      # what it held (an older config's) is not this sweep's
+        else:
+            # what it held was another config's, or a failed attempt; and a dir that cannot be
+            # written is found now, before the job is measured for nothing
+            results.prepare_job_dir(ctx.job_dir)
+    except OSError as exc:
+        _reached(ctx)
+        return _unwritten(job, JobOutcome([]), exc)
     if twin is not None:
         reason = f"the same measurement as {twin.name} (what differs does not apply to this job)"
-        results.remove_job(ctx.job_dir)      # what it held (an older config's) is not this sweep's
         reporter.info(f"skip {ctx.job_id}: {reason}")
         return JobOutcome([], skipped=reason)
-    results.invalidate_job(ctx.job_dir)      # what it held was another config's, or a failed attempt
     _reached(ctx)                            # before its DONE is written: an interrupt after it finds it reached
     t0 = time.perf_counter()
-    job = Job(cfg, ctx, reporter)
     outcome = job.execute()
     manifest = collect_manifest(resolved, extra={
         "sweep_id": ctx.sweep_id, "job_id": ctx.job_id, "status": "failed" if outcome.error else "ok",
@@ -536,8 +548,14 @@ def run(cfg: DictConfig, ctx: JobContext, reporter: Reporter) -> JobOutcome:
         results.write_job(ctx.job_dir, outcome.rows, manifest, config_hash=fingerprint, steps=outcome.steps,
                           measurement_key=key)
     except OSError as exc:
-        text = f"cannot write the job's files in {ctx.job_dir}: {exc}"
-        log.error("job %s: %s", ctx.job_id, text)
-        row = results.failed_row(job.factors, job.device, ctx.sweep_id, ctx.job_id, text, extra=job.extra)
-        return replace(outcome, rows=[row], steps=[], error=text, unwritten=True)
+        return _unwritten(job, outcome, exc)
     return outcome
+
+
+def _unwritten(job: Job, outcome: JobOutcome, exc: OSError) -> JobOutcome:
+    """A job whose dir cannot be written: one failed row, held in memory for the sweep table."""
+    ctx = job.ctx
+    text = f"cannot write the job's files in {ctx.job_dir}: {exc}"
+    log.error("job %s: %s", ctx.job_id, text)
+    row = results.failed_row(job.factors, job.device, ctx.sweep_id, ctx.job_id, text, extra=job.extra)
+    return replace(outcome, rows=[row], steps=[], error=text, unwritten=True)

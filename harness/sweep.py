@@ -18,6 +18,10 @@ Owns:
   into a one-line message and exit code 128+signal, after writing the completed jobs' table.
 - `job_dirname`: the Hydra resolver naming job dirs after their overrides, so the same job
   lands in the same dir whatever order a sweep lists its values in.
+- where a sweep's or run's dir may be (`check_dir_name`, `check_subpath`, `check_own_dir`): a
+  config value naming a dir *under* the results root (`run.sweep_id`, `hydra.sweep.subdir`)
+  stays under it; a dir given in full (`hydra.sweep.dir`, `hydra.run.dir`, like `run.out`
+  itself) may be anywhere but the results root or a dir above it.
 Does not own: running jobs (harness.runner), the files of a job (harness.store).
 """
 from __future__ import annotations
@@ -38,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.contract import COSMETIC_KEYS, RESUME_MODES
-from harness.results import read_done
+from harness.results import read_done, recorded_done
 
 log = logging.getLogger(__name__)
 LOCK_FILE = ".lock"
@@ -99,10 +103,14 @@ def measurement_key(resolved: Mapping[str, Any], inapplicable: Iterable[str]) ->
 def twin_of(job_dir: Path, key: str) -> Path | None:
     """A sibling job dir of the same sweep that completed (ok) with measurement key `key`."""
     for other in sorted(p for p in job_dir.parent.iterdir() if p.is_dir() and p != job_dir):
+        recorded = recorded_done(other) or {}    # the record first; only a candidate's files are verified
+        if recorded.get("measurement_key") != key or recorded.get("status") != "ok":
+            continue
         done = read_done(other)
         if done is not None and done.get("measurement_key") == key and done.get("status") == "ok":
             return other
     return None
+
 
 
 @dataclass(frozen=True)
@@ -111,10 +119,12 @@ class ResumeDecision:
     reason: str
 
 
-def resume_decision(done: Mapping[str, Any] | None, fingerprint: str, retry_failed: bool) -> ResumeDecision:
-    """Whether a job must run, given the DONE record found in its dir (None: none there)."""
+def resume_decision(done: Mapping[str, Any] | None, fingerprint: str, retry_failed: bool,
+                    incomplete: str | None = None) -> ResumeDecision:
+    """Whether a job must run, given the verified DONE record found in its dir (None: none there,
+    or one its files do not bear out: `incomplete` says what, harness.results.inspect_job)."""
     if done is None:
-        return ResumeDecision(True, "not run yet")
+        return ResumeDecision(True, f"{incomplete}; it runs again" if incomplete else "not run yet")
     if done.get("config_hash") != fingerprint:
         return ResumeDecision(True, f"its recorded config hash {done.get('config_hash')} differs from {fingerprint}")
     if done.get("status") == "failed":
@@ -164,6 +174,38 @@ def job_dirname(override_dirname: str) -> str:
     if len(name) > _MAX_DIRNAME:
         name = name[:_MAX_DIRNAME - len(digest)] + digest
     return name
+
+
+# ----------------------------------------------------------------------------- where dirs may be
+
+def check_dir_name(key: str, value: str) -> None:
+    """`value` names one dir directly under another (run.sweep_id under <run.out>/sweeps): one
+    path component, so the dir stays where it belongs. Raises SweepError in one line."""
+    if value in (".", "..") or os.sep in value or (os.altsep and os.altsep in value) or "\0" in value:
+        raise SweepError(f"{key}={value}: it names one dir under <run.out>/sweeps, so it may not leave it; "
+                         "allowed: a name without '/' that is not '.' or '..' (to write a sweep elsewhere, "
+                         "give run.out or hydra.sweep.dir)")
+
+
+def check_subpath(key: str, value: str) -> None:
+    """`value` is a relative path under another dir (hydra.sweep.subdir under the sweep dir): no
+    absolute path, no `..`. An interpolation is Hydra's to resolve and is not checked here."""
+    if "${" in value:
+        return
+    if Path(value).is_absolute() or ".." in Path(value).parts:
+        raise SweepError(f"{key}={value}: a job's dir lies under its sweep dir; allowed: a relative path "
+                         "without '..' components")
+
+
+def check_own_dir(key: str, value: str, root: str | os.PathLike[str]) -> None:
+    """A dir given in full (hydra.sweep.dir, hydra.run.dir) may be anywhere -- it is the user's
+    choice, as `run.out` is -- except the results root or a dir above it: those hold every other
+    sweep, run and the reference cache, which a sweep dir's own files would mix with and
+    `run.resume=replace` would delete."""
+    given, top = Path(value).resolve(), Path(root).resolve()
+    if given == top or given in top.parents:
+        raise SweepError(f"{key}={value}: that is the results root ({root}) or a dir above it, which holds every "
+                         "other sweep and the reference cache; allowed: a dir of its own, e.g. one under it")
 
 
 # ----------------------------------------------------------------------------- one writer

@@ -27,8 +27,9 @@ from harness.results.schema import (CONFIG_COLUMNS, DEVICE_COLUMNS, DONE_FILE, E
                                     REQUIRED_COLUMNS, ROW_COLUMNS, ROWS_FILE, SCHEMA_VERSION, SOURCES, STATUSES,
                                     STEPS_FILE, SUMMARY_FILE, SWEEP_STEPS, SWEEP_TABLE, ResultsError, Row,
                                     failed_row, frame_to_table, make_rows, rows_to_table)
-from harness.results.store import (atomic_write_bytes, atomic_write_text, invalidate_job, job_complete, job_status, load,
-                                   load_steps, read_done, remove_job, remove_temp_files, write_job, write_sweep)
+from harness.results.store import (atomic_write_bytes, atomic_write_text, inspect_job, invalidate_job, job_complete,
+                                   job_status, load, load_steps, prepare_job_dir, read_done, recorded_done, remove_job, remove_temp_files,
+                                   sweep_frame, write_job, write_sweep)
 from harness.results.summary import SUMMARY_KEYS, spread_table, summarize
 from harness.contract import FAILED_PHASE, METRIC_UNITS, PHASES
 
@@ -36,7 +37,7 @@ __all__ = [
     "CONFIG_COLUMNS", "DEVICE_COLUMNS", "DONE_FILE", "ERROR_METRIC", "FACTOR_COLUMNS", "FAILED_PHASE", "MANIFEST_FILE",
     "METRIC_UNITS", "PHASES", "REQUIRED_COLUMNS", "ROW_COLUMNS", "ROWS_FILE", "SCHEMA_VERSION", "SOURCES",
     "STATUSES", "STEPS_FILE", "SUMMARY_FILE", "SUMMARY_KEYS", "SWEEP_STEPS", "SWEEP_TABLE", "ResultsError",
-    "Row", "atomic_write_bytes", "atomic_write_text", "invalidate_job", "failed_row", "frame_to_table", "job_complete",
-    "job_status", "load", "load_steps", "make_rows", "read_done", "remove_job", "remove_temp_files", "rows_to_table",
-    "spread_table", "summarize", "write_job", "write_sweep",
+    "Row", "atomic_write_bytes", "atomic_write_text", "inspect_job", "invalidate_job", "failed_row", "frame_to_table",
+    "job_complete", "job_status", "load", "load_steps", "make_rows", "prepare_job_dir", "read_done", "recorded_done", "remove_job",
+    "remove_temp_files", "rows_to_table", "spread_table", "summarize", "sweep_frame", "write_job", "write_sweep",
 ]

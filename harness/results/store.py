@@ -3,7 +3,9 @@
 Owns (DESIGN.md §6, §7):
   * writing files atomically (temp file in the same directory, fsync, `os.replace`);
   * writing one job (`write_job`: rows.parquet, optional steps.parquet, manifest.json, then
-    the DONE record) and reading its record back (`read_done`, `job_status`, `job_complete`);
+    the DONE record) and reading its record back, verified against the files it lists
+    (`read_done`, `inspect_job`, `job_status`, `job_complete`); making a job dir ready for a
+    run's files before it is measured (`prepare_job_dir`);
   * reading a job dir, a sweep dir, any tree or one Parquet file back into one validated
     DataFrame (`load`), each (sweep_id, job_id) counted once, and the per-step side table
     (`load_steps`);
@@ -17,11 +19,15 @@ A job directory holds, written in this order, each atomically:
     rows.parquet     the job's rows
     steps.parquet    raw per-step decode latencies (optional)
     manifest.json    the manifest (`harness.manifest.collect_manifest`)
-    DONE             JSON {"status", "rows", "config_hash", ...}; written last
+    DONE             JSON {"status", "rows", "config_hash", "files", ...}; written last
 
 Decisions readers rely on:
-  * A job is *complete* when its DONE record exists and agrees with rows.parquet beside it
-    (same sweep/job ids and row count). Only complete jobs are read: a job dir without a valid
+  * A job is *complete* when its DONE record exists and agrees with the files beside it: the
+    row count of rows.parquet and, for every file DONE lists under "files" (rows, steps,
+    manifest), its size and SHA-256 -- a rows.parquet damaged after the job finished, even with
+    its Parquet footer intact, makes the job incomplete, so a resume measures it again (DONE
+    records written before "files" existed are checked by row count alone). A load of such a
+    dir names the damaged file. Only complete jobs are read: a job dir without a valid
     DONE -- killed mid-write, or being rewritten by a rerun -- contributes no rows, and its
     job is not read from a sweep table under the same root either (the table may predate it).
   * `load` reads complete job dirs first, then sweep-level tables (`results.parquet`) for
@@ -33,6 +39,7 @@ Decisions readers rely on:
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -102,6 +109,11 @@ def _parquet_bytes(table: pa.Table) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
+def _file_record(data: bytes) -> dict[str, Any]:
+    """What DONE records of one file it vouches for: its size and SHA-256."""
+    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
 def _is_temp(path: Path) -> bool:
     return path.name.startswith(".") and path.name.endswith(_TMP_SUFFIX)
 
@@ -151,22 +163,38 @@ def write_job(job_dir: str | os.PathLike[str], rows: Sequence[Mapping[str, Any]]
         raise ResultsError(f"write_job({job_dir}): manifest is not JSON-serialisable: {exc}") from exc
     status = "failed" if "failed" in table.column("status").to_pylist() else "ok"
 
+    files = {ROWS_FILE: _parquet_bytes(table)}
+    if steps:
+        files[STEPS_FILE] = _parquet_bytes(steps_table(steps))
+    files[MANIFEST_FILE] = (manifest_text + "\n").encode()
+
     job_dir.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
         (job_dir / DONE_FILE).unlink()
     remove_temp_files(job_dir)
-    atomic_write_bytes(job_dir / ROWS_FILE, _parquet_bytes(table))
-    if steps:
-        atomic_write_bytes(job_dir / STEPS_FILE, _parquet_bytes(steps_table(steps)))
-    else:
+    if not steps:
         with contextlib.suppress(FileNotFoundError):
             (job_dir / STEPS_FILE).unlink()
-    atomic_write_text(job_dir / MANIFEST_FILE, manifest_text + "\n")
+    for name, data in files.items():             # rows, steps, manifest: in this order, each atomically
+        atomic_write_bytes(job_dir / name, data)
     done = {"status": status, "rows": table.num_rows, "schema_version": SCHEMA_VERSION,
             "sweep_id": jobs[0][0], "job_id": jobs[0][1], "config_hash": config_hash,
-            "measurement_key": measurement_key}
+            "measurement_key": measurement_key, "files": {name: _file_record(data) for name, data in files.items()}}
     atomic_write_text(job_dir / DONE_FILE, json.dumps(done) + "\n")
     log.debug("wrote job %s (%d rows, %s)", job_dir, table.num_rows, status)
+
+
+def prepare_job_dir(job_dir: str | os.PathLike[str]) -> None:
+    """Make a job dir ready for this run's files before the job is measured: created, shown to be
+    writable (a temp file made and removed, so a dir no one may write is found now, not after an
+    hour of measuring), and marked incomplete (`invalidate_job`). Raises OSError, with the path,
+    when the dir cannot be made or written."""
+    job_dir = Path(job_dir)
+    job_dir.mkdir(parents=True, exist_ok=True)
+    fd, probe = tempfile.mkstemp(dir=job_dir, prefix=".probe.", suffix=_TMP_SUFFIX)
+    os.close(fd)
+    os.unlink(probe)
+    invalidate_job(job_dir)
 
 
 def invalidate_job(job_dir: str | os.PathLike[str]) -> None:
@@ -202,19 +230,55 @@ def _clear_leftovers(job_dirs: Iterable[Path]) -> None:
 
 def read_done(job_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The DONE record of a complete job (see the module docstring), else None."""
+    return inspect_job(job_dir)[0]
+
+
+def inspect_job(job_dir: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, str | None]:
+    """(the DONE record of a complete job, None), or (None, why not): the why is None when the
+    dir holds no DONE record at all (never finished, or being rewritten), and says what is wrong
+    when it holds one that its files do not bear out (a file missing, damaged, or another size)."""
     job_dir = Path(job_dir)
-    rows_file = job_dir / ROWS_FILE
-    if not (rows_file.is_file() and (job_dir / MANIFEST_FILE).is_file()):
-        return None
     done = _done_record(job_dir)
-    if done is None or done.get("status") not in STATUSES:
-        return None
+    if done is None:
+        return None, None
+    if done.get("status") not in STATUSES:
+        return None, f"its {DONE_FILE} record has status {done.get('status')!r}, not one of {list(STATUSES)}"
+    for name in (ROWS_FILE, MANIFEST_FILE):
+        if not (job_dir / name).is_file():
+            return None, f"its {name} is missing"
+    listed = done.get("files") if isinstance(done.get("files"), dict) else {}
+    for name in (ROWS_FILE, STEPS_FILE, MANIFEST_FILE):     # only the files a job has: never a path DONE names
+        if name in listed:
+            why = _file_mismatch(job_dir / name, listed[name])
+            if why:
+                return None, why
     try:
-        if pq.read_metadata(rows_file).num_rows != done.get("rows"):
-            return None
-    except (pa.ArrowException, OSError):
-        return None
-    return done
+        n = pq.read_metadata(job_dir / ROWS_FILE).num_rows
+    except (pa.ArrowException, OSError) as exc:
+        return None, f"its {ROWS_FILE} is unreadable ({type(exc).__name__}: {exc})"
+    if n != done.get("rows"):
+        return None, f"its {ROWS_FILE} holds {n} rows, its {DONE_FILE} records {done.get('rows')}"
+    return done, None
+
+
+def _file_mismatch(path: Path, want: Any, data: bytes | None = None) -> str | None:
+    """Why `path` (its bytes, when already read) is not the file DONE recorded (`_file_record`), or None."""
+    if not isinstance(want, dict):
+        return f"its {DONE_FILE} record of {path.name} is not a size and hash"
+    if data is None:
+        try:
+            size = path.stat().st_size
+            if size != want.get("bytes"):           # found without reading the file
+                return f"{path} has {size} bytes, its {DONE_FILE} records {want.get('bytes')}"
+            data = path.read_bytes()
+        except OSError as exc:
+            return f"{path} is unreadable ({exc.strerror or exc})"
+    got = _file_record(data)
+    if got["bytes"] != want.get("bytes"):
+        return f"{path} has {got['bytes']} bytes, its {DONE_FILE} records {want.get('bytes')}"
+    if got["sha256"] != want.get("sha256"):
+        return f"{path} is not the file its {DONE_FILE} records (SHA-256 differs): it changed after the job finished"
+    return None
 
 
 def job_status(job_dir: str | os.PathLike[str]) -> str | None:
@@ -248,6 +312,12 @@ def load(path: str | os.PathLike[str]) -> pd.DataFrame:
         raise ResultsError(f"no results under {root}: expected <job>/{ROWS_FILE} (with its {DONE_FILE}) or "
                            f"<sweep>/{SWEEP_TABLE} files (temp files and incomplete jobs are ignored)")
     return _read_tables(job_files + sweep_files, root, skip_jobs=set(incomplete))
+
+
+def recorded_done(job_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The DONE record as written, its files not verified (None when there is none): a quick look
+    across many jobs before `read_done` verifies the one that matters."""
+    return _done_record(Path(job_dir))
 
 
 def _done_record(job_dir: Path) -> dict[str, Any] | None:
@@ -316,10 +386,16 @@ def _read_tables(files: Iterable[Path], root: Path, skip_jobs: set[tuple[str, st
 
 
 def _read_one(file: Path) -> tuple[pd.DataFrame | None, str | None]:
+    done = _done_record(file.parent) if file.name == ROWS_FILE else None
     try:
-        table = pq.read_table(file)
+        data = file.read_bytes()
+        table = pq.read_table(pa.BufferReader(data))
     except (pa.ArrowException, OSError) as exc:
         return None, f"unreadable Parquet ({type(exc).__name__}: {exc})"
+    if done is not None and isinstance(done.get("files"), dict) and ROWS_FILE in done["files"]:
+        why = _file_mismatch(file, done["files"][ROWS_FILE], data)      # readable, but not what the job wrote
+        if why:
+            return None, why
     for name, before in ADDED_COLUMNS.items():
         if name not in table.schema.names:
             table = table.append_column(pa.field(name, pa.string()), _legacy_column(table, before))
@@ -327,7 +403,6 @@ def _read_one(file: Path) -> tuple[pd.DataFrame | None, str | None]:
     if why:
         return None, why
     if file.name == ROWS_FILE:
-        done = _done_record(file.parent)
         if done is not None and done.get("rows") != table.num_rows:
             return None, (f"holds {table.num_rows} rows but its {DONE_FILE} records {done.get('rows')}: "
                           "the job dir was changed after the job finished")
@@ -430,22 +505,35 @@ def write_sweep(sweep_dir: str | os.PathLike[str], extra_rows: Sequence[Mapping[
     """
     sweep_dir = Path(sweep_dir)
     remove_temp_files(sweep_dir)
-    job_files, incomplete = _job_files(sweep_dir)
-    extra = _canonical(rows_to_table(list(extra_rows)).to_pandas(types_mapper=_pandas_type)) if extra_rows else None
-    if not job_files and extra is None:
-        raise ResultsError(f"no jobs under sweep dir {sweep_dir}: expected complete <job>/{ROWS_FILE} files")
-    df = _read_tables(job_files, sweep_dir, skip_jobs=incomplete.keys() - _keys(extra), extra=extra)
+    df, n_files, incomplete, replaced = _sweep_frame(sweep_dir, extra_rows)
     _write_or_raise(sweep_dir / SWEEP_TABLE, _parquet_bytes(frame_to_table(df)))
     steps = load_steps(sweep_dir, sweep_tables=False)
     if len(steps):
         _write_or_raise(sweep_dir / SWEEP_STEPS, _parquet_bytes(steps_table(steps.to_dict("records"))))
     _write_or_raise(sweep_dir / SUMMARY_FILE, spread_table(df).to_csv(index=False).encode())
     if clear_leftovers:
-        replaced = _keys(extra)
         _clear_leftovers(d for key, d in incomplete.items() if key in replaced or not (d / MANIFEST_FILE).is_file())
     n_failed = df.loc[df["status"] == "failed", "job_id"].nunique()
-    log.info("sweep %s: %d rows from %d job files (%d failed jobs)", sweep_dir, len(df), len(job_files), n_failed)
+    log.info("sweep %s: %d rows from %d job files (%d failed jobs)", sweep_dir, len(df), n_files, n_failed)
     return df
+
+
+def sweep_frame(sweep_dir: str | os.PathLike[str], extra_rows: Sequence[Mapping[str, Any]] = ()) -> pd.DataFrame:
+    """The table `write_sweep` would write, read from the job dirs with nothing written: what a
+    sweep whose dir cannot be written still shows of its finished jobs. Raises ResultsError as
+    `write_sweep` does."""
+    return _sweep_frame(Path(sweep_dir), extra_rows)[0]
+
+
+def _sweep_frame(sweep_dir: Path, extra_rows: Sequence[Mapping[str, Any]]
+                 ) -> tuple[pd.DataFrame, int, dict[tuple[str, str], Path], set[tuple[str, str]]]:
+    """(the sweep's table, how many job files it read, the incomplete jobs, the jobs `extra_rows` replace)."""
+    job_files, incomplete = _job_files(sweep_dir)
+    extra = _canonical(rows_to_table(list(extra_rows)).to_pandas(types_mapper=_pandas_type)) if extra_rows else None
+    if not job_files and extra is None:
+        raise ResultsError(f"no jobs under sweep dir {sweep_dir}: expected complete <job>/{ROWS_FILE} files")
+    df = _read_tables(job_files, sweep_dir, skip_jobs=incomplete.keys() - _keys(extra), extra=extra)
+    return df, len(job_files), incomplete, _keys(extra)
 
 
 def _keys(df: pd.DataFrame | None) -> set[tuple[str, str]]:
