@@ -150,9 +150,6 @@ def compare_parser() -> argparse.ArgumentParser:
                         "checks keep their own thresholds")
     p.add_argument("--report", help="write the markdown report here (e.g. $GITHUB_STEP_SUMMARY)")
     p.add_argument("--table", help="write the full comparison table here (.csv or .parquet)")
-    p.add_argument("--require-comparable", action="store_true",
-                   help="accepted for existing scripts: a check that matched no comparable config always makes "
-                        "the verdict INCOMPLETE (exit 3)")
     p.add_argument("--allow-empty", action="store_true",
                    help="exit 0 when nothing at all was compared (the verdict stays INCOMPLETE; default: exit 3)")
     p.add_argument("--machine", action="store_true",

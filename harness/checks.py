@@ -23,6 +23,9 @@ The rule, in one place:
     tolerance (each of the two logits may move by it). From that token on the engine continues
     another sequence, so that row's later steps, and later phases of the repeat, are not judged
     (null, with the reason), never compared against a context they do not share;
+  * a token the engine was told never to produce (end of generation under llama.cpp's
+    ignore_eos, which every engine's fixed-length decode needs) that the reference chose: the
+    engine's other token follows from that instruction; the row is not judged from there;
   * a lossy treatment (`lossy=true`) is not judged exact: null, with the reason; its agreement,
     differences and quality metrics say how far it is. No reference (run.check_reference=false):
     null, with the reason.
@@ -77,6 +80,7 @@ class Comparison:
     diffs: list[list[float | None]]                      # [step][row]
     same: list[list[bool]]                               # [step][row]
     margins: list[list[float | None]]                    # [step][row]
+    wanted: list[list[int]]                              # [step][row] the reference's tokens
 
 
 @dataclass
@@ -85,6 +89,9 @@ class RepeatCheck:
     treatment, no reference)."""
     dtype: str
     skip: str | None = None
+    # ids the engine was told never to produce (llama.cpp's end-of-generation tokens under ignore_eos):
+    # where the reference chose one, the engine's other token is that instruction, not an error
+    suppressed: frozenset[int] = frozenset()
     diverged: dict[int, str] = field(default_factory=dict)    # row -> where it left the reference's tokens
 
     def phase(self, name: str, cmp: Comparison | None) -> Verdict:
@@ -99,7 +106,9 @@ class RepeatCheck:
             first = next(iter(self.diverged.values()))
             return Verdict(None, tol, f"not judged: {first}, so this phase's context is not the reference's")
         failures = [f for b in judged if (f := self._row(name, cmp, b, tol)) is not None]
-        return Verdict(not failures, tol, "; ".join(failures) or None)
+        # a row that left the reference's tokens here: judged up to there, and the row says where
+        left = [self.diverged[b] for b in judged if b in self.diverged]
+        return Verdict(not failures, tol, "; ".join(failures or left) or None)
 
     def _row(self, name: str, cmp: Comparison, b: int, tol: float) -> str | None:
         """What in row `b` exceeds the tolerance, or None; records a near-tie divergence."""
@@ -111,6 +120,10 @@ class RepeatCheck:
             if same[b]:
                 continue
             m = margins[b]
+            if cmp.wanted[i][b] in self.suppressed:
+                self.diverged[b] = (f"{name} token {i}{where}: the reference's token {cmp.wanted[i][b]} ends generation, "
+                                    "which the engine was told to suppress (ignore_eos)")
+                return None
             if m is None:
                 return f"{name} token {i}{where}: the engine produced no token where the reference did"
             if m > 2 * tol:

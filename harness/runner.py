@@ -168,7 +168,7 @@ class Job:
         (harness.checks: `check_ok`, `check_tolerance`, `check_reason`)."""
         ref = self.reference.result if (check and self.reference is not None) else None
         skip = LOSSY_REASON if self.factors.get("lossy") else None if ref is not None else NO_REFERENCE_REASON
-        judge = RepeatCheck(self.check_dtype, skip)          # phases in the order they ran
+        judge = RepeatCheck(self.check_dtype, skip, self.adapter.suppressed_tokens if self.adapter else frozenset())
         for ph in res.phases:
             state = {"expert_cache": ph.expert_cache, **ph.columns}     # ph.columns: starved, on every row of it
             self.emit(r, ph.phase, ph.client, "client", profiler, **state)

@@ -279,7 +279,7 @@ def compare_phase(got: PhaseResult, ref: PhaseResult) -> Comparison:
         margins.append([0.0 if a == b else None if a is None else (ref.logits[i][row, b] - ref.logits[i][row, a]).item()
                         for row, (a, b) in enumerate(zip(have, want))])
     diffs += [[None] * rows] * (len(ref.tokens) - len(diffs))       # steps the engine gave nothing for
-    return Comparison(metric, diffs[:len(ref.tokens)], same, margins)
+    return Comparison(metric, diffs[:len(ref.tokens)], same, margins, [list(t) for t in ref.tokens])
 
 
 def check_phase(got: PhaseResult, ref: PhaseResult | None) -> dict[str, float | None]:

@@ -60,6 +60,9 @@ class EngineAdapter(ABC):
     allocates_here: ClassVar[bool] = True    # its device memory is this process's allocator's (not a server's)
     threads_at_load: ClassVar[bool] = False  # its thread count is fixed when it loads (a server's -t): a job
                                              # at another run.threads needs another engine, never this one
+    # token ids it is told never to produce (a server's end-of-generation tokens under ignore_eos): where
+    # the reference chose one, the check says so instead of calling the other token wrong
+    suppressed_tokens: frozenset[int] = frozenset()
     checks_finite: ClassVar[bool] = False    # it refuses NaN/inf outputs itself; else the scenario checks what
                                              # it returns (harness.scenario.check_received)
     # the loader it hands a checkpoint dir to that could run code shipped in it (transformers, a

@@ -157,6 +157,8 @@ class LlamaCppAdapter(EngineAdapter):
         self.gguf = (convert(spec.model.path, self.weights, trust_remote_code=spec.model.trust_remote_code)
                      if spec.model.path else
                      convert_preset(spec.model.name, spec.model.seed, self.weights, cfg=spec.model_config))
+        # ignore_eos masks the tokenizer's end-of-generation tokens (the pass-through vocabulary has none)
+        self.suppressed_tokens = frozenset() if self.gguf.passthrough_vocab else end_of_generation_ids(spec.model.path)
         self.workdir = Path(tempfile.mkdtemp(prefix="moebench-llamacpp-"))
         try:
             self.server = LlamaServer(self.gguf.path, self.flags, log_path=self.workdir / "llama-server.log",
@@ -350,6 +352,19 @@ def refuse_nonfinite_weights(model_dir: str | Path) -> None:
         verdict.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(verdict, json.dumps({"identity": identity, "bad": [asdict(b) for b in bad]}).encode())
     refuse_bad_tensors(str(model_dir), bad)
+
+
+def end_of_generation_ids(model_dir: str | Path) -> frozenset[int]:
+    """The end-of-generation ids a checkpoint declares (`eos_token_id`, an int or a list, in
+    config.json and generation_config.json), which llama-server masks under ignore_eos."""
+    ids: set[int] = set()
+    for name in ("config.json", "generation_config.json"):
+        try:
+            value = json.loads((Path(model_dir) / name).read_text()).get("eos_token_id")
+        except (OSError, ValueError, AttributeError):
+            continue
+        ids.update(v for v in (value if isinstance(value, list) else [value]) if isinstance(v, int))
+    return frozenset(ids)
 
 
 def _top_one(prob: dict[str, Any] | None) -> dict[int, float] | None:

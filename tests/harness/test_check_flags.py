@@ -89,8 +89,10 @@ def row_where(md: str, column: str, value: str) -> dict[str, str]:
 
 
 # --- the rule --------------------------------------------------------------------------------------
-def cmp(diffs, same, margins, metric=LOGIT) -> Comparison:
-    return Comparison(metric, [[d] for d in diffs], [[s] for s in same], [[m] for m in margins])
+def cmp(diffs, same, margins, metric=LOGIT, wanted=None) -> Comparison:
+    """One row's comparison; the reference's tokens are 100, 101, ... unless given."""
+    wanted = wanted or [100 + i for i in range(len(same))]
+    return Comparison(metric, [[d] for d in diffs], [[s] for s in same], [[m] for m in margins], [[w] for w in wanted])
 
 
 def test_tolerances_follow_the_dtype():
@@ -116,13 +118,25 @@ def test_a_near_tie_is_followed_and_what_comes_after_is_not_judged():
     assert check.phase("prefill_fresh", cmp([1e-3], [True], [0.0], LOGPROB)).ok is True
     # after the divergence the differences are meaningless (0.47 in a measured llama.cpp bf16 run)
     v = check.phase("decode", cmp([1e-3, 2e-3, 0.47], [True, False, False], [0.0, 0.002, 0.9], LOGPROB))
-    assert v.ok is True and v.reason is None
+    assert v.ok is True and "decode token 1 took another token than the reference's at a near-tie" in v.reason
     later = check.phase("prefill_continuation", cmp([0.9], [False], [1.0], LOGPROB))
     assert later.ok is None and later.tolerance == tol and "decode token 1 took another token" in later.reason
     # a token the tolerance cannot explain fails, as does one the engine never produced
     assert RepeatCheck("float32").phase("decode", cmp([0.0, 0.0], [True, False], [0.0, 3e-5])).ok is False
     missing = RepeatCheck("float32").phase("decode", cmp([0.0, None], [True, False], [0.0, None]))
     assert missing.ok is False and "produced no token" in missing.reason
+
+
+def test_a_token_the_engine_was_told_to_suppress_is_not_called_wrong():
+    """llama.cpp under ignore_eos never emits end-of-generation ids: where the reference chose one, the
+    engine's other token (however far behind) follows that instruction; later steps are not judged."""
+    judge = RepeatCheck("float32", suppressed=frozenset({101}))
+    v = judge.phase("decode", cmp([1e-6, 1e-6, 1e-6], [True, False, False], [0.0, 3.0, 2.0], wanted=[100, 101, 7]))
+    assert v.ok is True and "token 101 ends generation" in v.reason
+    later = judge.phase("prefill_continuation", cmp([1e-6], [True], [0.0]))
+    assert later.ok is None and "ends generation" in later.reason
+    strict = RepeatCheck("float32")                 # without the instruction the same tokens fail
+    assert strict.phase("decode", cmp([1e-6, 1e-6], [True, False], [0.0, 3.0], wanted=[100, 101])).ok is False
 
 
 def test_skipped_checks_carry_their_reason():

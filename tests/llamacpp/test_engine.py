@@ -222,6 +222,8 @@ def test_an_end_of_generation_token_neither_shortens_the_decode_nor_passes_as_ag
     assert tokens["engine"] == tokens["client"] == 7
     agreement = decode[decode.metric == "token_agreement"].value.iloc[0]
     assert agreement < 1.0           # the masked end-of-generation token: a different continuation, said so
+    verdict = decode[(decode.metric == "token_agreement")].iloc[0]
+    assert verdict.check_ok is not False and "ends generation" in verdict.check_reason
 
 
 def test_a_cached_server_that_died_between_jobs_is_replaced(tmp_path):
