@@ -135,19 +135,35 @@ def is_speed_row(profiler: "pd.Series") -> "pd.Series":
     return profiler.isna() | (profiler == SPEED_PROFILER)
 
 
-def speed_rows(df: "pd.DataFrame") -> "pd.DataFrame":
-    """The status-ok rows measured with no instrumentation attached: what speed tables, summaries,
-    plots and compare read (DESIGN.md rule 7.5)."""
+def profiled_rows(df: "pd.DataFrame", profiler: str = SPEED_PROFILER) -> "pd.DataFrame":
+    """The status-ok rows measured with `profiler` attached ("timeline", "torch", ...);
+    `SPEED_PROFILER` (the default) selects the speed rows, where a missing `profiler` column or
+    value counts as un-instrumented."""
     ok = df[df["status"] == "ok"]
     if "profiler" not in ok.columns:
-        return ok
-    return ok[is_speed_row(ok["profiler"])]
+        return ok if profiler == SPEED_PROFILER else ok.iloc[0:0]
+    if profiler == SPEED_PROFILER:
+        return ok[is_speed_row(ok["profiler"])]
+    return ok[ok["profiler"] == profiler]
+
+
+def speed_rows(df: "pd.DataFrame") -> "pd.DataFrame":
+    """The status-ok rows measured with no instrumentation attached: what speed tables, summaries,
+    plots, the cost model's validation and compare read (DESIGN.md rule 7.5)."""
+    return profiled_rows(df, SPEED_PROFILER)
 
 
 def speed_values(df: "pd.DataFrame") -> "pd.DataFrame":
     """Speed rows that hold a value (what plots and comparisons read)."""
     ok = speed_rows(df)
     return ok[ok["value"].notna()]
+
+
+def repeat_rows(df: "pd.DataFrame") -> "pd.DataFrame":
+    """Speed rows of the measured repeats (rows without a repeat -- load, the failed-job row -- left
+    out): what medians over repeats and the outlier rule read."""
+    ok = speed_rows(df)
+    return ok[ok["repeat"].notna()]
 
 
 # --- the session a job drives (§4) -----------------------------------------------------------------

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from harness import results
-from harness.contract import speed_values
+from harness.contract import QUALITY_PHASE, profiled_rows, speed_values
 from harness.plots import MissingData
 from harness.results import CONFIG_COLUMNS
 
@@ -188,7 +188,7 @@ def treatment_table(df: pd.DataFrame) -> pd.DataFrame:
     for name, series in (("decode hit rate", hit), ("decode tok/s", rate)):
         if series is not None:
             table = table.join(series.rename(name))
-    quality = ok[ok["profiler"] == "quality"] if "profiler" in ok.columns else ok.iloc[0:0]
+    quality = profiled_rows(df, QUALITY_PHASE)                      # the quality pass's rows say profiler=quality
     if not quality.empty:
         wide = quality.pivot_table(index="job_id", columns="metric", values="value")
         table = table.join(wide[[c for c in QUALITY_METRICS if c in wide.columns]])

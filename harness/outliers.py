@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from harness.contract import phase_rank, speed_rows
+from harness.contract import phase_rank, repeat_rows
 
 K = 3.5                       # the modified z-score cut (Iglewicz and Hoaglin)
 MAD_SIGMA = 1.4826            # MAD -> standard deviation of a normal sample
@@ -57,8 +57,8 @@ that is no positive speed)."""
 
 def _judged(df: pd.DataFrame) -> pd.DataFrame:
     """The rows the rule judges: measured repeats of un-instrumented runs, with a value."""
-    speed = speed_rows(df)
-    return speed[speed["repeat"].notna() & speed["metric"].isin(OUTLIER_METRICS) & speed["value"].notna()]
+    speed = repeat_rows(df)
+    return speed[speed["metric"].isin(OUTLIER_METRICS) & speed["value"].notna()]
 
 
 def outlier_flags(df: pd.DataFrame) -> pd.Series:
@@ -83,8 +83,7 @@ def _bools(col: pd.Series) -> pd.Series:
 def flagged_windows(df: pd.DataFrame) -> pd.DataFrame:
     """Per measured window (sweep_id, job_id, repeat, phase) of the speed rows that has a flag:
     a bool column per flag."""
-    speed = speed_rows(df)
-    speed = speed[speed["repeat"].notna()]
+    speed = repeat_rows(df)
     marks = pd.DataFrame({"outlier": outlier_flags(speed).fillna(False),
                           "starved": (_bools(speed["starved"]).fillna(False) if "starved" in speed.columns
                                       else pd.Series(False, index=speed.index))}, index=speed.index)
@@ -132,8 +131,7 @@ class JobFlags:
 
 def job_flags(df: pd.DataFrame) -> dict[tuple[str, str], JobFlags]:
     """Per (sweep_id, job_id) with measured repeats: how many were flagged, by which flag."""
-    speed = speed_rows(df)
-    speed = speed[speed["repeat"].notna()]
+    speed = repeat_rows(df)
     flagged = flagged_windows(df).reset_index()
     out = {}
     for key, g in speed.groupby(JOB, sort=False):

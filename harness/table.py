@@ -27,7 +27,7 @@ import pandas as pd
 
 from harness import outliers
 from harness.checks import job_checks
-from harness.contract import speed_rows
+from harness.contract import repeat_rows
 from harness.order import natural_key
 from harness.results import CONFIG_COLUMNS
 
@@ -86,7 +86,7 @@ def sweep_table(df: pd.DataFrame, columns: Sequence[Column] = COLUMNS) -> pd.Dat
     flag excludes --, the job's `JOB_COLUMNS`; failed jobs get `status`/`error`."""
     factors = _varying(df)
     values = _per_job(df, [c for c in factors if c != "sweep_id"])
-    speed = outliers.kept(speed_rows(df))
+    speed = outliers.kept(repeat_rows(df))                                  # the measured repeats
     checks, flags = job_checks(df), outliers.job_flags(df)
     out = []
     for job_key, job in df.groupby(JOB, sort=False):
@@ -94,8 +94,7 @@ def sweep_table(df: pd.DataFrame, columns: Sequence[Column] = COLUMNS) -> pd.Dat
         failed = job[job["status"] == "failed"]
         row["status"] = "failed" if len(failed) else "ok"
         row["error"] = str(failed.iloc[0].get("error", "")).splitlines()[0] if len(failed) else None
-        mine = speed[(speed["sweep_id"] == job_key[0]) & (speed["job_id"] == job_key[1])
-                     & speed["repeat"].notna()]                                     # the measured repeats
+        mine = speed[(speed["sweep_id"] == job_key[0]) & (speed["job_id"] == job_key[1])]
         for col in columns:
             here = mine[(mine["phase"] == col.phase) & (mine["metric"] == col.metric)]
             # the column's source; a job that has only another (llama-bench imports: the engine's

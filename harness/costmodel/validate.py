@@ -48,6 +48,7 @@ from engine.config import PRESETS, ModelConfig
 from engine.dtypes import DTYPE_NAMES, dtype_bytes
 from engine.trace import load_trace
 from harness.config import ModelConf, _expert_quant, _model_config
+from harness.contract import SPEED_PROFILER, profiled_rows
 from harness.costmodel.timemodel import predict
 from harness.costmodel.profiles import HardwareProfile
 from harness.costmodel.work import PHASES, PlacementSpec, Routing, WorkloadShape, expert_bytes
@@ -63,12 +64,12 @@ TRACE_FILE = "routing.npz"                          # what run.record_trace=true
 _NA = "<na>"
 
 
-def speed_rows(measured: pd.DataFrame, profiler: str = "none") -> pd.DataFrame:
-    """The rows predictions are compared with (see the module docstring)."""
-    df = measured[(measured["status"] == "ok") & measured["phase"].isin(PHASES)]
-    if "profiler" in df.columns:
-        df = df[df["profiler"].fillna("none") == profiler]
-    return df[df["source"].isin(["client", "engine"])]
+def measured_rows(measured: pd.DataFrame, profiler: str = SPEED_PROFILER) -> pd.DataFrame:
+    """The rows predictions are compared with: the contract's rows of `profiler` (default: the
+    speed rows, `harness.contract.profiled_rows`) in the phases the model predicts, as the
+    client or the engine measured them."""
+    df = profiled_rows(measured, profiler)
+    return df[df["phase"].isin(PHASES) & df["source"].isin(["client", "engine"])]
 
 
 # --- what a job dir says beyond its rows ------------------------------------------------------
@@ -140,7 +141,7 @@ def predict_for(measured: pd.DataFrame, profile: HardwareProfile, *, counts: str
     gives the job's model; without it the factor `model` must name an untruncated preset."""
     if counts not in COUNTS:
         raise ValueError(f"counts: allowed {list(COUNTS)}, got {counts!r}")
-    df = speed_rows(measured)
+    df = measured_rows(measured)
     if df.empty:
         raise ValueError("no measured speed rows (status ok, profiler none, phases "
                          f"{list(PHASES)}) to predict for")
@@ -207,14 +208,14 @@ def _measured_counts(job: pd.DataFrame, cfg: ModelConfig, spec: PlacementSpec,
 
 
 def compare(predicted: pd.DataFrame, measured: pd.DataFrame, metrics: Sequence[str] = ("time_s", "tok_per_s"),
-            stat: str = "median", profiler: str = "none") -> pd.DataFrame:
+            stat: str = "median", profiler: str = SPEED_PROFILER) -> pd.DataFrame:
     """One row per (job factors, phase, metric) present in both: predicted, measured
     (`stat` over repeats of the `profiler` pass: "none" = speed rows, "timeline" for the
     measured copy/overlap metrics), their spread, `pred_over_measured` and `abs_err`, and the
     prediction's `counts` and `routing` labels."""
     if stat not in STATS:
         raise ValueError(f"stat: allowed {list(STATS)}, got {stat!r}")
-    meas = speed_rows(measured, profiler)
+    meas = measured_rows(measured, profiler)
     meas = meas[meas["metric"].isin(metrics)]
     pred = predicted[(predicted["source"] == "model") & predicted["metric"].isin(metrics)]
     keys = [k for k in _keys(meas) if k in pred.columns] + ["phase", "metric"]

@@ -28,17 +28,11 @@ SPREAD = "median over repeats; bars: min..max"
 MIB = 2.0**20
 
 speed_rows = contract.speed_values      # the contract's speed rows that hold a value
+profiled = contract.profiled_rows       # the status-ok rows of one instrumented pass ("timeline", ...)
 
 
 class MissingData(ValueError):
     """The table lacks the rows a figure needs (the message says which)."""
-
-
-def profiled(df: pd.DataFrame, profiler: str) -> pd.DataFrame:
-    """The status-ok rows of one instrumented pass (`profiler` "timeline", "trace", ...)."""
-    if "profiler" not in df.columns:
-        return df.iloc[0:0]
-    return df[(df["status"] == "ok") & (df["profiler"] == profiler)]
 
 
 def config_columns(df: pd.DataFrame, exclude: Sequence[str] = ()) -> list[str]:

@@ -26,7 +26,7 @@ def measured_hit_rates(df: pd.DataFrame, profiler: str = "trace") -> pd.DataFram
     sum of lookups. The default reads the `profiler="trace"` pass -- the same repeat that
     wrote `routing.npz`, so it is what a replay of that trace must give. Columns: the
     factors, capacity (slots per layer), lookups, hits, hit_rate."""
-    rows = profiled(df, profiler) if profiler != "none" else speed_rows(df)
+    rows = profiled(df, profiler)
     rows = rows[rows["metric"].isin(["expert_hits", "expert_misses"]) & rows["value"].notna()]
     if rows.empty:
         raise MissingData(f"measured hit rates: no expert_hits/expert_misses rows with profiler={profiler!r}"
