@@ -16,18 +16,34 @@ Dimension legend: N=rows, D=hidden, E=experts, k=top-k.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-
-import torch
-import torch.nn.functional as F
+from typing import TYPE_CHECKING
 
 from engine.blocks.base import Block, TensorSpec
 from engine.layers import route
+from engine.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+    import torch.nn.functional as F
+else:
+    torch = lazy_module("torch", globals())
+    F = lazy_module("torch.nn.functional", globals(), "F")
+
+
+ID_BYTES = 8                    # route()'s expert ids are int64
 
 
 class Router(Block, ABC):
+    weights_fp32: bool = True   # route()'s weights stay fp32 at any activation dtype (False: in the activation dtype)
+
     def __init__(self, hidden: int, n_experts: int, top_k: int) -> None:
         super().__init__()
         self.hidden, self.n_experts, self.top_k = hidden, n_experts, top_k
+
+    def slot_bytes(self, dtype_bytes: int) -> int:
+        """Bytes of one routed slot as `route` returns it when the model runs at `dtype_bytes`: its
+        int64 expert id and its weight (what a CPU placement ships per row and slot)."""
+        return ID_BYTES + (4 if self.weights_fp32 else dtype_bytes)
 
     @abstractmethod
     def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -43,6 +59,7 @@ class SoftmaxTopK(Router):
                  keep_fp32_weights: bool) -> None:
         super().__init__(hidden, n_experts, top_k)
         self.name, self.norm_topk, self.keep_fp32 = name, norm_topk, keep_fp32_weights
+        self.weights_fp32 = keep_fp32_weights
 
     def tensors(self) -> dict[str, TensorSpec]:
         return {"weight": TensorSpec(self.name, (self.n_experts, self.hidden), "router")}

@@ -14,15 +14,24 @@ Dimension legend: N=rows, D=hidden, E=experts, k=top-k.
 """
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+from typing import TYPE_CHECKING
 
 from engine.blocks.base import TensorSpec
 from engine.blocks.norms import RMSNorm
 from engine.blocks.routers import Router
+from engine.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+    import torch.nn.functional as F
+else:
+    torch = lazy_module("torch", globals())
+    F = lazy_module("torch.nn.functional", globals(), "F")
 
 
 class TopKThenSoftmax(Router):
+    weights_fp32 = False        # the softmax over the chosen logits runs in their (activation) dtype
+
     def __init__(self, prefix: str, hidden: int, n_experts: int, top_k: int) -> None:
         """prefix: e.g. "model.layers.0.mlp.router." (tensors weight [E, D], bias [E])."""
         super().__init__(hidden, n_experts, top_k)

@@ -13,7 +13,8 @@ the dense weights are its non-expert tensors (shared experts, dense first layers
 projections included; `dense_weights`), each layer's attention kernel reports its own FLOPs and
 bytes (`AttentionBlock.kernel_cost`: GQA over the held keys, a sliding window's bounded keys,
 MLA's latent, a DeltaNet's fixed state; `attention_cost`), an expert costs its stored bytes
-(`expert_bytes`: MXFP4's packed bytes) and a restore the planner's state bytes (`kv_bytes`).
+(`expert_bytes`: MXFP4's packed bytes), a routed slot shipped to a CPU layer its router's id and
+weight (`routed_slot_bytes`) and a restore the planner's state bytes (`kv_bytes`).
 
     shape = WorkloadShape(context_tokens=4096, gen_tokens=64)
     work = scenario_work(preset("mixtral-8x7b"), PlacementSpec("fetch", capacity=4), shape)
@@ -348,6 +349,17 @@ def expert_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
     return cfg.expert_bytes(dtype_bytes)
 
 
+@functools.lru_cache(maxsize=256)
+def routed_slot_bytes(cfg: ModelConfig, dtype_bytes: int) -> np.ndarray:
+    """int [M]: bytes of one routed slot per MoE layer, as that layer's router returns it (an int64
+    id and a weight, fp32 or in the activation dtype: `Router.slot_bytes`) -- what a CPU layer
+    ships device->CPU beside the activations, per row and slot."""
+    out = np.array([layer.moe.router.slot_bytes(dtype_bytes) for layer in _architecture(cfg).layers
+                    if layer.moe is not None], dtype=np.int64)
+    out.flags.writeable = False              # cached: shared by every caller
+    return out
+
+
 @dataclass(frozen=True)
 class DenseWeights:
     """The non-expert weights one pass reads and the parameters it multiplies per token: every
@@ -393,13 +405,13 @@ def pass_flops(cfg: ModelConfig, p: PassWork, dtype_bytes: int, kv_dtype: str | 
     ex_bytes = p.unique * expert_bytes(cfg, dt)                                  # [M]
     ex_f = np.full(cfg.n_moe_layers, ex_flops)
     on_cpu = p.on_cpu
-    id_bytes = 8 + (4 if cfg.family == "mixtral" else dt)                     # int64 ids + routing weights per slot
     n_cpu = int(on_cpu.sum())
+    slots_d2h = float((on_cpu * routed_slot_bytes(cfg, dt)).sum())              # per row: k slots of each CPU layer
     return PassFlops(
         dense_flops=dense_flops, dense_bytes=dense_bytes, attn_flops=attn.flops, attn_bytes=attn.bytes,
         dev_expert_flops=np.where(on_cpu, 0.0, ex_f), dev_expert_bytes=np.where(on_cpu, 0.0, ex_bytes),
         cpu_expert_flops=np.where(on_cpu, ex_f, 0.0), cpu_expert_bytes=np.where(on_cpu, ex_bytes, 0.0),
-        act_d2h_bytes=float(n_cpu * N * (D * dt + k * id_bytes)), act_h2d_bytes=float(n_cpu * N * D * dt),
+        act_d2h_bytes=float(n_cpu * N * D * dt + N * k * slots_d2h), act_h2d_bytes=float(n_cpu * N * D * dt),
         miss_bytes=p.misses * expert_bytes(cfg, dt),
         stream_bytes=p.streamed * expert_bytes(cfg, dt))
 

@@ -15,7 +15,7 @@ from harness import results
 from harness.costmodel import PlacementSpec, ProfileError, Routing, WorkloadShape, predict
 from harness.costmodel.profiles import profile_from_dict
 from harness.costmodel.timemodel import pipelined_exposed
-from harness.costmodel.work import PHASES, PassWork, pass_flops, phase_passes, scenario_work
+from harness.costmodel.work import PHASES, PassWork, pass_flops, phase_passes, routed_slot_bytes, scenario_work
 from engine.config import preset
 
 MIXTRAL = WorkloadShape(context_tokens=1024, gen_tokens=16, turn_tokens=32)
@@ -284,13 +284,28 @@ def test_phase_layout_matches_the_scenario():
     assert layout["prefill_continuation"] == [(6, 45)] and layout["prefill_restored"] == [(6, 51)]
 
 
-def test_activation_and_kv_bytes_equal_the_engines_counters():
-    eng = Engine.from_pretrained("tiny-mixtral", placement="cpu", device="cpu", ubatch=SHAPE.ubatch, max_context=256)
+@pytest.mark.parametrize("model, dtype", [("tiny-mixtral", "float32"), ("tiny-mixtral", "bfloat16"),
+                                          ("tiny-gpt-oss", "bfloat16"), ("tiny-deepseek", "bfloat16"),
+                                          ("tiny-gemma4", "bfloat16"), ("tiny-qwen3-next", "bfloat16")])
+def test_activation_and_kv_bytes_equal_the_engines_counters(model, dtype):
+    """A CPU layer ships each row's activations and its routed slots: an int64 id and a weight that
+    Mixtral's, DeepSeek's and Gemma 4's routers keep in fp32, GPT-OSS's and Qwen3-Next's return in
+    the activation dtype."""
+    eng = Engine.from_pretrained(model, placement="cpu", device="cpu", dtype=dtype, ubatch=SHAPE.ubatch,
+                                 max_context=256)
     measured = _run_scenario(eng)
-    p = predict("tiny-mixtral", "cpu", SHAPE, "rtx4090-pcie4-x16")
+    p = predict(model, "cpu", SHAPE, "rtx4090-pcie4-x16", dtype=dtype)
     for phase in PHASES:
         assert p.phases[phase].d2h_bytes == measured[phase]["d2h_bytes"], phase
         assert p.phases[phase].h2d_bytes == measured[phase]["h2d_bytes"], phase
+
+
+def test_a_routed_slot_costs_what_its_router_returns():
+    """The bytes are the router's, not a family name's: at bf16 Mixtral's fp32 weights make a slot
+    8 + 4 bytes, GPT-OSS's bf16 ones 8 + 2; in fp32 both are 8 + 4."""
+    assert set(routed_slot_bytes(preset("tiny-mixtral"), 2)) == {12}
+    assert set(routed_slot_bytes(preset("tiny-gpt-oss"), 2)) == {10}
+    assert set(routed_slot_bytes(preset("tiny-gpt-oss"), 4)) == {12}
 
 
 @pytest.mark.parametrize("policy, capacity", [("lru", 2), ("lru", 5), ("fifo", 3), ("belady", 3)])
