@@ -7,11 +7,32 @@
 
 See engine.engine for the options, engine.placements and engine.policies for plugins,
 engine.families (and engine/families/README.md) for model families and how to add one.
+
+Model shapes, presets, the registries and the memory planner (engine.planner) import without
+torch; `Engine`, `GenerateResult` and `NonFiniteError` load it on first use (engine.lazy).
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from engine.config import PRESETS, ModelConfig, preset
-from engine.engine import Engine, GenerateResult
-from engine.finite import NonFiniteError
 from engine.registry import FAMILIES, PLACEMENTS, POLICIES
+
+if TYPE_CHECKING:
+    from engine.engine import Engine, GenerateResult
+    from engine.finite import NonFiniteError
+
+_LAZY = {"Engine": "engine.engine", "GenerateResult": "engine.engine", "NonFiniteError": "engine.finite"}
 
 __all__ = ["Engine", "GenerateResult", "NonFiniteError", "ModelConfig", "PRESETS", "preset", "FAMILIES", "PLACEMENTS",
            "POLICIES"]
+
+
+def __getattr__(name: str) -> Any:
+    """The engine itself, imported when first asked for (it brings torch)."""
+    if name not in _LAZY:
+        raise AttributeError(f"module 'engine' has no attribute {name!r}")
+    import importlib
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value

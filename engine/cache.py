@@ -35,14 +35,19 @@ queued behind the current layer's own copies in issue-ahead mode and at once oth
 from __future__ import annotations
 
 from collections.abc import Callable, Set
-
-import torch
+from typing import TYPE_CHECKING
 
 from engine.blocks.experts import ExpertLayout
 from engine.counters import Counters
 from engine.devices import CopyHandle, Device
 from engine.layers import memo, rows
+from engine.lazy import lazy_module
 from engine.policies.base import EvictionPolicy, still_needed
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 
 def row_views(buffer: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -27,14 +27,19 @@ import logging
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from safetensors import SafetensorError, safe_open
 
 from engine.dtypes import DTYPES, torch_dtype  # noqa: F401 -- re-exported: callers import them from here
 from engine.finite import BadTensor, nonfinite_count, refuse_bad_tensors
-from engine.quant import FLOAT8, SCALE_SUFFIX, BlockFP8, block_fp8
+from engine.lazy import lazy_module
+from engine.quant import SCALE_SUFFIX, BlockFP8, block_fp8, is_float8
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +102,7 @@ class Checkpoint:
         if name not in self._where:
             raise MissingTensorError(f"tensor {name!r} is missing from checkpoint {self.path}")
         t = self._read(name, lambda h: h.get_tensor(name))
-        if t.dtype in FLOAT8:
+        if is_float8(t.dtype):
             t = self._dequantize(name, t, lambda scale: self.get(scale))
         return t if dtype is None else t.to(dtype)
 
@@ -144,7 +149,7 @@ class Checkpoint:
         if name not in self._where:
             raise MissingTensorError(f"tensor {name!r} is missing from checkpoint {self.path}")
         t = self._read(name, lambda h: h.get_slice(name)[row])
-        if t.dtype in FLOAT8:
+        if is_float8(t.dtype):
             t = self._dequantize(name, t, lambda scale: self.get_row(scale, row))
         return t if dtype is None else t.to(dtype)
 

@@ -58,12 +58,16 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from engine import hostmem
 from engine.hooks import NULL, Instrument
+from engine.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 COPY_GATE_CYCLES = 50_000            # GPU clock cycles (~25 us at 2 GHz) an idle copy stream spins when timed
 LINK_TRUSTED_MIN_BYTES = 8 << 20     # smallest copy whose event-timed rate link_gbps is trusted for

@@ -27,11 +27,14 @@ import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import torch
+from engine.lazy import lazy_module
 
 if TYPE_CHECKING:
+    import torch
     from engine.kv import Session
     from engine.model import MoEModel
+else:
+    torch = lazy_module("torch", globals())
 
 log = logging.getLogger(__name__)
 

@@ -23,12 +23,19 @@ per store layer at load and once per KV displacement, never per copy.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 import mmap
 import threading
+from typing import TYPE_CHECKING
 import weakref
-from collections.abc import Callable
 
-import torch
+from engine.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
+
 
 PAGE = mmap.PAGESIZE
 PIN_METHODS = ("none", "register", "caching")   # plain pageable | cudaHostRegister in place | torch pin_memory=True

@@ -47,14 +47,16 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import torch
-
 from engine.counters import Counters
 from engine.devices import Device
 from engine.kvquant import KVFormat, dequantise_reference, kv_format
+from engine.lazy import lazy_module
 
 if TYPE_CHECKING:
+    import torch
     from engine.blocks.base import StaticStep
+else:
+    torch = lazy_module("torch", globals())
 
 MIN_CAPACITY = 256          # unplanned full KV starts here and doubles
 _labels = itertools.count()

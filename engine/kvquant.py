@@ -30,14 +30,21 @@ in pairs along head_dim (element 2j in the low nibble, 2j+1 in the high one).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from engine.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
+
 
 KV_DTYPES = ("model", "f16", "bf16", "q8", "q4", "fp8")
 DEFAULT_KV_DTYPE = "model"
 BLOCK = 32
-SCALE_DTYPE = torch.float16
+SCALE_DTYPE = "float16"                           # names, not torch dtypes: sizing a format needs no torch
+ITEMSIZE = {"float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1, "float8_e4m3fn": 1}   # bytes per stored element
 FP8_MAX = 448.0                                   # float8_e4m3fn's largest finite value
 
 
@@ -58,11 +65,12 @@ def block_size(head_dim: int) -> int:
 @dataclass(frozen=True)
 class KVFormat:
     """One storage format. `cast`: a plain dtype (None: the model's own); `code`: the block
-    quantiser's code dtype, None for the cast formats."""
+    quantiser's code dtype, None for the cast formats. Both are torch's names for them, so that
+    sizing a format (`row_bytes`, the planner's) needs no torch."""
 
     name: str
-    cast: torch.dtype | None = None
-    code: torch.dtype | None = None
+    cast: str | None = None
+    code: str | None = None
 
     @property
     def blocked(self) -> bool:
@@ -73,23 +81,28 @@ class KVFormat:
         """Tensors per key (or value) buffer: payload, and a scale for the block formats."""
         return 2 if self.blocked else 1
 
-    def exact_for(self, dtype: torch.dtype) -> bool:
-        """Whether storing in this format loses nothing for a model computing in `dtype`."""
-        return not self.blocked and (self.cast is None or self.cast == dtype)
+    def exact_for(self, dtype: torch.dtype | str) -> bool:
+        """Whether storing in this format loses nothing for a model computing in `dtype` (a torch
+        dtype or its name)."""
+        return not self.blocked and (self.cast is None or self.cast == str(dtype).removeprefix("torch."))
 
-    def parts(self, head_dim: int, dtype: torch.dtype) -> list[tuple[torch.dtype, int]]:
-        """(dtype, last-dim size) of each stored tensor of one key or value buffer."""
-        if not self.blocked:
-            return [(self.cast or dtype, head_dim)]
+    def _layout(self, head_dim: int) -> list[tuple[str, int]]:
+        """(dtype name, last-dim size) of each stored tensor of a block format's buffer."""
         nb = head_dim // block_size(head_dim)
         payload = head_dim // 2 if self.name == "q4" else head_dim
         return [(self.code, payload), (SCALE_DTYPE, nb)]
 
+    def parts(self, head_dim: int, dtype: torch.dtype) -> list[tuple[torch.dtype, int]]:
+        """(dtype, last-dim size) of each stored tensor of one key or value buffer."""
+        if not self.blocked:
+            return [(dtype if self.cast is None else _dtype(self.cast), head_dim)]
+        return [(_dtype(name), n) for name, n in self._layout(head_dim)]
+
     def row_bytes(self, head_dim: int, dtype_bytes: int) -> int:
         """Stored bytes of one row of head_dim values (payload + scales) at `dtype_bytes` per model element."""
         if not self.blocked:
-            return head_dim * (self.cast.itemsize if self.cast is not None else dtype_bytes)
-        return sum(dt.itemsize * n for dt, n in self.parts(head_dim, torch.float32))
+            return head_dim * (ITEMSIZE[self.cast] if self.cast is not None else dtype_bytes)
+        return sum(ITEMSIZE[name] * n for name, n in self._layout(head_dim))
 
     def check(self, head_dim: int, device: torch.device | str = "cpu") -> None:
         """Refuse, before anything is allocated, a head_dim or device this format cannot serve."""
@@ -114,24 +127,24 @@ class KVFormat:
     def quantise(self, x: torch.Tensor) -> list[torch.Tensor]:
         """x [..., h] -> the stored parts (module docstring)."""
         if not self.blocked:
-            return [x if self.cast is None else x.to(self.cast)]
+            return [x if self.cast is None else x.to(_dtype(self.cast))]
         h = x.shape[-1]
         bs = block_size(h)
         xb = x.float().reshape(*x.shape[:-1], h // bs, bs)                       # [..., nb, bs]
         if self.name == "q4":
             idx = xb.abs().argmax(dim=-1, keepdim=True)
-            d = (xb.gather(-1, idx) / -8.0).to(SCALE_DTYPE)                      # [..., nb, 1]
+            d = (xb.gather(-1, idx) / -8.0).to(_dtype(SCALE_DTYPE))              # [..., nb, 1]
             inv = _inverse(d.float())
             codes = (xb * inv + 8.5).floor().clamp(0, 15).to(torch.uint8).reshape(*x.shape[:-1], h)
             packed = codes[..., 0::2] | (codes[..., 1::2] << 4)                   # [..., h/2]
             return [packed, d.squeeze(-1)]
         top = 127.0 if self.name == "q8" else FP8_MAX
-        d = (xb.abs().amax(dim=-1, keepdim=True) / top).to(SCALE_DTYPE)          # [..., nb, 1]
+        d = (xb.abs().amax(dim=-1, keepdim=True) / top).to(_dtype(SCALE_DTYPE))  # [..., nb, 1]
         scaled = xb * _inverse(d.float())
         if self.name == "q8":
             q = scaled.round().clamp(-127, 127).to(torch.int8)
         else:                                # clamped: a value past 448 would become NaN, not saturate
-            q = scaled.clamp(-FP8_MAX, FP8_MAX).to(self.code)
+            q = scaled.clamp(-FP8_MAX, FP8_MAX).to(_dtype(self.code))
         return [q.reshape(*x.shape[:-1], h), d.squeeze(-1)]
 
     def dequantise(self, parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
@@ -150,6 +163,12 @@ class KVFormat:
         return out.reshape(values.shape).to(dtype)
 
 
+def _dtype(name: str) -> torch.dtype:
+    """torch's dtype of a stored name; float8_e4m3fn where this torch lacks it reads as uint8
+    (`check_device` refuses fp8 there before anything is stored)."""
+    return getattr(torch, name, torch.uint8)
+
+
 def _inverse(d: torch.Tensor) -> torch.Tensor:
     """1/d, 0 where the block is all zeros (its codes are then 0, or 8 for q4: both decode to 0)."""
     return torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
@@ -157,11 +176,11 @@ def _inverse(d: torch.Tensor) -> torch.Tensor:
 
 FORMATS: dict[str, KVFormat] = {
     "model": KVFormat("model"),
-    "f16": KVFormat("f16", cast=torch.float16),
-    "bf16": KVFormat("bf16", cast=torch.bfloat16),
-    "q8": KVFormat("q8", code=torch.int8),
-    "q4": KVFormat("q4", code=torch.uint8),
-    "fp8": KVFormat("fp8", code=getattr(torch, "float8_e4m3fn", torch.uint8)),
+    "f16": KVFormat("f16", cast="float16"),
+    "bf16": KVFormat("bf16", cast="bfloat16"),
+    "q8": KVFormat("q8", code="int8"),
+    "q4": KVFormat("q4", code="uint8"),
+    "fp8": KVFormat("fp8", code="float8_e4m3fn"),
 }
 
 
@@ -179,11 +198,13 @@ def is_lossy(name: str | KVFormat | None, dtype: torch.dtype | str, expert_quant
     """Whether a model computing in `dtype` runs a lossy treatment: its experts quantised
     (`expert_quant`, an engine.blocks.quant_experts.ExpertQuant, with a mode other than none) or
     its KV stored in `name`, a format that loses precision for `dtype`."""
-    from engine.dtypes import torch_dtype
+    from engine.dtypes import checked_name
 
     if expert_quant is not None and expert_quant.mode != "none":
         return True
-    return not kv_format(name).exact_for(torch_dtype(dtype))
+    if isinstance(dtype, str):
+        checked_name(dtype)                  # an unknown name is refused, listing the allowed ones
+    return not kv_format(name).exact_for(dtype)
 
 
 # --- the slow reference: one block at a time, scalar arithmetic per value ------------------------------
@@ -195,17 +216,18 @@ def quantise_reference(fmt: KVFormat, x: torch.Tensor) -> list[torch.Tensor]:
     bs = block_size(h)
     nb = h // bs
     codes = torch.zeros(R, h, dtype=torch.int64)
-    scales = torch.zeros(R, nb, dtype=SCALE_DTYPE)
-    fp8 = torch.zeros(R, h, dtype=fmt.code) if fmt.name == "fp8" else None
+    scale_dtype, code_dtype = _dtype(SCALE_DTYPE), _dtype(fmt.code)
+    scales = torch.zeros(R, nb, dtype=scale_dtype)
+    fp8 = torch.zeros(R, h, dtype=code_dtype) if fmt.name == "fp8" else None
     for r in range(R):
         for b in range(nb):
             blk = [float(v) for v in x[r, b * bs:(b + 1) * bs].float()]
             if fmt.name == "q4":
                 m = max(blk, key=abs)                       # the first value of largest magnitude
-                d = float(torch.tensor(m / -8.0, dtype=torch.float32).to(SCALE_DTYPE))
+                d = float(torch.tensor(m / -8.0, dtype=torch.float32).to(scale_dtype))
             else:
                 top = 127.0 if fmt.name == "q8" else FP8_MAX
-                d = float(torch.tensor(max(abs(v) for v in blk) / top, dtype=torch.float32).to(SCALE_DTYPE))
+                d = float(torch.tensor(max(abs(v) for v in blk) / top, dtype=torch.float32).to(scale_dtype))
             scales[r, b] = d
             inv = float(torch.tensor(1.0, dtype=torch.float32) / d) if d != 0 else 0.0
             for j, v in enumerate(blk):
@@ -215,7 +237,7 @@ def quantise_reference(fmt: KVFormat, x: torch.Tensor) -> list[torch.Tensor]:
                 elif fmt.name == "q8":
                     codes[r, b * bs + j] = min(127, max(-127, int(torch.round(torch.tensor(s)))))
                 else:
-                    fp8[r, b * bs + j] = torch.tensor(min(FP8_MAX, max(-FP8_MAX, s)), dtype=torch.float32).to(fmt.code)
+                    fp8[r, b * bs + j] = torch.tensor(min(FP8_MAX, max(-FP8_MAX, s)), dtype=torch.float32).to(code_dtype)
     if fmt.name == "q4":
         c = codes.to(torch.uint8)
         packed = torch.zeros(R, h // 2, dtype=torch.uint8)

@@ -13,14 +13,24 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import torch
-import torch.nn.functional as F
+from engine.lazy import lazy_module
 
-ACT = {
-    "silu": F.silu,
-    "relu": F.relu,
-    "gelu": F.gelu,
+if TYPE_CHECKING:
+    import torch
+    import torch.nn.functional as F
+else:
+    torch = lazy_module("torch", globals())
+    F = lazy_module("torch.nn.functional", globals())
+
+
+# each reads F when it runs, not when this module is imported (families validate against the names
+# without loading torch: engine.lazy)
+ACT: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": lambda x: F.silu(x),
+    "relu": lambda x: F.relu(x),
+    "gelu": lambda x: F.gelu(x),
     "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
 }
 
@@ -180,17 +190,19 @@ def expert_ffn(x: torch.Tensor, packed: torch.Tensor, D: int, I: int, act: str) 
     return F.linear(ACT[act](gate) * up, down)                     # [n, D]
 
 
-# the public name where this torch has it, else the operator it calls (torch._grouped_mm, the same
-# signature): the lent GPU machine runs torch 2.11, the CI 2.13, and whether 2.11 has the public
-# name is unverified
-GROUPED_MM = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+@functools.cache
+def grouped_mm() -> Callable[..., torch.Tensor] | None:
+    """The public name where this torch has it, else the operator it calls (torch._grouped_mm, the
+    same signature): the lent GPU machine runs torch 2.11, the CI 2.13, and whether 2.11 has the
+    public name is unverified. None: neither."""
+    return getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
 
 
 def grouped_mm_supported(dtype: torch.dtype, device: torch.device) -> bool:
     """Whether `F.grouped_mm` takes this dtype on this device: any float dtype on the CPU (a loop of
     mm per group, bitwise equal to F.linear on each group: tests/engine/test_dispatch.py), bf16 on
     CUDA (its documented kernel, SM >= 80; unverified here: no GPU in this project's CI)."""
-    if GROUPED_MM is None:
+    if grouped_mm() is None:
         return False
     return device.type == "cpu" or (device.type == "cuda" and dtype == torch.bfloat16)
 
@@ -203,8 +215,9 @@ def expert_ffn_grouped(x: torch.Tensor, rows: torch.Tensor, offs: torch.Tensor, 
     E = rows.shape[0]
     gate_up = rows[:, : 2 * I * D].view(E, 2 * I, D)                  # [E, 2I, D]
     down = rows[:, 2 * I * D:].view(E, D, I)                           # [E, D, I]
-    gate, up = GROUPED_MM(x, gate_up.transpose(1, 2), offs=offs).chunk(2, dim=-1)    # [M, I] each
-    return GROUPED_MM(ACT[act](gate) * up, down.transpose(1, 2), offs=offs)            # [M, D]
+    mm = grouped_mm()
+    gate, up = mm(x, gate_up.transpose(1, 2), offs=offs).chunk(2, dim=-1)    # [M, I] each
+    return mm(ACT[act](gate) * up, down.transpose(1, 2), offs=offs)            # [M, D]
 
 
 def dense_mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, act: str) -> torch.Tensor:

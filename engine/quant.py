@@ -18,14 +18,22 @@ twice (four times) the FP8 bytes on disk. That is logged when the checkpoint is 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from engine.config import UnsupportedModelError
+from engine.lazy import lazy_module
 
-FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
+
+FLOAT8 = ("float8_e4m3fn", "float8_e5m2")     # dtype names: a checkpoint's tensors in these are block-scaled
 SCALE_SUFFIX = "_scale_inv"          # <name>.weight -> <name>.weight_scale_inv
+
+
+def is_float8(dtype: torch.dtype) -> bool:
+    return str(dtype).removeprefix("torch.") in FLOAT8
 
 
 @dataclass(frozen=True)

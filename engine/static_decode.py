@@ -35,12 +35,17 @@ Unverified on a GPU: no GPU in this project's CI (scripts/gpu_check.sh checks it
 from __future__ import annotations
 
 import contextlib
-
-import torch
+from typing import TYPE_CHECKING
 
 from engine.blocks.base import StaticStep
 from engine.hooks import NULL
 from engine.kv import Session
+from engine.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 MIN_KEYS = 256
 
@@ -124,12 +129,12 @@ class StaticDecoder:
         """The step itself, on the static buffers -> logits [B, V]: what a CUDA graph captures."""
         return self.model.forward(self.ids, self.sess, static=StaticStep(self.pos, keys))
 
-    @torch.inference_mode()
     def step(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [B, 1] on the device -> logits [B, V] (a fresh tensor); advances the session by one."""
-        keys = self.prepare(ids)
-        logits = self._replay(keys) if self.capture else self.run(keys)
-        self.sess.advance(1)
+        with torch.inference_mode():
+            keys = self.prepare(ids)
+            logits = self._replay(keys) if self.capture else self.run(keys)
+            self.sess.advance(1)
         return logits
 
     def _replay(self, keys: int) -> torch.Tensor:

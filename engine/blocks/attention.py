@@ -34,10 +34,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
-
-import torch
-import torch.nn.functional as F
+from typing import TYPE_CHECKING, ClassVar
 
 from engine.blocks.base import Block, Pass, TensorSpec, Transient
 from engine.blocks.rope import Rope
@@ -45,6 +42,14 @@ from engine.devices import Device
 from engine.kv import FullKV, KVState, LayerState, SlidingKV, StateTerm
 from engine.kvquant import DEFAULT_KV_DTYPE, KVFormatError, kv_format
 from engine.layers import attention, causal_mask, heads_first, plain_causal, rms_norm
+from engine.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+    import torch.nn.functional as F
+else:
+    torch = lazy_module("torch", globals())
+    F = lazy_module("torch.nn.functional", globals())
 
 QK_NORMS = ("none", "head", "full")
 FLASH_CPU_Q_BLOCK, FLASH_CPU_KV_BLOCK = 256, 512                      # torch's CPU flash-attention blocking

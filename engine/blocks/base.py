@@ -19,9 +19,15 @@ import math
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from engine.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
+
 
 INITS = ("normal", "ones", "zeros", "router", "fan_in")
 # std 0.02 | ones | zeros | std 1.0 (softmax routing decided by clear margins) | std 1/sqrt(fan-in): logits of
@@ -93,7 +99,7 @@ class Block:
         return sum(spec.numel for _, _, spec in self.walk())
 
 
-ExpertRunner = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+ExpertRunner = Callable[[int, "torch.Tensor", "torch.Tensor", "torch.Tensor"], "torch.Tensor"]
 
 
 @dataclass(frozen=True)

@@ -17,12 +17,19 @@ Dimension legend: n=rows routed to one expert, D=hidden, I=expert intermediate, 
 """
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+from typing import TYPE_CHECKING
 
 from engine.blocks.experts import ByteLayout, ExpertLayout, RandomTensor
 from engine.blocks.mxfp4 import BLOCK, dequantize, quantize
 from engine.checkpoint import Checkpoint, MissingTensorError
+from engine.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+    import torch.nn.functional as F
+else:
+    torch = lazy_module("torch", globals())
+    F = lazy_module("torch.nn.functional", globals())
 
 ALPHA = 1.702                   # GPT-OSS's sigmoid slope (transformers' GptOssExperts.alpha)
 

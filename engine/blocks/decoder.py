@@ -14,14 +14,21 @@ Dimension legend: B=batch, T=new tokens, D=hidden, N=B*T rows, V=vocab.
 """
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+from typing import TYPE_CHECKING
 
 from engine.blocks.attention import AttentionBlock
 from engine.blocks.base import Block, Pass, TensorSpec
 from engine.blocks.mlp import MoEBlock
 from engine.blocks.norms import RMSNorm, norm_temp_bytes
 from engine.kv import LayerState
+from engine.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+    import torch.nn.functional as F
+else:
+    torch = lazy_module("torch", globals())
+    F = lazy_module("torch.nn.functional", globals())
 
 
 class DecoderLayer(Block):

@@ -27,8 +27,17 @@ channels, K=conv kernel, c=tokens in one chunk.
 """
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+from typing import TYPE_CHECKING
+
+from engine.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+    import torch.nn.functional as F
+else:
+    torch = lazy_module("torch", globals())
+    F = lazy_module("torch.nn.functional", globals())
+
 
 CHUNK = 64                      # tokens per chunk of the prefill form (transformers' chunk_size)
 L2_EPS = 1e-6                   # the l2 norm of q and k (FLA's and transformers' value)

@@ -22,8 +22,7 @@ r=H/Hk, C=2*Hk*dk + H*dv conv channels, K=conv kernel, N=B*T rows.
 """
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+from typing import TYPE_CHECKING
 
 from engine.blocks.attention import AttentionBlock, KernelCost
 from engine.blocks.base import Pass, TensorSpec, Transient
@@ -31,6 +30,14 @@ from engine.blocks.delta_rule import CHUNK, causal_conv, chunk_workspace_bytes, 
 from engine.devices import Device
 from engine.kv import LayerState, StateTerm
 from engine.layers import ACT
+from engine.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+    import torch.nn.functional as F
+else:
+    torch = lazy_module("torch", globals())
+    F = lazy_module("torch.nn.functional", globals())
 
 PROJECTIONS = ("qkvz", "split")       # Qwen3-Next's fused per-key-head layout | Qwen3.5's separate projections
 

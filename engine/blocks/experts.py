@@ -18,13 +18,18 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
-
-import torch
+from typing import TYPE_CHECKING
 
 from engine.checkpoint import Checkpoint, MissingTensorError
 from engine.layers import expert_ffn, expert_ffn_grouped, grouped_mm_supported
+from engine.lazy import lazy_module
 
-RandomTensor = Callable[[str, tuple[int, ...]], torch.Tensor]   # name, shape -> seeded fp32 values (std 0.02)
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
+
+RandomTensor = Callable[[str, tuple[int, ...]], "torch.Tensor"]   # name, shape -> seeded fp32 values (std 0.02)
 
 
 class ExpertLayout(ABC):

@@ -10,13 +10,20 @@ Dimension legend: B=batch, T=new tokens, D=hidden, H/K=query/kv heads, h=head di
 """
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+from typing import TYPE_CHECKING
 
 from engine.blocks.attention import GQAAttention
 from engine.blocks.base import Pass, TensorSpec, Transient
 from engine.kv import KVState
 from engine.layers import rms_norm_fp32
+from engine.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+    import torch.nn.functional as F
+else:
+    torch = lazy_module("torch", globals())
+    F = lazy_module("torch.nn.functional", globals())
 
 
 class GatedAttention(GQAAttention):

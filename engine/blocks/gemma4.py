@@ -22,8 +22,7 @@ H/K=query/kv heads, h=head dim.
 """
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+from typing import TYPE_CHECKING
 
 from engine.blocks.attention import GQAAttention
 from engine.blocks.base import Block, Pass, TensorSpec, Transient
@@ -32,6 +31,14 @@ from engine.blocks.mlp import DenseMLP, MoEBlock
 from engine.blocks.norms import PowRMSNorm, norm_temp_bytes, pow_rms_norm
 from engine.kv import KVState
 from engine.layers import ACT
+from engine.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+    import torch.nn.functional as F
+else:
+    torch = lazy_module("torch", globals())
+    F = lazy_module("torch.nn.functional", globals())
 
 PER_LAYER_INPUTS = "per_layer_inputs"          # the Pass key of [B, T, L, P]
 

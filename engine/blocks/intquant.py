@@ -17,7 +17,15 @@ Dimension legend: R=rows (output channels), C=inputs per row, G=C/group groups p
 """
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+from engine.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
+
 
 INT8_MAX = 127
 INT4_LEVELS = 15            # q in [0, 15]
@@ -32,9 +40,9 @@ def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
-def dequantize_int8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """q int8 [R, C], scale [R] -> [R, C] in `dtype` (computed in float32)."""
-    return (q.float() * scale[:, None]).to(dtype)
+def dequantize_int8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """q int8 [R, C], scale [R] -> [R, C] in `dtype` (None: float32; computed in float32)."""
+    return (q.float() * scale[:, None]).to(dtype or torch.float32)
 
 
 def check_group(cols: int, group: int) -> None:
@@ -66,9 +74,10 @@ def unpack_int4(q: torch.Tensor) -> torch.Tensor:
 
 
 def dequantize_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int,
-                    dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """q uint8 [R, C/2], scale [R, G], zero uint8 [R, G] -> [R, C] in `dtype` (computed in float32)."""
+                    dtype: torch.dtype | None = None) -> torch.Tensor:
+    """q uint8 [R, C/2], scale [R, G], zero uint8 [R, G] -> [R, C] in `dtype` (None: float32;
+    computed in float32)."""
     R = q.shape[0]
     vals = unpack_int4(q).float().view(R, -1, group)                              # [R, G, g]
     vals = (vals - zero.float()[..., None]) * scale[..., None]
-    return vals.view(R, -1).to(dtype)
+    return vals.view(R, -1).to(dtype or torch.float32)

@@ -31,8 +31,7 @@ d=qk rope dims, v=value dims, r=kv_lora_rank, q=q_lora_rank, N=B*T rows.
 """
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+from typing import TYPE_CHECKING
 
 from engine.blocks.attention import AttentionBlock, KernelCost, score_pairs, sdpa_workspace_bytes
 from engine.blocks.base import Block, Pass, TensorSpec, Transient
@@ -41,6 +40,14 @@ from engine.blocks.rope import Rope
 from engine.devices import Device
 from engine.kv import LayerState, StateTerm, grown_capacity
 from engine.layers import apply_rope, causal_mask, heads_last, plain_causal, sdpa
+from engine.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+    import torch.nn.functional as F
+else:
+    torch = lazy_module("torch", globals())
+    F = lazy_module("torch.nn.functional", globals())
 
 MLA_KERNELS = ("absorbed", "expanded")
 LORA_NORM_EPS = 1e-6        # transformers' DeepseekV3RMSNorm default: q_a/kv_a_layernorm ignore rms_norm_eps

@@ -15,13 +15,20 @@ Dimension legend: N=rows (B*T), D=hidden, I=intermediate, k=top-k.
 """
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+from typing import TYPE_CHECKING
 
 from engine.blocks.base import Block, Pass, TensorSpec, Transient
 from engine.blocks.experts import ExpertLayout
 from engine.blocks.routers import Router
 from engine.layers import dense_mlp
+from engine.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+    import torch.nn.functional as F
+else:
+    torch = lazy_module("torch", globals())
+    F = lazy_module("torch.nn.functional", globals())
 
 
 class DenseMLP(Block):

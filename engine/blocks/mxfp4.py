@@ -17,7 +17,15 @@ Dimension legend: R=rows, C=values per row, G=C/32 blocks per row.
 """
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+from engine.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
+
 
 BLOCK = 32                                   # values sharing one scale
 BIAS = 127                                   # E8M0 exponent bias
@@ -34,16 +42,16 @@ def _pairs(device: torch.device) -> torch.Tensor:
 _PAIRS: dict[torch.device, torch.Tensor] = {}
 
 
-def dequantize(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """blocks uint8 [..., G, 16], scales uint8 [..., G] -> [..., G*32] in `dtype` (exact unless a value
-    leaves dtype's range)."""
+def dequantize(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """blocks uint8 [..., G, 16], scales uint8 [..., G] -> [..., G*32] in `dtype` (None: float32;
+    exact unless a value leaves dtype's range)."""
     pairs = _PAIRS.get(blocks.device)
     if pairs is None:
         pairs = _PAIRS[blocks.device] = _pairs(blocks.device)
     *lead, G, B = blocks.shape
     vals = pairs[blocks.to(torch.int32)].view(*lead, G, 2 * B)                     # [..., G, 32]
     vals = torch.ldexp(vals, scales.to(torch.int32)[..., None] - BIAS)
-    return vals.view(*lead, G * 2 * B).to(dtype)
+    return vals.view(*lead, G * 2 * B).to(dtype or torch.float32)
 
 
 def quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

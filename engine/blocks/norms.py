@@ -9,10 +9,16 @@ Owns: which norm a tensor name is and its transient bytes. Does not own: the ari
 """
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from engine.blocks.base import Block, TensorSpec
 from engine.layers import rms_norm, rms_norm_fp32
+from engine.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 
 def norm_temp_bytes(rows: int, hidden: int, dtype_bytes: int) -> int:

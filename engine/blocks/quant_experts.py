@@ -31,13 +31,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from engine.blocks.experts import ByteLayout, ExpertLayout, RandomTensor
 from engine.blocks.intquant import check_group, dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
 from engine.checkpoint import Checkpoint
+from engine.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 QUANT_MODES = ("none", "int8", "int4", "mixed")
 MIXED_HIGH = ("int8",)             # the higher precision of a mixed treatment

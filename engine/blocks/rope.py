@@ -17,11 +17,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from engine.blocks.base import Pass
 from engine.layers import apply_rope, rope_cos_sin
+from engine.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 
 @dataclass(frozen=True)

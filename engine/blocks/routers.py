@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import torch.nn.functional as F
 else:
     torch = lazy_module("torch", globals())
-    F = lazy_module("torch.nn.functional", globals(), "F")
+    F = lazy_module("torch.nn.functional", globals())
 
 
 ID_BYTES = 8                    # route()'s expert ids are int64

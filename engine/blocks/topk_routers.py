@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     import torch.nn.functional as F
 else:
     torch = lazy_module("torch", globals())
-    F = lazy_module("torch.nn.functional", globals(), "F")
+    F = lazy_module("torch.nn.functional", globals())
 
 
 class TopKThenSoftmax(Router):

@@ -21,9 +21,7 @@ import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
-
-import torch
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from engine.cache import ExpertCache, ExpertStore
 from engine.config import ModelConfig
@@ -32,8 +30,14 @@ from engine.devices import Device
 from engine.dispatch import Routing, group_by_expert, group_on_device
 from engine.hooks import Instrument
 from engine.layers import cast
+from engine.lazy import lazy_module
 from engine.policies.base import EvictionPolicy
 from engine.registry import NoOptions
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 
 @dataclass
@@ -127,6 +131,20 @@ class Placement(ABC):
                     for f in dataclasses.fields(parsed)}
         return ", ".join(f"{name}={getattr(parsed, name)}" for name, default in defaults.items()
                          if default is dataclasses.MISSING or getattr(parsed, name) != default)
+
+    @classmethod
+    def invariant_cases(cls, cfg: ModelConfig) -> list[dict[str, Any]]:
+        """The configurations of this strategy that the invariant test (tests/engine/test_invariant*)
+        holds to `resident`'s tokens and logits on `cfg`, on the CPU in fp32: each a dict of
+        `Engine.from_pretrained` keywords beside `placement` (its options, `cache_capacity`,
+        `cache_policy`, `prefetch`). The first is its representative one (what tests that vary
+        something else -- the micro-batch, a sliding window -- run); empty where it cannot run `cfg`
+        there. The default: its default options, and for a strategy that keeps a cache the smallest
+        (top_k) and the largest (every expert) capacity. A strategy whose options change what it
+        does overrides this to cover them."""
+        if not cls.uses_cache({}):
+            return [{}]
+        return [{"cache_capacity": c} for c in sorted({cfg.top_k, cfg.n_experts})]
 
     def setup(self) -> None:
         """Allocate device-side structures after the weights are loaded."""

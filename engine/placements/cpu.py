@@ -2,12 +2,16 @@
 (Fiddler-style). Attention and everything else stays on the device."""
 from __future__ import annotations
 
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from engine.config import ModelConfig
+from engine.lazy import lazy_module
 from engine.placements.base import Placement, PlacementTraits
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 
 class CPUExperts(Placement):

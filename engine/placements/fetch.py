@@ -10,15 +10,19 @@ both (hits, misses and bytes are identical either way: see engine.cache)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from engine.cache import ExpertCache
 from engine.config import ModelConfig
 from engine.dispatch import group_by_expert
+from engine.lazy import lazy_module
 from engine.placements.base import Placement, PlacementTraits
 from engine.registry import require_bool
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,21 @@ class Fetch(Placement):
     def traits(cls, cfg: ModelConfig, options: dict[str, Any]) -> PlacementTraits:
         return PlacementTraits(uses_cache=True, copies_experts=True,
                                issue_ahead=cls.parse_options(options).issue_ahead)
+
+    @classmethod
+    def invariant_cases(cls, cfg: ModelConfig) -> list[dict[str, Any]]:
+        """Every capacity from top_k to every expert under every registered eviction policy; then
+        at the smallest, the next and the full cache, each copy schedule with every registered
+        prefetcher (the default schedule without one is already among the first)."""
+        from engine.registry import POLICIES, PREFETCHERS
+        k, E = cfg.top_k, cfg.n_experts
+        first = {"cache_capacity": min(k + 1, E), "cache_policy": "lru"}
+        cases = [first] + [{"cache_capacity": c, "cache_policy": p} for c in range(k, E + 1) for p in POLICIES.names()
+                           if {"cache_capacity": c, "cache_policy": p} != first]
+        cases += [{"cache_capacity": c, "issue_ahead": ahead, "prefetch": pf}
+                  for c in sorted({k, min(k + 1, E), E}) for ahead in (True, False) for pf in PREFETCHERS.names()
+                  if (ahead, pf) != (True, "none")]
+        return cases
 
     def setup(self) -> None:
         ctx = self.ctx

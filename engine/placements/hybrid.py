@@ -3,12 +3,16 @@ the device -- llama.cpp's `--n-cpu-moe N`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from engine.config import ModelConfig
+from engine.lazy import lazy_module
 from engine.placements.base import Placement, PlacementTraits
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,12 @@ class Hybrid(Placement):
     def traits(cls, cfg: ModelConfig, options: dict[str, Any]) -> PlacementTraits:
         n_cpu = cls.parse_options(options).n_cpu_layers
         return PlacementTraits(cpu_layers=frozenset(l for l in cfg.moe_layers if l < n_cpu))
+
+    @classmethod
+    def invariant_cases(cls, cfg: ModelConfig) -> list[dict[str, Any]]:
+        """Half the layers on the CPU, none, and all of them."""
+        L = cfg.num_layers
+        return [{"n_cpu_layers": n} for n in dict.fromkeys((L // 2, 0, L))]
 
     @classmethod
     def describe(cls, options: dict[str, Any]) -> str:

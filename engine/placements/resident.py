@@ -1,9 +1,15 @@
 """`resident`: every expert lives on the device; nothing moves after load."""
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
+from engine.lazy import lazy_module
 from engine.placements.base import AllExpertsResident
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 
 class Resident(AllExpertsResident):

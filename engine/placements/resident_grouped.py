@@ -18,14 +18,18 @@ elsewhere; for models whose every layer keeps a full KV cache.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from engine import static_decode
 from engine.config import ModelConfig
+from engine.lazy import lazy_module
 from engine.placements.base import AllExpertsResident
 from engine.registry import require_bool
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,13 @@ class ResidentGrouped(AllExpertsResident):
     def check_model(cls, cfg: ModelConfig, options: dict[str, Any]) -> None:
         if cls.parse_options(options).cuda_graph:
             static_decode.check_model(cfg.architecture())
+
+    @classmethod
+    def invariant_cases(cls, cfg: ModelConfig) -> list[dict[str, Any]]:
+        """Its default options where the model's expert layout has a grouped kernel on the CPU in
+        fp32 (`setup` refuses it otherwise: MXFP4 experts have none). `cuda_graph=true` is checked
+        against the eager engine by tests/engine/test_static_decode.py."""
+        return [{}] if cfg.architecture().experts.grouped_supported(torch.float32, torch.device("cpu")) else []
 
     def setup(self) -> None:
         if self.options.cuda_graph:

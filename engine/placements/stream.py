@@ -5,14 +5,18 @@ fallback placement (`fetch` with its cache, or `cpu`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from engine.config import ModelConfig
 from engine.devices import CopyHandle
 from engine.dispatch import group_by_expert
+from engine.lazy import lazy_module
 from engine.placements.base import Placement, PlacementContext, PlacementTraits
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 FALLBACKS = ("fetch", "cpu")
 
@@ -60,6 +64,17 @@ class Stream(Placement):
         o = cls.parse_options(options)
         rest = super().describe({k: v for k, v in options.items() if k != "stream_threshold"})
         return ", ".join(p for p in (f"streams above {o.stream_threshold} tokens", rest) if p)
+
+    @classmethod
+    def invariant_cases(cls, cfg: ModelConfig) -> list[dict[str, Any]]:
+        """Prefill chunks streamed and decode through either fallback: a threshold between the
+        decode step and the prefill chunks, at the smallest and a larger cache; every pass
+        streamed through one buffer (threshold 0); the cpu fallback with three buffers."""
+        k, E = cfg.top_k, cfg.n_experts
+        return [{"cache_capacity": k, "stream_threshold": 4},
+                {"cache_capacity": min(k + 1, E), "stream_threshold": 8},
+                {"cache_capacity": k, "stream_threshold": 0, "stream_buffers": 1},
+                {"stream_fallback": "cpu", "stream_threshold": 8, "stream_buffers": 3}]
 
     @classmethod
     def traits(cls, cfg: ModelConfig, options: dict[str, Any]) -> PlacementTraits:

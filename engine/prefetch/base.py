@@ -14,14 +14,18 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar
-
-import torch
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from engine.blocks.routers import Router
 from engine.cache import ExpertCache
 from engine.config import ModelConfig
+from engine.lazy import lazy_module
 from engine.registry import NoOptions
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 
 @dataclass
