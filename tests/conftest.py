@@ -141,6 +141,19 @@ def rewrite_config_old_hub_form(path: Path) -> None:
     (path / "config.json").write_text(json.dumps(cfg, indent=2))
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Every test skipped for a missing llama.cpp build reports the skip at tests/llamacpp/conftest.py,
+    so `-ra` folds them into one summary line that says how to include them (pytest would name
+    each test's own line: one summary line per test)."""
+    from tests.llamacpp import conftest as llamacpp
+
+    report = yield
+    if report.skipped and isinstance(report.longrepr, tuple) and llamacpp.SKIP_REASON in report.longrepr[2]:
+        report.longrepr = (llamacpp.__file__, None, report.longrepr[2])
+    return report
+
+
 @pytest.fixture(autouse=True, scope="session")
 def one_torch_thread():
     """Tiny models are faster on one thread, and a shared 2-core box stays responsive;

@@ -205,14 +205,8 @@ def test_a_lossy_treatment_is_not_judged_and_says_why(tmp_path):
 
 @pytest.mark.slow
 def test_llamacpp_exact_rows_are_not_lossy_and_a_flash_attention_run_is_not_judged(tmp_path):
-    from tests.llamacpp.conftest import REQUIRE_ENV  # the real build, skipped (or failed under make test) without
-    from harness.llamacpp.build import LlamaCppBuildError, find_binaries
-    try:
-        find_binaries()
-    except LlamaCppBuildError as e:
-        if os.environ.get(REQUIRE_ENV):
-            pytest.fail(f"{REQUIRE_ENV} is set and the llama.cpp build is missing: {e}")
-        pytest.skip(f"llama.cpp is not built: {e}")
+    from tests.llamacpp.conftest import require_build
+    require_build()                     # the real build: skipped without it, or failed under MOEBENCH_REQUIRE_LLAMACPP
     proc = cli(["-m", "engine=llamacpp", "engine.flash_attn=off,on", "run.sweep_id=ll", *SMALL,
                 "workload.gen_tokens=8"], tmp_path)
     assert proc.returncode == 0, proc.stderr
