@@ -54,17 +54,16 @@ class Fetch(Placement):
 
     @classmethod
     def invariant_cases(cls, cfg: ModelConfig) -> list[dict[str, Any]]:
-        """Every capacity from top_k to every expert under every registered eviction policy; then
-        at the smallest, the next and the full cache, each copy schedule with every registered
-        prefetcher (the default schedule without one is already among the first)."""
+        """Every capacity from top_k to every expert under every registered eviction policy; then,
+        one slot above the smallest cache, each copy schedule with every registered prefetcher (the
+        default schedule without one is already among the first)."""
         from engine.registry import POLICIES, PREFETCHERS
         k, E = cfg.top_k, cfg.n_experts
         first = {"cache_capacity": min(k + 1, E), "cache_policy": "lru"}
         cases = [first] + [{"cache_capacity": c, "cache_policy": p} for c in range(k, E + 1) for p in POLICIES.names()
                            if {"cache_capacity": c, "cache_policy": p} != first]
-        cases += [{"cache_capacity": c, "issue_ahead": ahead, "prefetch": pf}
-                  for c in sorted({k, min(k + 1, E), E}) for ahead in (True, False) for pf in PREFETCHERS.names()
-                  if (ahead, pf) != (True, "none")]
+        cases += [{"cache_capacity": first["cache_capacity"], "issue_ahead": ahead, "prefetch": pf}
+                  for ahead in (True, False) for pf in PREFETCHERS.names() if (ahead, pf) != (True, "none")]
         return cases
 
     def setup(self) -> None:

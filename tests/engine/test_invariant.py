@@ -1,22 +1,33 @@
 """The invariant (DESIGN.md §3): placement changes where and when, never what.
 
-Every placement, every capacity from top_k to all experts, every eviction policy and
-every prefill micro-batch size gives the same tokens and logits (max |Δ| <= 1e-5) as
-`resident`, for batch 1 and batch > 1, through a continued and a restored session."""
+Every registered placement -- built in, or a third party's through the entry-point group -- in
+every configuration it asks to be checked (`Placement.invariant_cases`: fetch at every capacity
+from top_k to all experts under every registered eviction policy and each copy schedule with
+every registered prefetcher, hybrid's layer counts, stream's thresholds and fallbacks, ...) gives
+the same tokens and logits (max |Δ| <= 1e-5) as `resident`, for batch 1 and batch > 1, through a
+fresh, a continued and a restored session; on tiny-mixtral and the second-wave families here,
+DeepSeek-V3 and GLM-4.5 in test_invariant_families. Every prefill micro-batch size too."""
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
+from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
 import torch
 
 from engine import Engine
+from engine.config import preset
+from engine.registry import PLACEMENTS
 
 TOL = 1e-5
 MODEL = "tiny-mixtral"          # 4 layers, 8 experts, top-2
-N_EXPERTS, TOP_K = 8, 2
-POLICIES = ("lru", "lfu", "fifo", "static", "belady")
+TOP_K = 2
+# the second wave: sliding windows with sinks and MXFP4 experts (GPT-OSS), recurrent state (Qwen3-Next),
+# per-layer head shapes, a dense MLP beside the experts and per-layer inputs (Gemma 4)
+SECOND_WAVE = ("tiny-gpt-oss", "tiny-qwen3-next", "tiny-gemma4")
+ENGINE_KEYWORDS = ("cache_capacity", "cache_policy", "prefetch")    # the rest of a case is the placement's options
 
 
 def prompts(batch: int, length: int, seed: int) -> list[list[int]]:
@@ -39,32 +50,102 @@ def scenario(eng: Engine, batch: int) -> tuple[list, list[torch.Tensor]]:
     return toks, logits
 
 
-_REF: dict = {}
+class Reference(NamedTuple):
+    out: tuple[list, list[torch.Tensor]]        # resident's tokens and logits
+    log: dict[int, list[int]]                   # fetch's lookups per layer, in order (belady's future)
+    steps: dict[int, list[list[int]]]           # the experts each forward pass used (trace_oracle's steps)
 
 
-def reference(batch: int, model: str = MODEL):
-    """(resident's scenario, the lookup log of fetch at top_k slots) for `model`."""
+_REF: dict[tuple[str, int], Reference] = {}
+
+
+def reference(batch: int, model: str = MODEL) -> Reference:
+    """resident's scenario and what fetch at top_k looked up in it, for `model`."""
     if (model, batch) not in _REF:
-        eng = Engine.from_pretrained(model, device="cpu", placement="fetch", cache_capacity=TOP_K,
+        eng = Engine.from_pretrained(model, device="cpu", placement="fetch", cache_capacity=preset(model).top_k,
                                      record_lookups=True)
         out = scenario(eng, batch)
         resident = Engine.from_pretrained(model, device="cpu")
-        _REF[model, batch] = (scenario(resident, batch), eng.lookup_log)
-        assert out[0] == _REF[model, batch][0][0]
+        _REF[model, batch] = Reference(scenario(resident, batch), eng.lookup_log, eng.step_log)
+        assert out[0] == _REF[model, batch].out[0]
     return _REF[model, batch]
 
 
-def policy_options(policy: str, log: dict[int, list[int]]) -> dict:
-    """What `policy` needs from a recorded lookup log (tiny presets: 4 layers, N_EXPERTS experts)."""
+def policy_options(model: str, policy: str, log: dict[int, list[int]]) -> dict:
+    """What `policy` needs from a recorded lookup log: belady the future, static the popularity."""
     if policy == "belady":
         return {"future": log}
     if policy == "static":
-        pop = np.zeros((4, N_EXPERTS))
+        cfg = preset(model)
+        pop = np.zeros((cfg.num_layers, cfg.n_experts))
         for layer, seq in log.items():
             for e, n in Counter(seq).items():
                 pop[layer, e] = n
         return {"popularity": pop}
     return {}
+
+
+def recorded_options(model: str, case: dict[str, Any], ref: Reference) -> dict[str, Any]:
+    """The Engine keywords an oracle in `case` takes from the reference run: an offline policy's
+    lookups, trace_oracle's steps."""
+    out: dict[str, Any] = {}
+    if case.get("cache_policy"):
+        out["policy_options"] = policy_options(model, case["cache_policy"], ref.log)
+    if case.get("prefetch") == "trace_oracle":
+        out["prefetch_options"] = {"steps": ref.steps}
+    return out
+
+
+def registered_cases(model: str) -> list[tuple[str, dict[str, Any]]]:
+    """(placement, Engine keywords) of every registered placement's `invariant_cases` on `model`."""
+    cfg = preset(model)
+    return [(name, case) for name in PLACEMENTS.names() for case in PLACEMENTS.get(name).invariant_cases(cfg)]
+
+
+def case_id(name: str, case: dict[str, Any]) -> str:
+    return name + "".join(f"-{k}={v}" for k, v in case.items())
+
+
+def param_id(x: Any) -> str:
+    """A parametrize id: a placement's name as is, its case as its keywords."""
+    return x if isinstance(x, str) else case_id("", x).lstrip("-") or "defaults"
+
+
+def invariant_params(models: tuple[str, ...], slow_grid: bool = False) -> list:
+    """pytest params (model, placement, case) over the registry; `slow_grid` marks the cases that set
+    a cache policy (fetch's capacity x policy grid) slow."""
+    return [pytest.param(model, name, case, id=f"{model}-{case_id(name, case)}",
+                         marks=[pytest.mark.slow] if slow_grid and "cache_policy" in case else [])
+            for model in models for name, case in registered_cases(model)]
+
+
+def build(model: str, name: str, case: dict[str, Any], ref: Reference, **kw: Any) -> Engine:
+    return Engine.from_pretrained(model, device="cpu", placement=name, **case, **recorded_options(model, case, ref), **kw)
+
+
+def through_cache_only(model: str, name: str, case: dict[str, Any]) -> bool:
+    """Whether every routed expert of every pass goes through the placement's device cache (no CPU
+    layer, no streamed pass) with no prefetcher: then lookups are the reference's, one per expert a
+    pass uses."""
+    cls = PLACEMENTS.get(name)
+    options = {k: v for k, v in case.items() if k in {f.name for f in dataclasses.fields(cls.Options)}}
+    tr = cls.traits(preset(model), options)
+    return tr.uses_cache and not tr.uses_cpu and tr.stream_threshold is None and case.get("prefetch", "none") == "none"
+
+
+def assert_cache_counts(eng: Engine, ref: Reference) -> None:
+    """Exact counters of a placement whose experts all go through its cache: every routed expert a
+    pass uses looked up once (the dense layers and shared experts never), each hit and miss counted
+    at the stored expert bytes (MXFP4: the packed uint8 buffer), a miss's copy the only expert bytes
+    that move."""
+    c, expert = eng.counters, eng.plan.expert_bytes
+    assert expert == eng.model.store.expert_bytes == eng.model.arch.experts.nbytes(4)
+    assert c["expert_hits"] + c["expert_misses"] == sum(len(s) for s in ref.log.values())
+    assert c["expert_hit_bytes"] == c["expert_hits"] * expert
+    assert c["expert_miss_bytes"] == c["expert_misses"] * expert == c["h2d_expert_bytes"] > 0
+    assert c["h2d_bytes"] == c["h2d_expert_bytes"] + c["h2d_kv_bytes"]
+    dense = set(range(eng.cfg.num_layers)) - set(eng.cfg.moe_layers)
+    assert all(eng.counters_by_layer[i]["expert_hits"] + eng.counters_by_layer[i]["expert_misses"] == 0 for i in dense)
 
 
 def assert_same(got, ref) -> None:
@@ -73,78 +154,24 @@ def assert_same(got, ref) -> None:
     assert max((a - b).abs().max().item() for a, b in zip(logits, rlogits)) <= TOL
 
 
-@pytest.mark.parametrize("batch", [1, 3])
-@pytest.mark.parametrize("policy", POLICIES)
-def test_fetch_every_capacity_and_policy(policy, batch):
-    ref, log = reference(batch)
-    for capacity in range(TOP_K, N_EXPERTS + 1):
-        eng = Engine.from_pretrained(MODEL, device="cpu", placement="fetch", cache_capacity=capacity,
-                                     cache_policy=policy, policy_options=policy_options(policy, log))
-        assert_same(scenario(eng, batch), ref)
-        c = eng.counters
-        assert c["expert_hits"] + c["expert_misses"] == sum(len(s) for s in log.values())
-        assert c["h2d_bytes"] >= c["expert_miss_bytes"] > 0
-
-
-OTHER_PLACEMENTS = [     # every placement but fetch, with the options that change what it does
-    ("cpu", {}),
-    ("hybrid", {"n_cpu_layers": 0}), ("hybrid", {"n_cpu_layers": 2}), ("hybrid", {"n_cpu_layers": 4}),
-    ("stream", {"cache_capacity": 3, "stream_threshold": 8}),
-    ("stream", {"cache_capacity": 2, "stream_threshold": 0, "stream_buffers": 1}),
-    ("stream", {"stream_fallback": "cpu", "stream_threshold": 8, "stream_buffers": 3}),
-]
+def test_every_placement_is_asked_for_its_cases():
+    """The parametrisation is the registry's: each built-in placement contributes cases on the
+    model, fetch its whole capacity x policy grid."""
+    cases = registered_cases(MODEL)
+    assert {name for name, _ in cases} == set(PLACEMENTS.names())
+    from engine.registry import POLICIES
+    grid = {(c["cache_capacity"], c["cache_policy"]) for name, c in cases if name == "fetch" and "cache_policy" in c}
+    assert grid == {(cap, p) for cap in range(TOP_K, 9) for p in POLICIES.names()}
 
 
 @pytest.mark.parametrize("batch", [1, 3])
-@pytest.mark.parametrize("placement,options", OTHER_PLACEMENTS)
-def test_other_placements(placement, options, batch):
-    ref, _ = reference(batch)
-    eng = Engine.from_pretrained(MODEL, device="cpu", placement=placement, **options)
-    assert_same(scenario(eng, batch), ref)
-
-
-@pytest.mark.parametrize("batch", [1, 3])
-@pytest.mark.parametrize("model", [MODEL, "tiny-qwen3-next", "tiny-gemma4"])
-def test_resident_grouped(model, batch):
-    """Routing kept on the device and grouped GEMMs: bitwise resident through a fresh, a continued
-    and a restored turn (GPT-OSS's MXFP4 experts have no grouped kernel: refused, test_dispatch)."""
-    ref, _ = reference(batch, model)
-    assert_same(scenario(Engine.from_pretrained(model, device="cpu", placement="resident_grouped"), batch), ref)
-
-
-# the second wave: sliding windows with sinks and MXFP4 experts (GPT-OSS), recurrent state (Qwen3-Next),
-# per-layer head shapes, a dense MLP beside the experts and per-layer inputs (Gemma 4)
-SECOND_WAVE = ("tiny-gpt-oss", "tiny-qwen3-next", "tiny-gemma4")
-
-
-@pytest.mark.parametrize("batch", [1, 3])
-@pytest.mark.parametrize("model", SECOND_WAVE)
-def test_second_wave_every_placement(model, batch):
-    """Every placement bitwise resident through a fresh, a continued and a restored turn (the
-    recurrent state displaced and restored like KV); fetch at the smallest cache counts every
-    lookup and moves the stored expert bytes (MXFP4: the packed uint8 buffer)."""
-    ref, log = reference(batch, model)
-    for placement, options in [("fetch", {"cache_capacity": TOP_K}),
-                               ("fetch", {"cache_capacity": 3, "prefetch": "next_layer_gate"}), *OTHER_PLACEMENTS]:
-        eng = Engine.from_pretrained(model, device="cpu", placement=placement, **options)
-        assert_same(scenario(eng, batch), ref)
-    eng = Engine.from_pretrained(model, device="cpu", placement="fetch", cache_capacity=TOP_K)
-    scenario(eng, batch)
-    c, expert = eng.counters, eng.model.store.expert_bytes
-    assert c["expert_hits"] + c["expert_misses"] == sum(len(s) for s in log.values())
-    assert c["expert_miss_bytes"] == c["expert_misses"] * expert == c["h2d_expert_bytes"]
-    assert expert == eng.model.arch.experts.nbytes(4) == eng.plan.expert_bytes
-
-
-@pytest.mark.parametrize("batch", [1, 3])
-@pytest.mark.parametrize("model", SECOND_WAVE)
-@pytest.mark.parametrize("policy", POLICIES)
-def test_second_wave_every_capacity_and_policy(policy, model, batch):
-    ref, log = reference(batch, model)
-    for capacity in (TOP_K + 1, N_EXPERTS - 1, N_EXPERTS):
-        eng = Engine.from_pretrained(model, device="cpu", placement="fetch", cache_capacity=capacity,
-                                     cache_policy=policy, policy_options=policy_options(policy, log))
-        assert_same(scenario(eng, batch), ref)
+@pytest.mark.parametrize("model, placement, case", invariant_params((MODEL, *SECOND_WAVE)))
+def test_every_registered_placement(model, placement, case, batch):
+    ref = reference(batch, model)
+    eng = build(model, placement, case, ref)
+    assert_same(scenario(eng, batch), ref.out)
+    if through_cache_only(model, placement, case):
+        assert_cache_counts(eng, ref)
 
 
 @pytest.mark.parametrize("model", SECOND_WAVE)
@@ -155,13 +182,22 @@ def test_second_wave_continuation_equals_fresh_prefill(model):
     assert_continuation_equals_fresh(eng, tol=1e-4 if model == "tiny-qwen3-next" else TOL)
 
 
+def representative_cases(model: str, extra: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+    """`extra`, then every registered placement's representative (first) case not among them."""
+    first = {}
+    for name, case in registered_cases(model):
+        first.setdefault(name, case)
+    return extra + [(n, c) for n, c in first.items() if (n, c) not in extra]
+
+
 @pytest.mark.parametrize("ubatch", [1, 3, 5, 16, 512])
-@pytest.mark.parametrize("placement,options", [("resident", {}), ("fetch", {"cache_capacity": 3}),
-                                               ("stream", {"cache_capacity": 2, "stream_threshold": 4})])
-def test_every_ubatch(ubatch, placement, options):
-    ref, _ = reference(3)
-    eng = Engine.from_pretrained(MODEL, device="cpu", placement=placement, ubatch=ubatch, **options)
-    assert_same(scenario(eng, 3), ref)
+@pytest.mark.parametrize("placement,case", representative_cases(MODEL, [
+    ("fetch", {"cache_capacity": 3, "cache_policy": "lru"}), ("stream", {"cache_capacity": 2, "stream_threshold": 4})]),
+    ids=param_id)
+def test_every_ubatch(ubatch, placement, case):
+    ref = reference(3)
+    eng = build(MODEL, placement, case, ref, ubatch=ubatch)
+    assert_same(scenario(eng, 3), ref.out)
 
 
 def test_continuation_equals_fresh_prefill_of_whole_history():
@@ -220,8 +256,9 @@ def test_copy_schedule_is_bitwise_invisible(options, capacity):
     assert twin.counters == eng.counters
 
 
-@pytest.mark.parametrize("placement,options", [("fetch", {"cache_capacity": 2}), ("cpu", {}),
-                                               ("stream", {"cache_capacity": 2, "stream_threshold": 4})])
+@pytest.mark.parametrize("placement,options", representative_cases(MODEL, [
+    ("fetch", {"cache_capacity": 2}), ("cpu", {}), ("stream", {"cache_capacity": 2, "stream_threshold": 4})]),
+    ids=param_id)
 def test_bounded_sliding_window_state(placement, options):
     """A window shorter than the turns (the state keeps 5 tokens): every placement, through a
     continued and a restored session, bitwise resident; and continuing equals prefilling the
