@@ -3,8 +3,8 @@
 shapes), `torch.mm(x, Wt)` with the weight stored transposed, and MKL's packed sgemm
 (`torch.ops.mkl._mkl_linear` on a weight reordered once by `_mkl_reorder_linear_weight`, what
 inductor's CPU freezing uses). Per case: the median of interleaved rounds, each kernel's ratio to
-F.linear, and whether its output is bitwise F.linear's. What the README's engine-speed section
-reports about the prefill target came from this.
+F.linear, and whether its output is bitwise F.linear's. Dated runs of it, and what they
+said about the prefill target, are in docs/history/2026-12-02-engine-speed.md.
 
 The packed weight is an opaque MKL-DNN tensor: it cannot be a view into the engine's packed
 expert buffers, be copied into a cache slot or sliced, so a placement that copies experts (fetch,

@@ -1,7 +1,7 @@
 """Which scaled_dot_product_attention kernel this torch build runs on the CPU for the calls the
 engine makes (engine.layers.attention: enable_gqa, a boolean mask for prefill, none for decode),
 per dtype and shape, read from torch.profiler op names, with its time; and the math kernel
-forced for comparison. What engine/blocks/attention.py's docstring reports came from this.
+forced for comparison. A dated run is in docs/history/2026-12-01-cpu-kernels-and-rates.md.
 Not a test: `python benchmarks/sdpa_backends.py [--threads 1]`.
 """
 from __future__ import annotations

@@ -82,7 +82,7 @@ WAY_LABELS = {"simulated": "trace", "uniform": "uniform", "measured": "measured"
 
 
 def markdown(summary: pd.DataFrame, key: str, ways: tuple[str, ...]) -> str:
-    """A summarize_two_ways table as the README's markdown table."""
+    """A summarize_two_ways table as a markdown table."""
     head = " | ".join(f"{WAY_LABELS[w]}: median | p90 | max" for w in ways)
     lines = [f"| {key} | n | {head} |", "|---" * (2 + 3 * len(ways)) + "|"]
     for _, r in summary.iterrows():

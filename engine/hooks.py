@@ -2,7 +2,7 @@
 
 Owns: the interface the engine calls (`span(kind, **attrs)` as a context manager) and
 the do-nothing default. Does not own: NVTX, timelines or profilers -- those are
-`Instrument` subclasses supplied by the harness (profiling issue).
+`Instrument` subclasses (engine.timeline, engine.nvtx_ranges) that the harness attaches.
 
 Span kinds used by the engine: step, layer, attention, router, expert, copy. Copies that
 run asynchronously (and synchronous ones, marked `sync`) are reported through `copy` /

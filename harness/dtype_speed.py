@@ -1,4 +1,4 @@
-"""Whether this machine runs a model's dtype fast (issue 16.4): a CPU without native bf16/fp16
+"""Whether this machine runs a model's dtype fast: a CPU without native bf16/fp16
 instructions (AVX2-only) emulates their matmuls, far slower than fp32, and even a CPU with them
 (AVX512-BF16, AMX) may read bf16 weights in a matrix-vector product slower than fp32.
 
@@ -59,7 +59,7 @@ class DtypeSpeed:
             if self.device == "cpu" else "measured on the device"
         return (f"warning: model.dtype={self.dtype} is slower than float32 on {self.device} for {parts}; "
                 f"{why} (probe: {GEMM_N}^2 GEMM, {GEMV_MIB} MiB GEMV). Its speeds are real for this dtype, "
-                "but float32 would run faster here (see README: Threads and the CPU)")
+                "but float32 would run faster here (see docs/measurement.md: Threads and the CPU)")
 
     def as_extra(self) -> dict:
         return {"dtype_gemm_speedup": self.gemm_speedup, "dtype_gemv_speedup": self.gemv_speedup}

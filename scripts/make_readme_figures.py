@@ -1,4 +1,4 @@
-"""Make the README's figures from real runs (nothing here is drawn from made-up numbers).
+"""Make the guide's figures (docs/*.png) from real runs (nothing here is drawn from made-up numbers).
 
 1. docs/timeline.png: the Perfetto trace of one `moebench ... run.trace=true` job, drawn
    with matplotlib (compute and copy rows, phase bands), zoomed on a few decode steps.
@@ -121,7 +121,7 @@ FIGURES = ("timeline", "cache_curve", "samples")
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description="Make the README's figures (docs/*.png).")
+    p = argparse.ArgumentParser(description="Make the guide's figures (docs/*.png).")
     p.add_argument("figures", nargs="*", choices=FIGURES, help=f"default: all of {', '.join(FIGURES)}")
     which = p.parse_args().figures or FIGURES
     docs = REPO / "docs"

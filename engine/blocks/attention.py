@@ -12,20 +12,16 @@ attention (a latent state, its own projections), sinks (override `attend`), outp
 (override `forward`'s projection), per-layer windows (construct with or without `window`),
 linear/recurrent attention (a fixed state, no KV at all).
 
-Which SDPA kernel runs on the CPU (measured, not assumed: `python benchmarks/sdpa_backends.py`
+Which SDPA kernel runs on the CPU is measured, not assumed (`python benchmarks/sdpa_backends.py`
 reads the op names torch.profiler records for the exact calls engine.layers.attention makes --
 `enable_gqa=True`, so K/V are never repeated to H heads; a boolean mask for prefill and chunks,
-none for decode -- with torch 2.13.0+cpu, H=16, K=4, h=64, 1 thread): fp32, bf16 and fp16 all take
-`aten::_scaled_dot_product_flash_attention_for_cpu` for decode (T=1, S=512), a fresh prefill (T=S=512)
-and a chunk after a prefix (T=256, S=768); no math-kernel op (`aten::bmm`, `aten::_softmax`,
-`aten::repeat_interleave`) appears. The math kernel, forced with `sdpa_kernel(SDPBackend.MATH)`,
-is 3.3x (fp32) to 9x (bf16) slower at T=S=512, so the flash kernel is also the fast one here.
-A plain causal pass (a fresh prefill chunk: queries and keys the same positions, no window cut)
-is passed as `is_causal=True` (engine.layers.sdpa), bitwise the masked form, and the kernel skips
-the keys above the diagonal (0.91 / 0.65 / 0.51 of the masked call's time at T=S=512 / 1024 / 2048);
-chunks after a prefix and sliding windows keep the explicit mask, whose whole rectangle it computes
-(`score_pairs` counts either for the cost model and the roofline). On CUDA the mask rules out the flash
-kernel (engine.planner plans for math); unmeasured here.
+none for decode): CPU flash attention, in fp32, bf16 and fp16 alike, faster than the math kernel
+(a dated run: docs/history/2026-12-01-cpu-kernels-and-rates.md). A plain causal pass (a fresh
+prefill chunk: queries and keys the same positions, no window cut) is passed as `is_causal=True`
+(engine.layers.sdpa), bitwise the masked form, so the kernel can skip the keys above the
+diagonal; chunks after a prefix and sliding windows keep the explicit mask, whose whole rectangle
+it computes (`score_pairs` counts either for the cost model and the roofline). On CUDA the mask
+rules out the flash kernel (engine.planner plans for math); unmeasured.
 
 Dimension legend: B=batch, T=new tokens, S=tokens attended, D=hidden, H/K=query/kv heads,
 h=head dim, N=B*T rows.

@@ -111,9 +111,9 @@ def last_level_cache_bytes(caches: Path = CPU_CACHES) -> int | None:
 def cold_mib(mib: int, caches: Path | None = None) -> int:
     """`mib`, raised to twice the last-level cache (`last_level_cache_bytes(caches)`, this CPU's by
     default): a buffer the caches cannot keep between a rate's repeats, so the rate is RAM's, not
-    the cache's. On a host reporting 480 MiB of L3, a 64 MiB GEMV read at 28 GB/s on one core and
-    1 GiB at 16.7 GB/s; that host's caches kept less than they report (128 MiB already read at 18),
-    hence twice the reported size rather than the size."""
+    the cache's. Twice the reported size rather than the size: a host's caches can keep less than
+    they report, so a matrix of the reported size can still be read partly from cache (a dated
+    measurement: docs/history/2026-12-01-cpu-kernels-and-rates.md)."""
     llc = last_level_cache_bytes(CPU_CACHES if caches is None else caches)
     return mib if llc is None else max(mib, -(-2 * llc // (1 << 20)))
 

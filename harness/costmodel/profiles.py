@@ -22,8 +22,8 @@ beside the yaml as `<name>.overheads.json` (a JSON file, so Hydra never mistakes
 group option). Datasheet profiles have none: predictions with them are the bytes/FLOPs
 bound of the hardware, with zero software overhead.
 
-Rates per dtype: what a matmul achieves depends on its dtype (on this machine's CPU a bf16
-GEMM ran 3-7x faster than fp32 while a bf16 GEMV read weights ~2x slower), so the
+Rates per dtype: what a matmul achieves depends on its dtype (on a CPU with AMX a bf16 GEMM can
+run several times faster than fp32 while a bf16 GEMV reads weights slower), so the
 dtype-dependent figures (`RATE_FIGURES`) are kept per dtype. `device_tflops` and `cpu_gflops`
 are the figures at the profile's `dtype`; `dtype_rates` holds those of other dtypes and the
 GEMV weight-read rates: {float32: {device_tflops: 82.6, cpu_gflops: 1600.0}, ...}.

@@ -1,5 +1,5 @@
 """The cost model per architecture: each attention kind's kernel arithmetic, the stored expert
-bytes and the session state, by hand at the real presets' shapes (issues 13 and 14)."""
+bytes and the session state, by hand at the real presets' shapes."""
 from __future__ import annotations
 
 import math

@@ -1,4 +1,4 @@
-"""Which dtypes this machine runs fast (issue 16.4): a probe of the same work in float32 and the
+"""Which dtypes this machine runs fast: a probe of the same work in float32 and the
 run's dtype, its speedups on every row, and a warning naming the phase a slow dtype slows."""
 from __future__ import annotations
 
