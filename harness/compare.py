@@ -23,7 +23,10 @@ Rules, so that a red CI job can be argued with:
   tells settings apart: placement options, ubatch, token source, expert-cache start, threads,
   llama.cpp's configuration, GGUF type and knobs), where present. A column only one side has
   splits the configs only where it varies on that side (a side written before the column
-  existed ran one setting of it). A config present on one side only is *not comparable*.
+  existed ran one setting of it). A config present on one side only is *not comparable*; its
+  note names the config columns in which the other side's nearest configs differ, with both
+  values (`only in base: placement_options differs: base {...} vs new {...}`), or the metric
+  the other side did not record for that config.
 * **Model.** A pair is of one model. Its identity is the manifest's (`harness.model_id`): a
   preset's name, seed and truncation, a checkpoint's content hash -- never its path, nor the
   `model` column, which for a checkpoint is only the `model.name` label. It is part of the
@@ -300,8 +303,12 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, checks: Iterable[Check | str]
                "median_new": None if b is None else float(np.median(b)),
                "ratio": None, "p_value": None, "test": "", "stat_significant": False, "significant": False,
                "check": ", ".join(str(c) for c in checks if c.matches(phase, metric)), "verdict": "", "note": ""}
-        why = (_model_change(config, "base" if b is None else "new", configs, facts, cfg_cols)
-               if a is None or b is None else "") or _not_comparable(dict(zip(cfg_cols, config)), a, b, facts)
+        if a is None or b is None:
+            present = "base" if b is None else "new"
+            why = (_model_change(config, present, configs, facts, cfg_cols)
+                   or _missing_counterpart(config, (phase, metric, source), present, configs, cfg_cols))
+        else:
+            why = _not_comparable(dict(zip(cfg_cols, config)), facts)
         if why:
             row.update(verdict="not comparable", note=why)
         else:
@@ -424,9 +431,33 @@ def _model_change(config: tuple, present: str, configs: dict, facts: dict, cfg_c
     return f"model differs: base {base} vs new {new}"
 
 
-def _not_comparable(config: Mapping[str, str], a: np.ndarray | None, b: np.ndarray | None, facts: dict) -> str:
-    if a is None or b is None:
-        return f"only in {'new' if a is None else 'base'}"
+def _missing_counterpart(config: tuple, key: tuple[str, str, str], present: str, configs: dict,
+                         cfg_cols: list[str]) -> str:
+    """Why a (config, phase, metric, source) of side `present` has no counterpart, naming what differs:
+    the other side ran the config but not this metric; or the config columns in which the other
+    side's nearest configs (fewest columns apart) differ, with both values ("(not recorded)": a
+    column the rows leave null)."""
+    other = "new" if present == "base" else "base"
+    phase, metric, source = key
+    if config in configs[other]:
+        return f"only in {present}: {other} ran this config but recorded no {phase}.{metric} ({source})"
+    if not configs[other]:
+        return f"only in {present}: {other} has no speed rows"
+    apart = {c: [i for i, col in enumerate(cfg_cols) if c[i] != config[i]] for c in configs[other]}
+    fewest = min(len(cols) for cols in apart.values())
+    nearest = [c for c, cols in apart.items() if len(cols) == fewest]
+    shown = lambda v: "(not recorded)" if v == NA else str(v)  # noqa: E731
+    parts = []
+    for i in sorted({i for c in nearest for i in apart[c]}):
+        mine, theirs = shown(config[i]), " or ".join(sorted({shown(c[i]) for c in nearest}))
+        base, new = (mine, theirs) if present == "base" else (theirs, mine)
+        parts.append(f"{cfg_cols[i]} differs: base {base} vs new {new}")
+    return f"only in {present}: " + "; ".join(parts)
+
+
+def _not_comparable(config: Mapping[str, str], facts: dict) -> str:
+    """Why a pair present on both sides cannot be compared ("" when it can): an unidentified model,
+    another device, engine version or results schema."""
     if config.get("model_id", "").endswith(UNRECORDED):
         return (f"model unknown: {config['model_id'].removesuffix(UNRECORDED)} has no content hash in its "
                 "manifest, so whether the two sides ran the same model cannot be told")

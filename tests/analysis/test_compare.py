@@ -12,7 +12,7 @@ import pytest
 from harness import compare as C
 from harness import results as R
 from harness.analysis_cli import compare_main
-from harness.callbacks import write_sweep_table
+from harness.session import write_sweep_table
 
 FACTORS = {"engine": "moebench", "model": "tiny-mixtral", "placement": "fetch", "cache_capacity": "4",
            "cache_policy": "lru", "prefetch": "none", "workload": "chat", "context_tokens": 512, "gen_tokens": 32,
@@ -106,7 +106,8 @@ def test_different_configs_are_not_comparable(tmp_path: Path) -> None:
     new = write(tmp_path / "new", "s", samples(500, 5, 1), factors={**FACTORS, "cache_capacity": "2"})
     cmp = C.compare_paths(base, new, CHECKS)
     assert set(cmp.table["verdict"]) == {"not comparable"}
-    assert set(cmp.table["note"]) == {"only in base", "only in new"}
+    assert set(cmp.table["note"]) == {"only in base: cache_capacity differs: base 4 vs new 2",
+                                      "only in new: cache_capacity differs: base 4 vs new 2"}
     assert not cmp.failed and cmp.verdict == "INCOMPLETE" and cmp.exit_code == 3    # nothing compared: never PASS
     assert [str(c) for c in cmp.unmatched_checks] == CHECKS
     md = cmp.markdown()
@@ -150,7 +151,8 @@ def test_a_column_only_one_side_has_splits_only_where_it_varies(tmp_path: Path) 
     rows += R.make_rows(FACTORS, DEVICE, "s", "0", 0, "load", {"time_s": 1.0}, "client", extra={"profiler": "none"})
     R.write_job(mixed / "0", rows, manifest("s", "0"))
     t = C.compare_paths(base, mixed, CHECKS).table
-    assert set(t[t["phase"] == "load"]["note"]) == {"only in new"}                 # the base has no load rows
+    assert set(t[t["phase"] == "load"]["note"]) == {"only in new: base ran this config but recorded no "
+                                                    "load.time_s (client)"}         # the base has no load rows
     assert "not comparable" not in set(t[t["phase"] != "load"]["verdict"]) and set(t[t["phase"] != "load"]["n_base"]) == {5}
 
 
@@ -167,7 +169,7 @@ def test_a_side_without_manifests_is_compared_with_a_note(tmp_path: Path) -> Non
     """A results file alone (no job dirs beside it) is compared on its device, with a note that the
     host CPU and engine version went unchecked; beside its sweep's job dirs it finds their manifests."""
     base = write(tmp_path / "b", "s", samples(1000, 5, 0))
-    write_sweep_table(base, quiet=True)                           # the sweep's results.parquet beside its job dirs
+    write_sweep_table(base)                                       # the sweep's results.parquet beside its job dirs
     lone = tmp_path / "lone" / "rows.parquet"
     lone.parent.mkdir()
     lone.write_bytes((base / "0" / "rows.parquet").read_bytes())

@@ -107,8 +107,11 @@ def test_configs_missing_on_the_new_side_are_incomplete(runs, tmp_path) -> None:
     new = rewritten(runs["preset"], tmp_path / "new" / "sweeps" / "preset", lambda df: pd.Series(1.0, index=df.index), jobs)
     code, out, report, t = compare(runs["preset"], new, *CHECK, tmp=tmp_path)
     assert code == 3 and "**INCOMPLETE**" in report, out
-    assert "has no comparable counterpart: only in base" in report and "placement=fetch" in report
-    assert set(t[t["placement"] == "fetch"]["note"]) == {"only in base"}
+    why = ("only in base: placement differs: base fetch vs new resident; cache_capacity differs: base 2 vs new "
+           "(not recorded); cache_policy differs: base lru vs new (not recorded); placement_options differs: "
+           "base {'issue_ahead': True} vs new {}")
+    assert f"has no comparable counterpart: {why}" in report and "placement=fetch" in report
+    assert set(t[t["placement"] == "fetch"]["note"]) == {why}
     assert "not comparable" not in set(t[t["placement"] == "resident"]["verdict"])
     assert "INCOMPLETE (exit 3): base config" in out
 
@@ -151,3 +154,27 @@ def test_a_tenth_of_a_percent_is_not_a_significant_change(runs, tmp_path) -> Non
     code, out, report, t = compare(runs["five"], new, *CHECK, "--min-change", "0.05", tmp=tmp_path)
     assert t[(t["metric"] == "h2d_bytes") & (t["phase"] == "decode")]["significant"].all()
     assert "Other significant changes" in report and "h2d_bytes" in report.split("Other significant changes")[1]
+
+
+def test_a_pair_not_comparable_names_the_column_that_differs(tmp_path) -> None:
+    """Sweeps the CLI wrote with another placement option, or another cache size: each unpaired config
+    says which config column's value the other side lacks, with both values, in the table and the
+    report."""
+    base = sweep(tmp_path / "b", "b", "placement=hybrid", "placement.n_cpu_layers=1,2", "run.repeats=1")
+    new = sweep(tmp_path / "n", "n", "placement=hybrid", "placement.n_cpu_layers=2,3", "run.repeats=1")
+    code, out, report, t = compare(base, new, *CHECK, tmp=tmp_path)
+    assert code == 3, out
+    options = t["placement_options"].astype(str)
+    one, three = t[options.str.contains("'n_cpu_layers': 1")], t[options.str.contains("'n_cpu_layers': 3")]
+    assert len(one) and set(one["note"]) == {"only in base: placement_options differs: base {'n_cpu_layers': 1} "
+                                              "vs new {'n_cpu_layers': 2} or {'n_cpu_layers': 3}"}
+    assert len(three) and set(three["note"]) == {"only in new: placement_options differs: base {'n_cpu_layers': 1} "
+                                                  "or {'n_cpu_layers': 2} vs new {'n_cpu_layers': 3}"}
+    assert "not comparable" not in set(t[options.str.contains("'n_cpu_layers': 2")]["verdict"])
+    assert "has no comparable counterpart: only in base: placement_options differs" in report
+    # a cache size the new set did not run
+    other = sweep(tmp_path / "c", "c", "placement=fetch", "cache.capacity=4", "run.repeats=1")
+    fetch2 = sweep(tmp_path / "d", "d", "placement=fetch", "cache.capacity=2", "run.repeats=1")
+    code, out, report, t = compare(other, fetch2, *CHECK, tmp=tmp_path)
+    assert code == 3 and set(t["note"]) == {"only in base: cache_capacity differs: base 4 vs new 2",
+                                            "only in new: cache_capacity differs: base 4 vs new 2"}, out
