@@ -95,12 +95,12 @@ def markdown(summary: pd.DataFrame, key: str, ways: tuple[str, ...]) -> str:
 
 def three_ways(meas: pd.DataFrame, profile, inputs: dict, stat: str, traced: bool) -> tuple[pd.DataFrame, tuple[str, ...]]:
     """two_ways, plus (when jobs recorded traces) the simulated counts from uniform routing, counts="uniform"."""
-    from harness.costmodel.validate import compare, predict_for, two_ways
+    from harness.costmodel.validate import prediction_errors, predict_for, two_ways
     table = two_ways(meas, profile, inputs=inputs, stat=stat)
     if not traced:
         return table, ("simulated", "measured")
     untraced = {k: dataclasses.replace(v, trace=None) for k, v in inputs.items()}
-    uniform = compare(predict_for(meas, profile, inputs=untraced), meas, stat=stat).assign(counts="uniform")
+    uniform = prediction_errors(predict_for(meas, profile, inputs=untraced), meas, stat=stat).assign(counts="uniform")
     return pd.concat([table, uniform], ignore_index=True), ("simulated", "uniform", "measured")
 
 
@@ -128,7 +128,7 @@ def main() -> None:
     from harness import results
     from harness.costmodel import save_profile
     from harness.costmodel.calibrate import measure
-    from harness.costmodel.validate import compare, job_inputs, predict_for, summarize, summarize_two_ways
+    from harness.costmodel.validate import prediction_errors, job_inputs, predict_for, summarize, summarize_two_ways
 
     root = Path(__file__).resolve().parents[1]
     out = Path(args.out) if args.out else root / "results" / "costmodel" / time.strftime("%Y%m%d-%H%M%S")
@@ -202,7 +202,7 @@ def main() -> None:
         share = pred.pivot_table(index=["placement_options", "context_tokens", "phase"], columns="metric",
                                  values="value")
         share = (share["exposed_copy_s"] / share["time_s"]).rename("predicted exposed copy / time").reset_index()
-        copies = compare(pred, meas, metrics=("copy_busy_s", "exposed_copy_s"), profiler="timeline")
+        copies = prediction_errors(pred, meas, metrics=("copy_busy_s", "exposed_copy_s"), profiler="timeline")
         copies.to_csv(out / "comparison_copy_bound_copies.csv", index=False)
         print("\n4. copy-bound regime: predicted share of time in exposed copies, and the copy term vs the timeline pass")
         print(share.to_string(**fmt))

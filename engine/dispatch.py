@@ -7,7 +7,7 @@ token counts without any host sync (`tokens_per_expert`), and the whole grouping
 device for grouped GEMMs (`group_on_device`: no host sync at all). Does not own: running experts
 (engine.placements.base.Placement.combine) or routing itself (engine.blocks.routers).
 
-    r = group_by_expert(ids, n_experts)        # ids [N, k] -> Routing; one .tolist()
+    r = group_by_expert(ids, n_experts)        # ids [N, k] -> Dispatch; one .tolist()
     for e, tok, kpos in r: ...                 # ascending expert id; rows in ascending order
 
 Dimension legend: N=rows (B*T), k=top-k, E=experts, M=N*k routed (row, slot) pairs.
@@ -40,7 +40,7 @@ else:
 
 
 @dataclass(frozen=True)
-class Routing:
+class Dispatch:
     """One layer's dispatch: experts used (ascending) and, per expert, its rows and top-k slots."""
 
     experts: list[int]
@@ -69,8 +69,8 @@ class Routing:
         return len(self.experts)
 
 
-def group_by_expert(ids: torch.Tensor, n_experts: int) -> Routing:
-    """ids [N, k] int64 -> Routing, with exactly one device->host transfer."""
+def group_by_expert(ids: torch.Tensor, n_experts: int) -> Dispatch:
+    """ids [N, k] int64 -> Dispatch, with exactly one device->host transfer."""
     N, k = ids.shape
     if N == 1 and (one := _one_row(ids)) is not None:
         return one
@@ -83,10 +83,10 @@ def group_by_expert(ids: torch.Tensor, n_experts: int) -> Routing:
     offsets = [bounds[e] for e in experts] + [bounds[n_experts]]                # empty groups in between take no room
     rows = [all_rows[a:b] for a, b in zip(offsets, offsets[1:])]                # views: no op per expert
     slots = [all_slots[a:b] for a, b in zip(offsets, offsets[1:])]
-    return Routing(experts, rows, slots, order, offsets)
+    return Dispatch(experts, rows, slots, order, offsets)
 
 
-def _one_row(ids: torch.Tensor) -> Routing | None:
+def _one_row(ids: torch.Tensor) -> Dispatch | None:
     """`group_by_expert` of one row (decode at batch 1): its k experts read with one transfer and
     ordered on the host, no sort, boundaries or per-expert slices on the device (a dozen ops of
     dispatch per layer). A row's experts are distinct (top-k), so each group is that one row;
@@ -97,18 +97,18 @@ def _one_row(ids: torch.Tensor) -> Routing | None:
         return None
     row, slot = _index_tensors(ids.device, k)
     by_id = sorted(range(k), key=chosen.__getitem__)                            # slots in ascending expert id
-    return Routing([chosen[s] for s in by_id], [row] * k, [slot[s] for s in by_id], one_row_slots=by_id)
+    return Dispatch([chosen[s] for s in by_id], [row] * k, [slot[s] for s in by_id], one_row_slots=by_id)
 
 
 @functools.cache
 def _index_tensors(device: torch.device, k: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """The row index [0] and each slot index [s] (s < k) of a one-row Routing, made once per
-    device: read-only index tensors every such Routing shares."""
+    """The row index [0] and each slot index [s] (s < k) of a one-row Dispatch, made once per
+    device: read-only index tensors every such Dispatch shares."""
     return torch.zeros(1, dtype=torch.long, device=device), list(torch.arange(k, device=device).split(1))
 
 
 @dataclass(frozen=True)
-class DeviceRouting:
+class DeviceDispatch:
     """One layer's dispatch kept on the device (no host sync, shapes fixed by N and k)."""
 
     order: torch.Tensor        # [M] flat (row, slot) positions grouped by expert, ascending within a group
@@ -116,8 +116,8 @@ class DeviceRouting:
     accumulate: torch.Tensor   # [N, k]: per row, where its slots sit in `order`, in ascending expert id
 
 
-def group_on_device(ids: torch.Tensor, n_experts: int) -> DeviceRouting:
-    """ids [N, k] -> DeviceRouting with no device->host transfer: the same stable sort as
+def group_on_device(ids: torch.Tensor, n_experts: int) -> DeviceDispatch:
+    """ids [N, k] -> DeviceDispatch with no device->host transfer: the same stable sort as
     `group_by_expert`, group ends from `tokens_per_expert`, and per row the places of its slots
     in that order -- ascending place is ascending expert id (a row's experts are distinct and
     the sort is by id), the order `Placement.combine` adds them in."""
@@ -125,14 +125,14 @@ def group_on_device(ids: torch.Tensor, n_experts: int) -> DeviceRouting:
     order = torch.sort(ids.reshape(-1), stable=True).indices                    # [M]
     offs = tokens_per_expert(ids, n_experts).cumsum(0).to(torch.int32)          # [E]
     place = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=ids.device))  # [M]
-    return DeviceRouting(order, offs, place.view(N, k).sort(dim=1).values)      # [N, k]
+    return DeviceDispatch(order, offs, place.view(N, k).sort(dim=1).values)      # [N, k]
 
 
-def group_by_expert_reference(ids: torch.Tensor) -> Routing:
+def group_by_expert_reference(ids: torch.Tensor) -> Dispatch:
     """The obvious version (one `nonzero` per used expert); `group_by_expert` must equal it."""
     experts = ids.unique().tolist()                                             # sorted ascending
     pairs = [(ids == e).nonzero(as_tuple=True) for e in experts]                # ([n], [n]) each
-    return Routing(experts, [p[0] for p in pairs], [p[1] for p in pairs])
+    return Dispatch(experts, [p[0] for p in pairs], [p[1] for p in pairs])
 
 
 def tokens_per_expert(ids: torch.Tensor, n_experts: int) -> torch.Tensor:

@@ -106,21 +106,21 @@ def chosen_policy_options(policy: str, values: dict[str, Any]) -> Any:
 
 
 @dataclass(frozen=True)
-class Family:
+class PluginGroup:
     group: str            # the Hydra group
     registry: Registry
     nested: bool          # options under `<group>.options` (prefetch) or flat in the group node
 
 
-def families() -> list[Family]:
+def plugin_groups() -> list[PluginGroup]:
     from harness.engines import ENGINES
-    return [Family("placement", PLACEMENTS, False), Family("prefetch", PREFETCHERS, True),
-            Family("engine", ENGINES, False)]
+    return [PluginGroup("placement", PLACEMENTS, False), PluginGroup("prefetch", PREFETCHERS, True),
+            PluginGroup("engine", ENGINES, False)]
 
 
 def register(store: Any) -> None:
     """Store every registered plugin of every family as an option of its Hydra group."""
-    for fam in families():
+    for fam in plugin_groups():
         make = nested_schema if fam.nested else flat_schema
         for name in fam.registry.names():
             store.store(group=fam.group, name=name, node=make(fam.group, name, fam.registry.get(name).Options))

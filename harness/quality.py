@@ -1,14 +1,14 @@
 """Quality of a treatment against the exact reference on the same prompt (DESIGN §3, §5): the
 `quality` phase's metrics (harness.contract.QUALITY_METRICS).
 
-Owns: the quality pass one engine makes over a workload sample (`quality_pass`) -- the prompt
+Owns: the quality run one engine makes over a workload sample (`quality_run`) -- the prompt
 prefilled in the engine's micro-batches keeping every position's logits, then the greedy
 continuation, teacher-forced on given tokens or free-running -- and comparing a treatment's
-pass with the reference's (`compare`). The reference (harness.reference, the exact model on
-the CPU) makes its pass once, free-running; the measured engine makes two: teacher-forced on
+run with the reference's (`quality_metrics`). The reference (harness.reference, the exact model on
+the CPU) makes its run once, free-running; the measured engine makes two: teacher-forced on
 the reference's continuation, so that every compared position conditions on the same prefix,
 and free-running, for `token_agreement`. Does not own: the reference's computation or cache
-(harness.reference), rows (harness.runner).
+(harness.reference), the `quality` pass that makes a job's runs and rows (harness.passes.quality).
 
 Positions compared: the last `PROMPT_POSITIONS` prompt positions (each predicting the next
 token; the last predicts the first generated one) and the gen_tokens - 1 decode steps, for
@@ -22,14 +22,14 @@ every sequence of the batch. Over them:
 - `token_agreement`: free-running greedy tokens equal to the reference's, over gen_tokens.
 Identical logits give exactly 0, 1, 0, 1 and 1 (an exact run on the CPU, where placement
 changes nothing bit for bit). A metric that cannot be computed is null with its reason
-(`compare_explained`), never 0. NaN or inf is never compared: a pass whose logits go non-finite
-raises the engine's NonFiniteError (checked after every pass), and `compare` refuses non-finite
-inputs or results (a NaN compared with NaN would read as a metric).
+(`compare_explained`), never 0. NaN or inf is never compared: a run whose logits go non-finite
+raises the engine's NonFiniteError (checked after every forward pass), and `quality_metrics`
+refuses non-finite inputs or results (a NaN compared with NaN would read as a metric).
 
-    ref = quality_pass(reference_engine, sample.contexts, gen_tokens)
-    got = quality_pass(engine, sample.contexts, gen_tokens, forced=ref.continuation)
-    free = quality_pass(engine, sample.contexts, gen_tokens)
-    metrics = compare(got, ref, free.continuation)
+    ref = quality_run(reference_engine, sample.contexts, gen_tokens)
+    got = quality_run(engine, sample.contexts, gen_tokens, forced=ref.continuation)
+    free = quality_run(engine, sample.contexts, gen_tokens)
+    metrics = quality_metrics(got, ref, free.continuation)
     metrics, reasons = compare_explained(got, ref, free.continuation)   # reasons: null metric -> why
 """
 from __future__ import annotations
@@ -46,7 +46,7 @@ PROMPT_POSITIONS = 512       # prompt positions whose full distributions are kep
 
 
 @dataclass
-class QualityPass:
+class QualityRun:
     logits: torch.Tensor                 # [B, N, V] host fp32: the kept prompt positions, then the decode steps
     nll: float                           # sum of -log p(next prompt token) over every prompt position and row
     nll_count: int                       # how many terms that sum has
@@ -54,9 +54,9 @@ class QualityPass:
 
 
 @torch.inference_mode()
-def quality_pass(engine, contexts: list[list[int]], gen_tokens: int,
-                 forced: list[list[int]] | None = None) -> QualityPass:
-    """One pass of `engine` (an engine.Engine) over the prompts `contexts` [B][T] and gen_tokens
+def quality_run(engine, contexts: list[list[int]], gen_tokens: int,
+                forced: list[list[int]] | None = None) -> QualityRun:
+    """One run of `engine` (an engine.Engine) over the prompts `contexts` [B][T] and gen_tokens
     generated tokens -- `forced` [B][G]: fed in place of the engine's own choices."""
     B, T = len(contexts), len(contexts[0])
     keep_from = max(0, T - PROMPT_POSITIONS)
@@ -88,19 +88,20 @@ def quality_pass(engine, contexts: list[list[int]], gen_tokens: int,
             fed.append([r[i] for r in forced] if forced is not None else logits.argmax(-1).tolist())
     finally:
         sess.close()
-    return QualityPass(torch.cat(kept, dim=1), nll, count, [list(r) for r in zip(*fed)])
+    return QualityRun(torch.cat(kept, dim=1), nll, count, [list(r) for r in zip(*fed)])
 
 
-def compare(got: QualityPass, ref: QualityPass, greedy: list[list[int]] | None) -> dict[str, float | None]:
-    """The quality metrics of a treatment's teacher-forced pass `got` against the reference's;
+def quality_metrics(got: QualityRun, ref: QualityRun,
+                    greedy: list[list[int]] | None) -> dict[str, float | None]:
+    """The quality metrics of a treatment's teacher-forced run `got` against the reference's;
     `greedy`: the treatment's free-running continuation (None: token_agreement not measured)."""
     return compare_explained(got, ref, greedy)[0]
 
 
-def compare_explained(got: QualityPass, ref: QualityPass,
+def compare_explained(got: QualityRun, ref: QualityRun,
                       greedy: list[list[int]] | None) -> tuple[dict[str, float | None], dict[str, str]]:
-    """`compare`'s metrics, and for each one left null the reason (a row's `quality_reason`).
-    Raises NonFiniteError when either pass holds NaN or inf, or a metric comes out non-finite."""
+    """`quality_metrics`'s metrics, and for each one left null the reason (a row's `quality_reason`).
+    Raises NonFiniteError when either run holds NaN or inf, or a metric comes out non-finite."""
     if got.logits.shape != ref.logits.shape:
         raise ValueError(f"quality passes over different positions: {tuple(got.logits.shape)} vs "
                          f"{tuple(ref.logits.shape)} [B, positions, vocab]")

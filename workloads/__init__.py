@@ -1,6 +1,6 @@
 """Workloads: token ids for a measured turn of a realistic session, at an exact length.
 
-Owns: the registry of workloads (`WORKLOADS`, name -> "module:session builder", loaded
+Owns: the registry of workloads (`WORKLOADS`, name -> "module:conversation builder", loaded
 lazily) and `build`, the one entry point the harness calls. A workload is a session of
 turns -- `coding_agent` (system prompt with tool JSON schemas, repository files,
 growing history), `chat`, `long_doc` -- rendered from real text on this machine (the
@@ -23,23 +23,23 @@ from __future__ import annotations
 
 import importlib
 
-from workloads.base import (RANDOM_BASELINE_LABEL, TOKEN_SOURCES, Session, SessionBuilder,
+from workloads.base import (RANDOM_BASELINE_LABEL, TOKEN_SOURCES, Conversation, ConversationBuilder,
                             WorkloadSample, check_args, random_sample, text_sample)
 from workloads.tokenize import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
 
 __all__ = ["WORKLOADS", "TOKEN_SOURCES", "RANDOM_BASELINE_LABEL", "WorkloadSample",
-           "Session", "build", "session_builder", "load_tokenizer", "ByteTokenizer",
+           "Conversation", "build", "conversation_builder", "load_tokenizer", "ByteTokenizer",
            "HFTokenizer", "Tokenizer"]
 
 WORKLOADS: dict[str, str] = {
-    "coding_agent": "workloads.coding_agent:session",
-    "chat": "workloads.chat:session",
-    "long_doc": "workloads.long_doc:session",
+    "coding_agent": "workloads.coding_agent:conversation",
+    "chat": "workloads.chat:conversation",
+    "long_doc": "workloads.long_doc:conversation",
 }
 
 
-def session_builder(name: str) -> SessionBuilder:
-    """The text-level session builder registered as `name`."""
+def conversation_builder(name: str) -> ConversationBuilder:
+    """The text-level conversation builder registered as `name`."""
     if name not in WORKLOADS:
         raise ValueError(f"unknown workload {name!r}; known workloads: {sorted(WORKLOADS)}")
     module, attr = WORKLOADS[name].split(":")
@@ -54,7 +54,7 @@ def build(name: str, tokenizer: Tokenizer, context_tokens: int, turn_tokens: int
     Raises ValueError for an unknown `name` or `tokens`, an out-of-range size or seed,
     or a `context_tokens` too small for the workload's head plus measured turn.
     """
-    builder = session_builder(name)
+    builder = conversation_builder(name)
     check_args(context_tokens, turn_tokens, batch, seed, tokens)
     if tokens == "random":
         return random_sample(name, tokenizer, context_tokens, turn_tokens, batch, seed)

@@ -1,9 +1,9 @@
 """What every workload shares: the sample type, the session shape, exact-length assembly.
 
-Owns: `WorkloadSample` (what the harness feeds the engine), `Session` (the text-level
+Owns: `WorkloadSample` (what the harness feeds the engine), `Conversation` (the text-level
 shape each workload module returns: a fixed head, an endless chronological middle, a
 fixed measured turn, an endless continuation), the role-tag rendering, argument
-checks, and the assembly that turns one `Session` per batch row into ids of *exactly*
+checks, and the assembly that turns one `Conversation` per batch row into ids of *exactly*
 `context_tokens` and `turn_tokens` -- trimming only the middle, never the head or the
 measured turn -- plus the uniform-random baseline.
 Does not own: what the text says (``coding_agent``, ``chat``, ``long_doc``), where it
@@ -52,7 +52,7 @@ class Segment:
 
 
 @dataclass
-class Session:
+class Conversation:
     """One conversation, as text, before tokenization and trimming.
 
     `head` and `tail` are kept whole; `middle` is read lazily, oldest first, until it
@@ -73,7 +73,7 @@ class Session:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-SessionBuilder = Callable[[np.random.Generator], Session]
+ConversationBuilder = Callable[[np.random.Generator], Conversation]
 
 
 @dataclass
@@ -166,7 +166,7 @@ def take_exact(tok: Tokenizer, segments: Iterator[Segment], n: int,
     return ids[:n], sources
 
 
-def _assemble_row(name: str, tok: Tokenizer, s: Session, head: list[int], tail: list[int],
+def _assemble_row(name: str, tok: Tokenizer, s: Conversation, head: list[int], tail: list[int],
                   context_tokens: int, turn_tokens: int) -> tuple[list[int], list[int], dict]:
     budget = context_tokens - len(head) - len(tail)
     segs: list[tuple[Segment, list[int]]] = []
@@ -196,7 +196,7 @@ def _assemble_row(name: str, tok: Tokenizer, s: Session, head: list[int], tail: 
     return head + middle + tail, cont, meta
 
 
-def text_sample(name: str, builder: SessionBuilder, tok: Tokenizer, context_tokens: int,
+def text_sample(name: str, builder: ConversationBuilder, tok: Tokenizer, context_tokens: int,
                 turn_tokens: int, batch: int, seed: int) -> WorkloadSample:
     """Build `batch` sessions with `builder` and assemble each to exact lengths.
 

@@ -1,6 +1,6 @@
 """Chat sessions: a user asking an assistant about Python, answered with real docs.
 
-Owns: `session`, one multi-turn user/assistant conversation. Each exchange is about a
+Owns: `conversation`, one multi-turn user/assistant conversation. Each exchange is about a
 function or class of this machine's standard library: the user asks about it
 (sometimes pasting its source), the assistant answers with its real docstring.
 
@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from workloads import corpus
-from workloads.base import GENERATION_PROMPT, Segment, Session, pick, turn
+from workloads.base import GENERATION_PROMPT, Segment, Conversation, pick, turn
 from workloads.corpus import Definition
 
 NAME = "chat"
@@ -68,11 +68,11 @@ def _continuation(rng: np.random.Generator) -> Iterator[Segment]:
     yield from _exchanges(rng)
 
 
-def session(rng: np.random.Generator) -> Session:
+def conversation(rng: np.random.Generator) -> Conversation:
     """One conversation whose measured turn asks about a seeded stdlib definition."""
     target = next(corpus.iter_documented(rng))
     mid_rng, cont_rng = rng.spawn(2)
-    return Session(
+    return Conversation(
         head=turn("system", SYSTEM),
         middle=_exchanges(mid_rng),
         tail=turn("user", pick(rng, _QUESTIONS).format(qualname=target.qualname,

@@ -1,7 +1,7 @@
 """Coding-agent sessions: tools as JSON schemas, repository files, a growing history.
 
 Owns: the agent's system prompt with eight tool definitions (`TOOLS`, JSON Schema
-objects serialised with ``json.dumps``), and `session`, which lays out one agent
+objects serialised with ``json.dumps``), and `conversation`, which lays out one agent
 session over real source files of this machine's standard library (the "repository"):
 
     head    system prompt + <tools> (never trimmed)
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from workloads import corpus
-from workloads.base import GENERATION_PROMPT, Segment, Session, first_paragraph, pick, turn
+from workloads.base import GENERATION_PROMPT, Segment, Conversation, first_paragraph, pick, turn
 from workloads.corpus import Definition
 
 NAME = "coding_agent"
@@ -192,13 +192,13 @@ def _open_files(rng: np.random.Generator) -> Iterator[Segment]:
                                      + "\n".join(lines) + "\n</file>"), (path,))
 
 
-def session(rng: np.random.Generator) -> Session:
+def conversation(rng: np.random.Generator) -> Conversation:
     """One agent session whose measured turn asks for work on a seeded stdlib function."""
     target = _pick_def(rng, next(corpus.iter_files(rng)))
     request = pick(rng, _FINAL_REQUESTS).format(
         path=target.path, qualname=target.qualname, module=target.module)
     mid_rng, cont_rng = rng.spawn(2)
-    return Session(
+    return Conversation(
         head=system_prompt(),
         middle=itertools.chain(_open_files(mid_rng), _history(mid_rng)),
         tail=turn("user", request) + GENERATION_PROMPT,

@@ -1,6 +1,6 @@
 """Long-document sessions: one long real document, then a question about it.
 
-Owns: `session`. The document is the Python language reference shipped with this
+Owns: `conversation`. The document is the Python language reference shipped with this
 interpreter (``pydoc_data/topics.py``, one section per topic in seeded order),
 continued with module documentation (module and definition docstrings) when a context
 needs more text than the reference holds.
@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from workloads import corpus
-from workloads.base import GENERATION_PROMPT, Segment, Session, pick, turn
+from workloads.base import GENERATION_PROMPT, Segment, Conversation, pick, turn
 
 NAME = "long_doc"
 _QUESTIONS = (
@@ -49,14 +49,14 @@ def _continuation(rng: np.random.Generator) -> Iterator[Segment]:
     yield from _segments(sections)
 
 
-def session(rng: np.random.Generator) -> Session:
+def conversation(rng: np.random.Generator) -> Conversation:
     """One document whose measured question asks about its first section."""
     mid_rng, cont_rng = rng.spawn(2)
     sections = corpus.iter_sections(mid_rng)
     opening = next(sections)  # drawn now so the question can name it
     title = opening[0]
     question = pick(rng, _QUESTIONS).format(title=title)
-    return Session(
+    return Conversation(
         head=(turn("system", "Answer using only the document.")
               + "<|user|>\nRead this document; my question follows it.\n<document>\n"),
         middle=_segments(itertools.chain([opening], sections)),

@@ -27,7 +27,7 @@ from engine.cache import ExpertCache, ExpertStore
 from engine.config import ModelConfig
 from engine.counters import Counters
 from engine.devices import Device
-from engine.dispatch import Routing, group_by_expert, group_on_device
+from engine.dispatch import Dispatch, group_by_expert, group_on_device
 from engine.hooks import Instrument
 from engine.layers import cast
 from engine.lazy import lazy_module
@@ -169,7 +169,7 @@ class Placement(ABC):
         """Routed-expert output for h [N, D] given top-k ids/weights [N, k]; returns [N, D]."""
 
     # --- shared pieces -----------------------------------------------------------------
-    def combine(self, layer: int, h: torch.Tensor, routing: Routing, weights: torch.Tensor,
+    def combine(self, layer: int, h: torch.Tensor, routing: Dispatch, weights: torch.Tensor,
                 weights_of: Callable[[int], torch.Tensor],
                 release: Callable[[int], None] | None = None) -> torch.Tensor:
         """The one expert loop: experts in ascending id order, index_add into a zero buffer.

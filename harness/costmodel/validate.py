@@ -3,8 +3,9 @@ phase, and report the error -- itself a column (DESIGN.md §8) -- two ways.
 
 Owns: `job_inputs` (what a job dir says beyond its rows: the model it ran, from the manifest,
 and the routing it recorded, `routing.npz` from `run.record_trace=true`), `predict_for`
-(predicted rows, source="model", for the jobs of a measured table), `compare` (the join, with
-`pred_over_measured` = predicted / measured and `abs_err` = |predicted - measured| / measured),
+(predicted rows, source="model", for the jobs of a measured table), `prediction_errors` (the
+join, with `pred_over_measured` = predicted / measured and `abs_err` = |predicted - measured| /
+measured),
 `two_ways` (both comparisons in one table, column `counts`) and `summarize` /
 `summarize_two_ways` (median, p90 and max of abs_err per placement). Does not own: the model
 (harness.costmodel.timemodel) or loading results (harness.results.load).
@@ -174,7 +175,8 @@ def predict_for(measured: pd.DataFrame, profile: HardwareProfile, *, counts: str
         p = predict(cfg, spec, shape, profile, dtype=dtype, routing=job_routing, counts=phase_counts, overlap=overlap)
         p.model = key["model"]
         # the prediction for this job carries the job's own factors and join keys (its requested
-        # cache.capacity, e.g. "auto", not the resolved slots; its treatment), so the two join in `compare`
+        # cache.capacity, e.g. "auto", not the resolved slots; its treatment), so the two join in
+        # `prediction_errors`
         rows += [{**r, **key} for r in p.rows(sweep_id=f"model-{profile.name}", job_id=str(job["job_id"].iloc[0]),
                                               workload=key["workload"], extra={"counts": counts})]
     return pd.DataFrame(rows)
@@ -207,8 +209,9 @@ def _measured_counts(job: pd.DataFrame, cfg: ModelConfig, spec: PlacementSpec,
     return out
 
 
-def compare(predicted: pd.DataFrame, measured: pd.DataFrame, metrics: Sequence[str] = ("time_s", "tok_per_s"),
-            stat: str = "median", profiler: str = SPEED_PROFILER) -> pd.DataFrame:
+def prediction_errors(predicted: pd.DataFrame, measured: pd.DataFrame,
+                      metrics: Sequence[str] = ("time_s", "tok_per_s"), stat: str = "median",
+                      profiler: str = SPEED_PROFILER) -> pd.DataFrame:
     """One row per (job factors, phase, metric) present in both: predicted, measured
     (`stat` over repeats of the `profiler` pass: "none" = speed rows, "timeline" for the
     measured copy/overlap metrics), their spread, `pred_over_measured` and `abs_err`, and the
@@ -256,10 +259,11 @@ def _filled(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 def two_ways(measured: pd.DataFrame, profile: HardwareProfile, *, inputs: Mapping[tuple[str, str], JobInputs] | None = None,
              routing: Routing | None = None, stat: str = "median", metrics: Sequence[str] = ("time_s", "tok_per_s"),
              overlap: str | float = "auto") -> pd.DataFrame:
-    """`compare` of both predictions (counts simulated -- the headline -- and measured) in one
+    """`prediction_errors` of both predictions (counts simulated -- the headline -- and measured) in one
     table, told apart by column `counts`."""
-    return pd.concat([compare(predict_for(measured, profile, counts=c, routing=routing, inputs=inputs, overlap=overlap),
-                              measured, metrics=metrics, stat=stat) for c in COUNTS], ignore_index=True)
+    return pd.concat([prediction_errors(predict_for(measured, profile, counts=c, routing=routing, inputs=inputs,
+                                                    overlap=overlap), measured, metrics=metrics, stat=stat)
+                      for c in COUNTS], ignore_index=True)
 
 
 def summarize_two_ways(table: pd.DataFrame, by: Sequence[str] = ("placement",), metric: str = "time_s",

@@ -11,8 +11,8 @@ from engine.config import preset
 from engine.trace import save_trace
 from harness import results
 from harness.costmodel import PlacementSpec, Routing, WorkloadShape, load_profile
-from harness.costmodel.validate import (TRACE_FILE, compare, job_inputs, predict_for, summarize, summarize_two_ways,
-                                        two_ways)
+from harness.costmodel.validate import (TRACE_FILE, job_inputs, predict_for, prediction_errors, summarize,
+                                        summarize_two_ways, two_ways)
 from harness.costmodel.work import scenario_work
 from harness.sim.synthetic import generate
 
@@ -43,13 +43,13 @@ def test_error_columns_are_predicted_over_measured():
     f = factors("resident")
     meas = pd.DataFrame(measured_rows(f, "decode", [1.0, 2.0, 4.0]))
     pred = pd.DataFrame(predicted_rows(f, "decode", 1.5))
-    t = compare(pred, meas).set_index("metric")
+    t = prediction_errors(pred, meas).set_index("metric")
     assert t.loc["time_s", "measured"] == 2.0 and t.loc["time_s", "n_measured"] == 3
     assert t.loc["time_s", "pred_over_measured"] == pytest.approx(0.75)
     assert t.loc["time_s", "abs_err"] == pytest.approx(0.25)
     # tok/s: 100/1.5 predicted vs median(100, 50, 25) = 50 measured
     assert t.loc["tok_per_s", "pred_over_measured"] == pytest.approx((100 / 1.5) / 50)
-    best = compare(pred, meas, stat="best").set_index("metric")
+    best = prediction_errors(pred, meas, stat="best").set_index("metric")
     assert best.loc["time_s", "measured"] == 1.0 and best.loc["time_s", "abs_err"] == pytest.approx(0.5)
     assert best.loc["tok_per_s", "measured"] == 100.0        # the fastest repeat: highest tok/s
     assert pd.isna(t.loc["time_s", "cache_capacity"])       # null factors join and stay null
@@ -63,12 +63,12 @@ def test_join_is_by_factors_and_phase_and_ignores_instrumented_rows():
                                             extra={"profiler": "timeline", "ubatch": 512}))
     pred = pd.DataFrame(predicted_rows(fa, "decode", 1.0) + predicted_rows(fb, "decode", 1.0)
                         + predicted_rows(fa, "prefill_restored", 1.0))
-    t = compare(pred, meas, metrics=("time_s",))
+    t = prediction_errors(pred, meas, metrics=("time_s",))
     got = dict(zip(t["cache_capacity"], t["measured"]))
     assert got == {"2": 2.0, "4": 4.0}                       # timeline row excluded; unmatched phases dropped
     assert list(t["abs_err"]) == pytest.approx([0.5, 0.75])
     with pytest.raises(ValueError, match="no predicted row matches"):
-        compare(pd.DataFrame(predicted_rows(factors("cpu"), "decode", 1.0)), meas)
+        prediction_errors(pd.DataFrame(predicted_rows(factors("cpu"), "decode", 1.0)), meas)
 
 
 def test_summary_is_the_error_distribution_per_placement():
@@ -107,7 +107,7 @@ def test_predict_for_a_measured_table():
     assert decode["expert_hits"] == 5.0 and decode["expert_misses"] == 7.0     # the measured counts
     assert decode["tokens"] == 3.0
     assert set(pred["routing"]) == {"measured"} and set(pred["counts"]) == {"measured"}
-    t = compare(pred, meas)
+    t = prediction_errors(pred, meas)
     assert len(t) == 8 and t["abs_err"].notna().all() and set(t["counts"]) == {"measured"}
     # the default, the headline: counts simulated from uniform routing, not the measured ones
     sim = predict_for(meas, hw)
@@ -207,7 +207,7 @@ def test_predictions_join_the_committed_results(root, jobs):
     meas = results.load(root)
     if jobs:
         meas = meas[meas["job_id"].isin(jobs)]
-    t = compare(predict_for(meas, load_profile("rtx4090-pcie4-x16"), inputs=job_inputs(root)), meas)
+    t = prediction_errors(predict_for(meas, load_profile("rtx4090-pcie4-x16"), inputs=job_inputs(root)), meas)
     assert t["abs_err"].notna().all()
     config = ["placement", "cache_capacity", "context_tokens", "kv_dtype", "expert_quant"]
     ok = meas[meas["status"] == "ok"]

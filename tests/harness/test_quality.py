@@ -17,7 +17,7 @@ from harness.config import ConfigError
 from harness.contract import METRIC_UNITS, QUALITY_METRICS, QUALITY_PHASE
 from harness.costmodel.work import kv_bytes
 from harness.llamacpp.flags import DEFAULTS, EXACT, FlagError, kv_treatment
-from harness.quality import compare, quality_pass
+from harness.quality import quality_metrics, quality_run
 
 PROMPT = [[(37 * i + 11) % 512 for i in range(96)]]
 GEN = 12
@@ -27,8 +27,8 @@ def _quality(kv_dtype: str, ref) -> dict:
     eng = Engine.from_pretrained("tiny-mixtral", placement="fetch", cache_capacity=3, device="cpu", max_context=256,
                                  ubatch=32, kv_dtype=kv_dtype)
     try:
-        forced = quality_pass(eng, PROMPT, GEN, forced=ref.continuation)
-        return compare(forced, ref, quality_pass(eng, PROMPT, GEN).continuation)
+        forced = quality_run(eng, PROMPT, GEN, forced=ref.continuation)
+        return quality_metrics(forced, ref, quality_run(eng, PROMPT, GEN).continuation)
     finally:
         eng.close()
 
@@ -37,7 +37,7 @@ def _quality(kv_dtype: str, ref) -> dict:
 def reference():
     eng = Engine.from_pretrained("tiny-mixtral", device="cpu", max_context=256, ubatch=32)
     try:
-        return quality_pass(eng, PROMPT, GEN)
+        return quality_run(eng, PROMPT, GEN)
     finally:
         eng.close()
 
@@ -56,10 +56,10 @@ def test_quality_orders_the_treatments(reference):
 
 
 def test_compare_refuses_different_positions(reference):
-    short = quality_pass(Engine.from_pretrained("tiny-mixtral", device="cpu", max_context=256, ubatch=32),
+    short = quality_run(Engine.from_pretrained("tiny-mixtral", device="cpu", max_context=256, ubatch=32),
                          PROMPT, GEN - 1)
     with pytest.raises(ValueError, match=r"different positions"):
-        compare(short, reference, None)
+        quality_metrics(short, reference, None)
 
 
 def test_quality_metrics_have_units():
