@@ -1,10 +1,11 @@
 """The tidy results store: one observation per row, one Parquet file per job, one table per sweep.
 
-Three modules, one public face (`from harness import results`):
-  * `schema`  -- row columns and their Parquet types; `make_rows`, `failed_row`, Arrow typing;
-  * `store`   -- atomic job writes (`write_job`, `read_done`, `job_status`), `load` of a job dir,
-                 sweep dir or tree, `load_steps`, `write_sweep`;
-  * `summary` -- medians with spread (`spread_table`, summary.csv) and the wide `summarize`.
+Five modules, one public face (`from harness import results`):
+  * `schema`      -- row columns and their Parquet types; `make_rows`, `failed_row`, Arrow typing;
+  * `store`       -- atomic job writes (`write_job`, `read_done`, `job_status`);
+  * `reader`      -- `load` of a job dir, sweep dir or tree, `load_steps`;
+  * `sweep_table` -- a sweep's tables (`write_sweep`, `sweep_frame`);
+  * `summary`     -- medians with spread (`spread_table`, summary.csv) and the wide `summarize`.
 Metric names, units and phases are the contract's (`harness.contract`).
 
     rows = results.make_rows(factors, device, "s1", "0", 0, "decode", {"time_s": 1.2}, "engine")
@@ -20,16 +21,18 @@ Decisions recorded here so that readers can rely on them:
   * `repeat`, `context_tokens`, `gen_tokens`, `batch` are nullable int64 (pandas "Int64");
     `emulated` is nullable bool; the other fixed columns are strings. Extra columns are
     kept, never dropped; an extra column whose values mix types is stored as strings.
-  * what "complete" means and how a job present in several files is read once: see
-    `harness.results.store`.
+  * what "complete" means: see `harness.results.store`; how a job present in several files is
+    read once: `harness.results.reader`.
 """
 from harness.results.schema import (CONFIG_COLUMNS, DEVICE_COLUMNS, DONE_FILE, ERROR_METRIC, FACTOR_COLUMNS, MANIFEST_FILE,
                                     REQUIRED_COLUMNS, ROW_COLUMNS, ROWS_FILE, SCHEMA_VERSION, SOURCES, STATUSES,
                                     STEPS_FILE, SUMMARY_FILE, SWEEP_STEPS, SWEEP_TABLE, ResultsError, Row,
                                     failed_row, frame_to_table, make_rows, rows_to_table)
+from harness.results.reader import load, load_steps
 from harness.results.store import (atomic_write_bytes, atomic_write_text, inspect_job, invalidate_job, job_complete,
-                                   job_status, load, load_steps, prepare_job_dir, read_done, recorded_done, remove_job, remove_temp_files,
-                                   sweep_frame, write_job, write_sweep)
+                                   job_status, prepare_job_dir, read_done, recorded_done, remove_job, remove_temp_files,
+                                   write_job)
+from harness.results.sweep_table import sweep_frame, write_sweep
 from harness.results.summary import SUMMARY_KEYS, spread_table, summarize
 from harness.contract import FAILED_PHASE, METRIC_UNITS, PHASES
 
