@@ -93,7 +93,7 @@ class MachineLoad:
     def warning(self) -> str:
         return (f"warning: other processes keep {self.other_busy_cores:.1f} of {self.cores} cores busy "
                 f"(load average {self.load_avg_1m}) while this run uses {self.threads} thread(s); its timings "
-                "will be slower and noisier than on a quiet machine (see README: Threads and the CPU)")
+                "will be slower and noisier than on a quiet machine (see docs/measurement.md: Threads and the CPU)")
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -3,7 +3,7 @@ numeric axes, legends and titles. `harness.plots` decides what each figure shows
 makes every figure show it the same way.
 
 Owns: the style table -- one fixed colour and marker for the placements, engines and cache
-policies the README shows (`STYLE_TABLE`) -- and a default for every other name (`style`): a
+policies the guide shows (`STYLE_TABLE`, docs/ci.md) -- and a default for every other name (`style`): a
 registered plugin without an entry (a new builtin or a third-party one) gets a colour no entry
 and no other registered plugin has, an unknown name a colour from a hash of it, so adding a
 plugin needs no edit here; the style and label of each config a figure draws (`configs`: its
@@ -58,7 +58,7 @@ class Style:
 
 
 # --- the style table ----------------------------------------------------------------------------
-# Fixed entries for the plugins the README names by colour; any other registered plugin of
+# Fixed entries for the plugins the guide names by colour (docs/ci.md); any other registered plugin of
 # engine.registry.PLACEMENTS / POLICIES or harness.engines.ENGINES gets a default (`style`), so a new
 # one needs no entry. Placements and other engines take tab10's colours, policies the rest, so a
 # policy curve is never mistaken for a placement.

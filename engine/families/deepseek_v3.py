@@ -10,7 +10,7 @@ the MTP layers ignored. Reads the current (`rope_parameters`) and the Hub's olde
 form (`rope_theta` + `rope_scaling`, `scoring_func`/`topk_method`, which must be sigmoid/noaux_tc).
 
 Presets (seeded random weights, bf16; values from each model's Hugging Face config.json,
-README "Model families"): deepseek-v3, kimi-k2, moonlight-16b-a3b; tiny-deepseek and
+docs/engines.md, "Model families and presets"): deepseek-v3, kimi-k2, moonlight-16b-a3b; tiny-deepseek and
 tiny-moonlight for tests and the context-pressure benchmark.
 """
 from __future__ import annotations

@@ -5,7 +5,7 @@ layers (engine.families.sigmoid_moe: sigmoid routing with a selection-only corre
 group-limited top-k, shared experts, dense first layers; the MTP layers ignored).
 
 Presets (seeded random weights, bf16; values from each model's Hugging Face config.json,
-README "Model families"): glm-4.5, glm-4.5-air; tiny-glm for tests.
+docs/engines.md, "Model families and presets"): glm-4.5, glm-4.5-air; tiny-glm for tests.
 """
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ def sysfs(root: Path, sizes: dict[int, str]) -> Path:
 
 
 def test_the_largest_reported_cache_is_the_last_level(tmp_path):
-    # this session's host: L1d 48K, L1i 64K, L2 2048K, L3 491520K
+    # a real host's sysfs (a 2-core Intel Xeon VM): L1d 48K, L1i 64K, L2 2048K, L3 491520K
     tree = sysfs(tmp_path, {0: "48K", 1: "64K", 2: "2048K", 3: "491520K"})
     assert last_level_cache_bytes(tree) == 480 << 20
     assert last_level_cache_bytes(sysfs(tmp_path / "m", {0: "32K", 3: "1M"})) == 1 << 20
