@@ -1,10 +1,11 @@
 """The pinned llama.cpp build: fetch, extract, configure, compile, find.
 
-Owns: which llama.cpp moebench measures (the tree vendored in one pinned, hash-checked
-`llama-cpp-python` sdist from PyPI), the cmake flags it is built with, where the build lives
-(the cache, outside the repo), when a build counts as finished (a marker written last), and
-finding the binaries afterwards. Does not own: converting weights (`convert`), running the
-server (`server`) or the knobs passed to it (`flags`).
+Owns: the cmake flags the pinned tree is built with, where the build lives (the cache, outside
+the repo), when a build counts as finished (a marker written last), and finding the binaries
+afterwards. Does not own: which llama.cpp is measured and fetching it (`source`: the tree
+vendored in one pinned, hash-checked `llama-cpp-python` sdist from PyPI; its names are
+re-exported here), converting weights (`convert`), running the server (`server`) or the knobs
+passed to it (`flags`).
 
 Cache layout, under `cache_root()` = `$MOEBENCH_CACHE` or `~/.cache/moebench`:
 
@@ -33,7 +34,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -42,12 +42,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TextIO
 
-log = logging.getLogger(__name__)
+# the pin, the cache and the extracted tree (also read as `build.cache_root()`, `build.source_dir()`, ...)
+from harness.llamacpp.source import (LLAMA_CPP_PYTHON_VERSION, SDIST_SHA256, LlamaCppBuildError,  # noqa: F401
+                                     cache_root, llamacpp_root, source_dir, vendored_commit)
 
-# The pin: one sdist, checked by hash, so every machine compiles the same tree.
-LLAMA_CPP_PYTHON_VERSION = "0.3.36"
-SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
-SDIST_NAME = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
+log = logging.getLogger(__name__)
 
 # What moebench runs: the server, the bench tool, and the quantizer (GGUF types the Python
 # converter cannot write, e.g. q4_k_m). Nothing else of the tree is compiled.
@@ -90,10 +89,6 @@ BASE_FLAGS = (
 )
 
 
-class LlamaCppBuildError(RuntimeError):
-    """The pinned llama.cpp could not be fetched, built or found."""
-
-
 class BinaryFailed(LlamaCppBuildError):
     """A llama.cpp binary did not run: it could not be started, or exited non-zero where it must not
     (its --help). One line: the command, its exit status and the tail of what it printed."""
@@ -114,16 +109,6 @@ def run_binary(binary: Path, args: Sequence[str], timeout: float = 60) -> subpro
         tail = " | ".join(lines[-3:])[-400:] or "it printed nothing"
         raise BinaryFailed(f"{cmd} failed ({status}): {tail}; {RUN_HINT}")
     return proc
-
-
-def cache_root() -> Path:
-    """`$MOEBENCH_CACHE`, else `~/.cache/moebench` (never inside the repo)."""
-    env = os.environ.get("MOEBENCH_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "moebench"
-
-
-def llamacpp_root() -> Path:
-    return cache_root() / "llama.cpp"
 
 
 # GCC gives an explicit -mno-* precedence over -march=native whatever the order
@@ -181,69 +166,6 @@ class Binaries:
     quantize: Path | None
     info: BuildInfo | None
     origin: str                       # "cache" | "LLAMA_CPP_BIN" | "PATH"
-
-
-# ---------------------------------------------------------------- source
-
-
-def fetch_sdist(downloads: Path | None = None) -> Path:
-    """The pinned sdist in the cache, downloaded with pip from PyPI when missing; hash-checked."""
-    downloads = downloads or llamacpp_root() / "downloads"
-    path = downloads / SDIST_NAME
-    if not path.is_file():
-        downloads.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-               "--dest", str(downloads), f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"]
-        log.info("downloading %s: %s", SDIST_NAME, " ".join(cmd))
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0 or not path.is_file():
-            raise LlamaCppBuildError(f"could not download {SDIST_NAME} with pip (exit {proc.returncode}); "
-                                     f"place it at {path} by hand. pip said:\n{proc.stderr[-2000:]}")
-    digest = _sha256(path)
-    if digest != SDIST_SHA256:
-        raise LlamaCppBuildError(f"{path} has sha256 {digest}, the pin is {SDIST_SHA256}; delete it and rerun")
-    return path
-
-
-def source_dir() -> Path:
-    """The pinned llama.cpp tree (`vendor/llama.cpp` of the sdist), extracted once."""
-    root = llamacpp_root()
-    dest = root / f"src-{LLAMA_CPP_PYTHON_VERSION}"
-    done = dest / ".moebench-extracted"
-    if done.is_file():
-        return dest / "llama.cpp"
-    sdist = fetch_sdist()
-    root.mkdir(parents=True, exist_ok=True)
-    prefix = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}/"
-    tmp = Path(tempfile.mkdtemp(prefix=".src-", dir=root))
-    try:
-        with tarfile.open(sdist) as tar:
-            members = []
-            for m in tar.getmembers():
-                rel = m.name[len(prefix):] if m.name.startswith(prefix) else None
-                if rel is None or not (rel.startswith("vendor/llama.cpp/") or rel == "CHANGELOG.md"):
-                    continue
-                m.name = rel[len("vendor/"):] if rel.startswith("vendor/") else rel
-                members.append(m)
-            tar.extractall(tmp, members=members, filter="data")
-        # the tree's .git file points into the sdist's absent .git/modules: drop it, so no
-        # git command in cmake mistakes a parent repository for this tree
-        (tmp / "llama.cpp" / ".git").unlink(missing_ok=True)
-        (tmp / ".moebench-extracted").write_text(sdist.name + "\n")
-        shutil.rmtree(dest, ignore_errors=True)
-        os.replace(tmp, dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return dest / "llama.cpp"
-
-
-def vendored_commit(src: Path) -> str:
-    """The llama.cpp commit the sdist's CHANGELOG names for its version ("unknown" if none)."""
-    changelog = src.parent / "CHANGELOG.md"
-    text = changelog.read_text() if changelog.is_file() else ""
-    section = re.search(rf"^## \[{re.escape(LLAMA_CPP_PYTHON_VERSION)}\](.*?)^## \[", text, re.S | re.M)
-    hit = re.search(r"llama\.cpp@([0-9a-f]{7,40})", section.group(1)) if section else None
-    return hit.group(1) if hit else "unknown"
 
 
 # ---------------------------------------------------------------- build
@@ -410,14 +332,6 @@ def _compiler() -> str:
     cxx = os.environ.get("CXX") or shutil.which("c++") or "c++"
     out = subprocess.run([cxx, "--version"], capture_output=True, text=True)
     return out.stdout.splitlines()[0] if out.returncode == 0 and out.stdout else "unknown"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # ---------------------------------------------------------------- find

@@ -1,0 +1,277 @@
+"""The HTTP half of `LlamaServer`: every request to the llama-server moebench started.
+
+Owns: `ServerClient` -- /health, /props, /slots, /completion (whole or streamed, with
+prompt-progress events), slot save/restore/erase, each request sent only to a port verified as
+our child's with this start's API key, the stall and request limits applied to it (a request
+that stalls or outlasts its limit kills the server: `LlamaServerStall`) -- and the errors
+`LlamaServerError` and `LlamaServerStall`. Does not own: starting, verifying and stopping the
+process (`harness.llamacpp.server.LlamaServer`, which subclasses this and sets the state listed
+on the class), or the typed answers (`harness.llamacpp.responses`).
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import os
+import subprocess
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from harness.llamacpp.process import HOST, unregister
+from harness.llamacpp.responses import Completion, SlotResult, StreamChunk, parse_completion, sse_events
+
+log = logging.getLogger(__name__)
+
+LOG_TAIL_LINES = 40
+
+
+class LlamaServerError(RuntimeError):
+    """The server failed to start, timed out, answered with an error, or died; `log_tail` holds
+    the last lines of its log (in the message too, unless `tail_in_message=False`: an error the
+    log does not explain stays one line) and `returncode` its exit status when it has exited."""
+
+    def __init__(self, message: str, log_tail: str = "", returncode: int | None = None,
+                 tail_in_message: bool = True) -> None:
+        shown = log_tail if tail_in_message else ""
+        super().__init__(f"{message}\n--- last lines of the llama-server log ---\n{shown}" if shown else message)
+        self.log_tail = log_tail
+        self.returncode = returncode
+
+
+class LlamaServerStall(LlamaServerError):
+    """A request got no byte for `stall_timeout_s`, or outlasted `request_timeout_s`: the server was
+    killed and gets no further request."""
+
+
+class ServerClient(ABC):
+    """Requests to a started llama-server. The state it reads is the server's (`LlamaServer` sets
+    it at start); `kill` and `log_tail` are the server's too."""
+
+    port: int | None
+    proc: subprocess.Popen | None
+    broken: str | None                   # why the server gets no further request
+    stall_timeout_s: float
+    request_timeout_s: float
+    slot_save_path: Path | None
+    _key: str                            # this start's API key
+    _verified_port: int | None           # the port whose only listener is our child's
+
+    @abstractmethod
+    def kill(self, why: str) -> None:
+        """SIGKILL the server and send it nothing more (`broken` = why)."""
+
+    @abstractmethod
+    def log_tail(self, n: int = LOG_TAIL_LINES) -> str:
+        """The last n lines the server wrote to its log."""
+
+    # -------------------------------------------------------- HTTP
+
+    def _connect(self, what: str, timeout: float | None = None) -> http.client.HTTPConnection:
+        """A connection for one request -- refused, with nothing sent, to a server that was killed
+        after a stall or whose port is not verified as its own. Each read waits at most the stall
+        timeout (or `timeout`)."""
+        if self.broken:
+            raise LlamaServerError(f"not sending {what}: {self.broken}")
+        if self._verified_port is None or self._verified_port != self.port:
+            raise LlamaServerError(f"not sending {what}: 127.0.0.1:{self.port} is not verified as the llama-server "
+                                   "moebench started")
+        return http.client.HTTPConnection(HOST, self.port,
+                                          timeout=timeout or min(self.stall_timeout_s, self.request_timeout_s))
+
+    def _headers(self, data: bytes | None) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._key}", **({"Content-Type": "application/json"} if data else {})}
+
+    def _stalled(self, what: str, overdue: bool = False) -> LlamaServerStall:
+        """Kill the server that stalled (or outlasted request_timeout_s) during `what`; the error."""
+        pid = self.proc.pid if self.proc is not None else None
+        why = (f"it did not finish {what} within request_timeout_s={self.request_timeout_s:g} s" if overdue else
+               f"it sent nothing for stall_timeout_s={self.stall_timeout_s:g} s during {what} (stalled)")
+        self.kill(f"llama-server (pid {pid}) was killed: {why}")
+        log.error("llama-server pid %s: %s; killed it", pid, why)
+        return LlamaServerStall(f"llama-server (pid {pid}) killed: {why}; it gets no further request",
+                                self.log_tail(), self.proc.returncode if self.proc else None)
+
+    def _request(self, method: str, path: str, body: dict | None = None,
+                 timeout: float | None = None) -> tuple[int, Any]:
+        conn = self._connect(f"{method} {path}", timeout)
+        try:
+            data = json.dumps(body).encode() if body is not None else None
+            conn.request(method, path, body=data, headers=self._headers(data))
+            resp = conn.getresponse()
+            raw = resp.read()
+            try:
+                return resp.status, json.loads(raw) if raw else None
+            except ValueError:
+                return resp.status, raw.decode(errors="replace")
+        finally:
+            conn.close()
+
+    def _call(self, method: str, path: str, body: dict | None = None) -> Any:
+        """A request that must succeed: HTTP errors and a dead server raise LlamaServerError."""
+        try:
+            status, out = self._request(method, path, body)
+        except TimeoutError:
+            raise self._stalled(f"{method} {path}") from None
+        except (OSError, http.client.HTTPException) as e:
+            raise self._failure(f"{method} {path} failed: {type(e).__name__}: {e}") from e
+        if status != 200:
+            raise LlamaServerError(f"{method} {path} -> HTTP {status}: {out!r}", self.log_tail())
+        return out
+
+    def _failure(self, what: str) -> LlamaServerError:
+        """The error for a broken connection: if the server died, say so with its status."""
+        rc = None
+        if self.proc is not None:
+            try:
+                rc = self.proc.wait(2.0)
+            except subprocess.TimeoutExpired:
+                rc = None
+        if rc is not None:
+            unregister(self)
+            return LlamaServerError(f"llama-server (pid {self.proc.pid}) died with status {rc}: {what}",
+                                    self.log_tail(), rc)
+        return LlamaServerError(what, self.log_tail())
+
+    def health(self) -> dict[str, Any]:
+        return self._call("GET", "/health")
+
+    def props(self) -> dict[str, Any]:
+        """GET /props: the server's settings (n_ctx, total_slots, build_info, ...)."""
+        return self._call("GET", "/props")
+
+    def slots(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/slots")
+
+    def _body(self, prompt_ids: Sequence[int], n_predict: int, slot: int, cache_prompt: bool, n_probs: int,
+              stream: bool, timings_per_token: bool, ignore_eos: bool, extra: dict[str, Any] | None) -> dict[str, Any]:
+        if n_predict < 1:
+            raise ValueError(f"n_predict must be >= 1, got {n_predict}")
+        return {"prompt": [int(t) for t in prompt_ids], "n_predict": n_predict, "temperature": 0.0,
+                "top_k": 1, "samplers": ["top_k"], "id_slot": slot, "cache_prompt": cache_prompt,
+                "return_tokens": True, "stream": stream, "timings_per_token": timings_per_token,
+                "ignore_eos": ignore_eos, "n_probs": n_probs, **(extra or {})}
+
+    def complete(self, prompt_ids: Sequence[int], n_predict: int, *, slot: int = 0, cache_prompt: bool = True,
+                 n_probs: int = 0, stream: bool = False, timings_per_token: bool = False,
+                 ignore_eos: bool = False, on_token: Callable[[int, float], None] | None = None,
+                 extra: dict[str, Any] | None = None) -> Completion:
+        """Greedy completion of token ids (temperature 0), exactly as given (no BOS added).
+        `cache_prompt`: reuse the slot's KV for the common prefix. `n_probs`: top-k logprobs per
+        generated token. `stream`: token events as they come, for ttft_s and per-token times.
+        `ignore_eos`: keep generating past end-of-generation tokens (llama.cpp then biases them
+        to -inf, which changes greedy tokens; the pass-through vocabulary has none to bias).
+        `on_token(id, seconds_since_request)`: called per streamed token (needs stream=True)."""
+        if (on_token is not None or timings_per_token) and not stream:
+            raise ValueError("on_token and timings_per_token need stream=True (tokens arrive one by one "
+                             "only when streamed)")
+        if stream:
+            chunks = self.stream(prompt_ids, n_predict, slot=slot, cache_prompt=cache_prompt, n_probs=n_probs,
+                                 timings_per_token=timings_per_token, ignore_eos=ignore_eos, extra=extra)
+            for chunk in chunks:
+                for t in chunk.tokens:
+                    if on_token is not None:
+                        on_token(int(t), chunk.t)
+                if chunk.final is not None:
+                    return chunk.final
+            raise AssertionError("unreachable: stream() ends with a final chunk or raises")
+        body = self._body(prompt_ids, n_predict, slot, cache_prompt, n_probs, False, False, ignore_eos, extra)
+        t0 = time.perf_counter()
+        try:
+            status, out = self._request("POST", "/completion", body)
+        except TimeoutError:
+            raise self._stalled("POST /completion") from None
+        except (OSError, http.client.HTTPException) as e:
+            raise self._failure(f"POST /completion failed: {type(e).__name__}: {e}") from e
+        wall = time.perf_counter() - t0
+        if status != 200:
+            raise LlamaServerError(f"POST /completion -> HTTP {status}: {out!r}", self.log_tail())
+        return parse_completion(out, list(out.get("tokens") or []), wall, None, None, None,
+                                out.get("completion_probabilities"))
+
+    def stream(self, prompt_ids: Sequence[int], n_predict: int, *, slot: int = 0, cache_prompt: bool = True,
+               n_probs: int = 0, timings_per_token: bool = False, ignore_eos: bool = False,
+               extra: dict[str, Any] | None = None) -> Iterator[StreamChunk]:
+        """The same request streamed: one `StreamChunk` per server event as it arrives (its new
+        tokens, seconds since the request, their top logprobs); the last chunk carries the whole
+        `Completion` as `.final`. A caller that stops iterating early closes the connection."""
+        # prompt-progress events (one per micro-batch) and no keep-alive pings: every byte is progress
+        body = {**self._body(prompt_ids, n_predict, slot, cache_prompt, n_probs, True, timings_per_token, ignore_eos,
+                             extra), "return_progress": True, "sse_ping_interval": -1}
+        what = "POST /completion (stream)"
+        t0 = time.perf_counter()
+        conn = self._connect(what)
+        tokens: list[int] = []
+        times: list[float] = []
+        server_ms: list[float] = []
+        probs: list[dict] = []
+        try:
+            try:
+                data = json.dumps(body).encode()
+                conn.request("POST", "/completion", body=data, headers=self._headers(data))
+                resp = conn.getresponse()
+            except TimeoutError:
+                raise self._stalled(what) from None
+            except (OSError, http.client.HTTPException) as e:
+                raise self._failure(f"{what} failed: {type(e).__name__}: {e}") from e
+            if resp.status != 200:
+                raise LlamaServerError(f"POST /completion (stream) -> HTTP {resp.status}: {resp.read()!r}",
+                                       self.log_tail())
+            try:
+                for event in sse_events(resp):
+                    now = time.perf_counter() - t0
+                    if now > self.request_timeout_s:
+                        raise self._stalled(what, overdue=True)
+                    if "prompt_progress" in event:     # progress only: its `tokens` is a placeholder
+                        continue
+                    new = [int(t) for t in event.get("tokens") or []]
+                    tokens += new
+                    times += [now] * len(new)
+                    if new and "timings" in event:
+                        server_ms += [float(event["timings"]["predicted_ms"])] * len(new)
+                    event_probs = event.get("completion_probabilities") or []
+                    probs += event_probs
+                    if event.get("stop"):
+                        wall = time.perf_counter() - t0
+                        final = parse_completion(event, tokens, wall, times[0] if times else None, times,
+                                                 server_ms if len(server_ms) == len(tokens) and tokens else None,
+                                                 probs or None)
+                        yield StreamChunk(new, now, event_probs, final)
+                        return
+                    yield StreamChunk(new, now, event_probs, None)
+            except TimeoutError:
+                raise self._stalled(what) from None
+            except (OSError, http.client.HTTPException, ValueError) as e:
+                raise self._failure(f"stream broke: {type(e).__name__}: {e}") from e
+            raise self._failure("stream ended without a final event")
+        finally:
+            conn.close()
+
+    # -------------------------------------------------------- slots
+
+    def _slot(self, slot: int, action: str, filename: str | None = None) -> SlotResult:
+        if action in ("save", "restore") and not self.slot_save_path:
+            raise ValueError(f"slot {action} needs the server started with slot_save_path=DIR")
+        if filename is not None and (os.sep in filename or filename.startswith(".")):
+            raise ValueError(f"slot filename must be a plain file name inside slot_save_path, got {filename!r}")
+        out = self._call("POST", f"/slots/{slot}?action={action}", {"filename": filename} if filename else {})
+        timings = out.get("timings") or {}
+        if action == "save":
+            return SlotResult(action, slot, int(out["n_saved"]), int(out["n_written"]), timings.get("save_ms"), out)
+        if action == "restore":
+            return SlotResult(action, slot, int(out["n_restored"]), int(out["n_read"]), timings.get("restore_ms"), out)
+        return SlotResult(action, slot, int(out["n_erased"]), None, None, out)
+
+    def slot_save(self, slot: int, filename: str) -> SlotResult:
+        """Save slot's KV to slot_save_path/filename; `.bytes` = bytes written (the file's size)."""
+        return self._slot(slot, "save", filename)
+
+    def slot_restore(self, slot: int, filename: str) -> SlotResult:
+        return self._slot(slot, "restore", filename)
+
+    def slot_erase(self, slot: int) -> SlotResult:
+        """Drop the slot's KV: the next request on it is a fresh prefill."""
+        return self._slot(slot, "erase")
