@@ -74,6 +74,18 @@ def time_ours(eng: Engine, prompt: list[list[int]], n_decode: int) -> tuple[floa
     return t1 - t0, t3 - t2
 
 
+GEMV_OPS = ("aten::mm", "aten::addmm")           # the weight-streaming matrix products of a decode step
+
+
+def category(name: str) -> str:
+    """The op category a profiler row's time counts under: GEMV, the attention kernel, or other ops."""
+    if name in GEMV_OPS:
+        return "GEMV (aten::mm)"
+    if "scaled_dot_product" in name:
+        return "attention kernel"
+    return "other ops"
+
+
 def prefill_split(runs: dict[str, Callable[[], object]], passes: int) -> dict[str, dict[str, float]]:
     """Per engine, the median ms per prefill pass of each op category by self time (GEMMs,
     attention, other), the aten calls of the two matrix ops per pass, and aten::mm's time and
@@ -81,7 +93,6 @@ def prefill_split(runs: dict[str, Callable[[], object]], passes: int) -> dict[st
     which goes first."""
     from torch.profiler import ProfilerActivity, profile
 
-    from profile_decode import category          # here: profile_decode imports this module
     samples: dict[str, dict[str, list[float]]] = {k: defaultdict(list) for k in runs}
     for r in range(passes):
         for name in (list(runs) if r % 2 == 0 else list(runs)[::-1]):

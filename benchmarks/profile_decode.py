@@ -49,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_vs_llamacpp import SHAPE, checkpoint  # noqa: E402
+from bench_vs_transformers import GEMV_OPS, category  # noqa: E402
 from engine import Engine  # noqa: E402
 from harness.costmodel.calibrate import best_time, cold_mib  # noqa: E402
 from harness.llamacpp.build import Binaries, find_binaries  # noqa: E402
@@ -57,21 +58,10 @@ from harness.llamacpp.flags import EXACT  # noqa: E402
 from harness.llamacpp.server import LlamaServer  # noqa: E402
 
 
-GEMV_OPS = ("aten::mm", "aten::addmm")           # the weight-streaming matrix products of a decode step
-
-
 def planned_context(context: int, steps: int) -> int:
     """The context an engine or llama-server is planned for: the prompt, the warm and measured
     steps of one `decode`, and a margin."""
     return context + steps + 8
-
-
-def category(name: str) -> str:
-    if name in GEMV_OPS:
-        return "GEMV (aten::mm)"
-    if "scaled_dot_product" in name:
-        return "attention kernel"
-    return "other ops"
 
 
 def decode(eng: Engine, prompt: list[int], steps: int, prof: bool):

@@ -86,8 +86,9 @@ import numpy as np
 import pandas as pd
 
 from harness import results
-from harness.compare_checks import ALPHA, Check, CompareError, difference, min_mwu_p
+from harness.compare_checks import ALPHA, EXIT_CODES, VERDICTS, Check, CompareError, difference, min_mwu_p
 from harness.compare_manifests import UNRECORDED, machine_name, read_manifests
+from harness.compare_report import render
 from harness.contract import speed_values
 from harness.results import CONFIG_COLUMNS
 
@@ -98,9 +99,6 @@ MIN_CHANGE = 0.02            # the practical floor: a smaller relative change is
 # an engine's version, as (name, column): another version is another engine; moebench's otherwise
 ENGINE_VERSIONS = {"hf": ("transformers", "transformers_version"), "llamacpp": ("llama.cpp", "llamacpp_commit")}
 KEY_COLUMNS = ("phase", "metric", "source")
-VERDICTS = ("regression", "improvement", "inconclusive", "ok", "not comparable")
-# the comparison's verdict -> moebench-compare's exit code (2: bad arguments or unreadable results)
-EXIT_CODES = {"PASS": 0, "FAIL": 1, "INCOMPLETE": 3, "INCONCLUSIVE": 4}
 MODEL_COLUMNS = ("model", "model_id")
 NA = "<na>"
 
@@ -185,7 +183,6 @@ class Comparison:
 
     def markdown(self, max_rows: int = 200) -> str:
         """The report: verdict and its reasons first, then checks, regressions, not comparable, changes."""
-        from harness.compare_report import render
         return render(self, max_rows)
 
 

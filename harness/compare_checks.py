@@ -2,9 +2,10 @@
 
 Owns: `Check` (a declarative regression check, `decode.tok_per_s:-5%`, parsed and judged on a
 ratio), `difference` (whether two samples differ significantly: Mann-Whitney U, or the
-non-overlap of t intervals when the samples are too few for it), `min_mwu_p` and
-`CompareError`. Does not own: which samples are compared or how pairs are made
-(harness.compare), or the report (harness.compare_report).
+non-overlap of t intervals when the samples are too few for it), `min_mwu_p`, `CompareError`
+and the verdict names (`VERDICTS` of a pair, `EXIT_CODES` of a comparison). Does not own: which
+samples are compared or how pairs are made (harness.compare), or the report
+(harness.compare_report).
 
     from harness.compare_checks import Check, difference
     Check.parse("decode.tok_per_s:-5%").verdict(ratio=0.9, significant=True)     # "regression"
@@ -23,6 +24,10 @@ from harness import results
 from harness.contract import ALL_PHASES
 
 ALPHA = 0.05
+# a check's verdict on one pair, the worst first
+VERDICTS = ("regression", "improvement", "inconclusive", "ok", "not comparable")
+# the comparison's verdict -> moebench-compare's exit code (2: bad arguments or unreadable results)
+EXIT_CODES = {"PASS": 0, "FAIL": 1, "INCOMPLETE": 3, "INCONCLUSIVE": 4}
 _CHECK_RE = re.compile(r"^(?P<phase>[\w*]+)\.(?P<metric>\w+):(?P<sign>[+-])(?P<pct>\d+(?:\.\d+)?)%$")
 
 

@@ -1,8 +1,8 @@
 """The markdown report of a comparison (a CI job summary): the verdict and why, the two sides,
 the rule, the checks, regressions, pairs that could not be compared, other significant changes.
 
-Owns: rendering a `harness.compare.Comparison`. Does not own: anything it renders -- the
-table, the verdict and its reasons are `harness.compare`'s.
+Owns: rendering a `harness.compare.Comparison` (what it reads of one: `Reported`). Does not own:
+anything it renders -- the table, the verdict and its reasons are `harness.compare`'s.
 
     from harness.compare import compare_paths
     print(compare_paths(BASE, NEW, ["decode.tok_per_s:-5%"]).markdown())   # calls render()
@@ -10,15 +10,12 @@ table, the verdict and its reasons are `harness.compare`'s.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
 
-from harness.compare import EXIT_CODES, VERDICTS
-
-if TYPE_CHECKING:
-    from harness.compare import Comparison
+from harness.compare_checks import EXIT_CODES, VERDICTS, Check
 
 REPORT_COLUMNS = ("config", "phase", "metric", "source", "n_base", "n_new", "median_base", "median_new", "ratio",
                   "p_value", "test", "check", "verdict", "note")
@@ -29,7 +26,28 @@ HEADLINES = {"FAIL": "a check found a significant regression beyond its threshol
              "PASS": "every base config compared, no check beyond its threshold"}
 
 
-def render(cmp: "Comparison", max_rows: int = 200) -> str:
+class Reported(Protocol):
+    """What the report reads of a comparison (`harness.compare.Comparison`)."""
+
+    table: pd.DataFrame
+    checks: list[Check]
+    base: dict[str, Any]
+    new: dict[str, Any]
+    alpha: float
+    min_change: float
+
+    @property
+    def regressions(self) -> pd.DataFrame: ...
+
+    @property
+    def verdict(self) -> str: ...
+
+    def incomplete_reasons(self) -> list[str]: ...
+
+    def inconclusive_reasons(self) -> list[str]: ...
+
+
+def render(cmp: Reported, max_rows: int = 200) -> str:
     t, regress, verdict = cmp.table, cmp.regressions, cmp.verdict
     lines = ["# moebench comparison", "", f"**{verdict}** -- {HEADLINES[verdict]} (exit {EXIT_CODES[verdict]})", ""]
     reasons = ([f"{len(regress)} regression(s), listed below"] if len(regress) else []) \

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from workloads import corpus
+from workloads.corpus import corpus_id
 from workloads.tokenize import Tokenizer
 
 TOKEN_SOURCES: tuple[str, ...] = ("text", "random")
@@ -223,7 +223,7 @@ def text_sample(name: str, builder: ConversationBuilder, tok: Tokenizer, context
         token_source="text",
         tokenizer_kind=tok.kind,
         meta={"workload": name, "context_tokens": context_tokens, "turn_tokens": turn_tokens,
-              "batch": batch, "seed": seed, "corpus": corpus.corpus_id(),
+              "batch": batch, "seed": seed, "corpus": corpus_id(),
               "min_context_tokens": max(need), "rows": [m for _, _, m in rows]},
     )
 
