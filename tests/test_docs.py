@@ -253,7 +253,7 @@ def tracked_text_files() -> list[Path]:
 def test_no_text_cites_tracker_issues_or_reviews() -> None:
     hits = []
     for path in tracked_text_files():
-        if not path.is_file():
+        if not path.is_file() or path == Path(__file__).resolve():     # this file holds the rule's own examples
             continue
         for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
             m = CITATION.search(line)
