@@ -6,7 +6,7 @@ budget; if it does not, the rows are null with a reason, never a failed job), ho
 ordered (`pair_order`), and the statistics of the paired differences
 `time_s(placement, pair i) - time_s(resident, pair i)` per measured phase (`ablation_metrics`).
 Does not own: running a repeat (harness.scenario), running the two engines or writing rows
-(harness.runner's `Job._ablation`).
+(the `ablation` pass, harness.passes.ablation).
 
 How it runs: `interleaved` (both engines fit the budget together): the resident engine first runs
 `run.warmup` unrecorded repeats, then `run.repeats` pairs, one repeat of each side back to back,
@@ -38,7 +38,7 @@ measures both sides resident -- an A/A check -- and tests its false-positive rat
 * `exposed_copy_ablation_ci_low_s` / `_high_s`: the shifts of the differences that the (per
   phase, unadjusted) test does not reject at 95% -- null below 6 pairs, and for sequential pairs.
 * `ablation_agrees` / `ablation_note`: the timeline pass measures the copies directly
-  (`exposed_copy_s`, one instrumented repeat); with `run.timeline` the ablation runs one on its
+  (`exposed_copy_s`, one instrumented repeat); after a timeline pass the ablation runs one on its
   resident engine too, so the copy time the placement *adds* is the difference of the two (a
   resident engine copies as well: the restored turn's KV). The ablation holds everything the
   placement adds over resident -- cache lookups, eviction, waits, bookkeeping, compute placed
@@ -226,7 +226,8 @@ def _timeline_added(phase: str, timeline: Mapping[str, float | None] | None,
     """(the exposed copy time the placement adds in `phase` by the timeline passes, how it was got);
     (None, why) when there is none."""
     if timeline is None:
-        return None, "no timeline pass (run.timeline=false): the ablation is not checked against it"
+        return None, ("no timeline pass ran before it (run.timeline=false, or not in run.passes): the ablation "
+                      "is not checked against it")
     placed = timeline.get(phase)
     if placed is None or math.isnan(placed):
         return None, "the timeline pass recorded no exposed_copy_s for this phase"

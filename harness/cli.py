@@ -20,6 +20,11 @@ exits non-zero if any job failed, any job failed its reference check (one line n
 table could not be written, after the table is written; a sweep dir that cannot be written at
 all, or a write of Hydra's own that fails, ends the run with the table of the finished jobs and
 one line naming the path and the OS error.
+
+A command's state across its jobs (the engine kept between them, the references computed, the
+progress display, the sweep's tally) is one harness.session.RunSession that `main` makes and
+hands to the Hydra app, a closure over it (`build_app`), and on to each job's `runner.run`; the
+sweep table is written when Hydra returns, whatever launcher ran the jobs.
 """
 from __future__ import annotations
 
@@ -27,19 +32,18 @@ import contextlib
 import hashlib
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from harness.callbacks import STATE, show_sweep_table, write_sweep_table
 from harness.config import register_configs
 from harness.contract import COSMETIC_KEYS
-from harness import report
-from harness.report import Reporter
-from harness.runner import JobContext, run
+from harness.report import Reporter, SweepProgress
+from harness.runner import JobContext, JobOutcome, run
+from harness.session import RunSession
 from harness.sweep import (Interrupted, SweepError, SweepLock, check_dir_name, check_own_dir, check_subpath,
                            claim_sweep, deliver_pending, handle_signals, interruptible, job_dirname, signals_deferred,
                            sweep_overrides, sweep_size)
@@ -50,7 +54,7 @@ if not OmegaConf.has_resolver("moebench_job_dir"):
     OmegaConf.register_new_resolver("moebench_job_dir", job_dirname)
 
 
-def _job_context() -> JobContext:
+def _job_context(session: RunSession) -> JobContext:
     hc = HydraConfig.get()
     multirun = hc.mode.name == "MULTIRUN"
     job_dir = Path(hc.runtime.output_dir)
@@ -60,36 +64,41 @@ def _job_context() -> JobContext:
         f"run-{job_dir.name}-{hashlib.sha256(str(job_dir.resolve()).encode()).hexdigest()[:8]}"
     job_id = (hc.job.override_dirname or "default") if multirun else "run"
     return JobContext(job_dir, sweep_id, job_id, overrides=list(hc.overrides.task), in_sweep=multirun,
-                      reached=STATE["handled_jobs"].add)
+                      reached=session.handled_jobs.add)
 
 
-@hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")
-def app(cfg: DictConfig) -> None:
-    with interruptible():
-        _job(cfg)
+def build_app(session: RunSession) -> Callable[[], None]:
+    """The Hydra app of one command: a closure over its session. A launcher that runs the jobs in
+    other processes pickles the task function, and the session with it, as a fresh one there."""
+    @hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")
+    def app(cfg: DictConfig) -> None:
+        with interruptible():
+            _job(cfg, session)
+    return app
 
 
-def _job(cfg: DictConfig) -> None:
-    ctx = _job_context()
+def _job(cfg: DictConfig, session: RunSession) -> None:
+    ctx = _job_context(session)
     quiet = bool(cfg.run.quiet)
-    progress = report.current_progress()      # via the module: submitit pickles this function by value
+    session.quiet = session.quiet or quiet
+    progress = session.progress               # None in a launcher's worker process
     if progress is not None:
         progress.quiet = progress.quiet or quiet
         progress.start(ctx.job_id)
     try:
-        outcome = run(cfg, ctx, Reporter(quiet))
+        outcome = run(cfg, ctx, Reporter(quiet, sweep=progress), session)
     finally:
         if progress is not None:
             progress.finish()
     if outcome.error:
-        STATE["failed_jobs"] += 1
+        session.failed_jobs += 1
     if outcome.unwritten:
-        STATE["unwritten"].extend(outcome.rows)
+        session.unwritten.extend(outcome.rows)
     if HydraConfig.get().mode.name != "MULTIRUN":
-        _finish_single(ctx, quiet, outcome)
+        _finish_single(ctx, quiet, outcome, session)
 
 
-def _finish_single(ctx: JobContext, quiet: bool, outcome) -> None:
+def _finish_single(ctx: JobContext, quiet: bool, outcome: JobOutcome, session: RunSession) -> None:
     from harness import results
     if outcome.unwritten:
         print(f"moebench: {outcome.error}", file=sys.stderr)
@@ -100,7 +109,7 @@ def _finish_single(ctx: JobContext, quiet: bool, outcome) -> None:
     df = results.load(ctx.job_dir)
     Reporter(quiet).summary(df, "run")
     print(f"results: {ctx.job_dir / 'rows.parquet'}")
-    STATE["check_failed"] = failed_check_jobs(df)
+    session.check_failed = failed_check_jobs(df)
 
 
 # --- the command line ---------------------------------------------------------------------------
@@ -190,27 +199,29 @@ def hydra_args(argv: list[str]) -> list[str]:
     return [*flags, *overrides, *extra]
 
 
-def _launch(argv: list[str], sweep_dir: Path | None) -> int:
-    """Run Hydra; an interrupt ends the sweep with the table of the jobs completed so far."""
+def _launch(argv: list[str], sweep_dir: Path | None, session: RunSession) -> int:
+    """Run Hydra, then write the sweep's table; an interrupt ends the sweep with the table of the
+    jobs completed so far."""
     sys.argv = [sys.argv[0], *hydra_args(argv)]
     if sweep_dir is not None:
-        quiet = (_override(argv, "run.quiet") or "false").lower() == "true"
-        report.start_progress(_sweep_jobs(argv), quiet=quiet)
+        session.progress = SweepProgress(_sweep_jobs(argv), quiet=_quiet(argv))
     try:
         with hydra_raises():
-            app()
-        deliver_pending()                # one that arrived while Hydra wrapped up
+            build_app(session)()
+        if sweep_dir is not None:        # after the last job, whatever happened to the others
+            session.end_sweep(sweep_dir, quiet=_quiet(argv) or session.quiet)
+        deliver_pending()                # one that arrived while Hydra or the table wrapped up
     except Interrupted as exc:
-        report.close_progress()
+        session.close_progress()
         with signals_deferred():
             where = ""
             if sweep_dir is not None and sweep_dir.is_dir():
-                df = write_sweep_table(sweep_dir, quiet=True)
+                df = session.write_table(sweep_dir)
                 jobs = set() if df is None else set(df["job_id"])
                 where = f"; the table of the {len(jobs)} completed job(s) is in {sweep_dir}"
-                if older := len(jobs - STATE["handled_jobs"]):
+                if older := len(jobs - session.handled_jobs):
                     where += (f" ({older} of them not reached by this run: their results are from before it, "
-                              + ("under the config it checked when it started)" if STATE.get("configs_checked") else
+                              + ("under the config it checked when it started)" if session.configs_checked else
                                  "their configs unchecked until the command runs again)"))
         if sweep_dir is None:             # a single run keeps no progress to resume from
             again = ("a single run does not resume (one interrupted before it finished wrote no results): run "
@@ -223,17 +234,17 @@ def _launch(argv: list[str], sweep_dir: Path | None) -> int:
         print(f"moebench: interrupted by {exc}{where}; {again}", file=sys.stderr)
         return exc.exit_code
     except Exception as exc:  # noqa: BLE001 -- what Hydra raised to us (hydra_raises)
-        report.close_progress()
-        return _hydra_failed(exc, argv, sweep_dir)
+        session.close_progress()
+        return _hydra_failed(exc, argv, sweep_dir, session)
     finally:
-        report.close_progress()
-    if STATE["check_failed"]:            # after the table: the run measured, but not what the reference computes
+        session.close_progress()
+    if session.check_failed:             # after the table: the run measured, but not what the reference computes
         from harness.checks import failure_line
-        print(f"moebench: {failure_line(STATE['check_failed'])}", file=sys.stderr)
-    if STATE["table_error"]:
-        print(f"moebench: {STATE['table_error']}", file=sys.stderr)
+        print(f"moebench: {failure_line(session.check_failed)}", file=sys.stderr)
+    if session.table_error:
+        print(f"moebench: {session.table_error}", file=sys.stderr)
         return 1
-    return 1 if STATE["failed_jobs"] or STATE["check_failed"] else 0
+    return 1 if session.failed_jobs or session.check_failed else 0
 
 
 @contextlib.contextmanager
@@ -256,7 +267,7 @@ def hydra_raises() -> Iterator[None]:
 _FULL_ERROR = "HYDRA_FULL_ERROR"
 
 
-def _hydra_failed(exc: Exception, argv: list[str], sweep_dir: Path | None) -> int:
+def _hydra_failed(exc: Exception, argv: list[str], sweep_dir: Path | None, session: RunSession) -> int:
     """What Hydra raised (hydra_raises). An OS error -- one of Hydra's own writes failed; the
     job-level ones of ours end as failed rows in harness.runner -- ends the run: the table of the
     jobs finished so far, written where it can be and shown, then one line naming the path and the
@@ -277,15 +288,15 @@ def _hydra_failed(exc: Exception, argv: list[str], sweep_dir: Path | None) -> in
         return 1
     quiet = _quiet(argv)
     with signals_deferred():
-        written = write_sweep_table(sweep_dir, quiet=True) is not None
-        n = show_sweep_table(sweep_dir, quiet, "" if written else " (not written)")
+        written = session.write_table(sweep_dir) is not None
+        n = session.show_table(sweep_dir, quiet, "" if written else " (not written)")
     table = ("no job of it finished" if not n else f"the table of its {n} finished job(s) is in {sweep_dir}" if written
-             else f"the table of its {n} finished job(s) could not be written ({STATE['table_error']})")
+             else f"the table of its {n} finished job(s) could not be written ({session.table_error})")
     print(f"moebench: the sweep in {sweep_dir} cannot go on: {exc}; {table}", file=sys.stderr)
     return 1
 
 
-def _retire_stale(sweep_dir: Path, argv: list[str]) -> None:
+def _retire_stale(sweep_dir: Path, argv: list[str], session: RunSession) -> None:
     """Before a resumed sweep runs any job: retire every finished job whose results came from
     another config than its overrides give now (harness.sweep.stale_jobs), so that however the
     run ends -- completed, interrupted, killed -- the dir never holds an older config's results
@@ -297,7 +308,7 @@ def _retire_stale(sweep_dir: Path, argv: list[str]) -> None:
     flags, overrides = split_args(argv)
     if CONFIG_SOURCE_FLAGS & set(flags):                     # composed from elsewhere: not reproducible here
         return
-    STATE["configs_checked"] = True
+    session.configs_checked = True
     finished = sum((d / DONE_FILE).is_file() for d in sweep_dir.iterdir())
     if finished > 20 and (_override(argv, "run.quiet") or "false").lower() != "true":     # ~0.1 s each
         print(f"moebench: checking the configs of the {finished} jobs this sweep finished before", file=sys.stderr)
@@ -310,7 +321,7 @@ def _retire_stale(sweep_dir: Path, argv: list[str]) -> None:
         return
     for job_dir, _ in stale:
         remove_job(job_dir)
-    write_sweep_table(sweep_dir, quiet=True)
+    session.write_table(sweep_dir)
     shown = "; ".join(f"{d.name}: {why}" for d, why in stale[:3]) + ("; ..." if len(stale) > 3 else "")
     print(f"moebench: {len(stale)} finished job(s) in {sweep_dir} ran under another config than their overrides "
           f"give now (the config files or a checkpoint changed since); their results are retired and they run "
@@ -357,22 +368,34 @@ def main() -> None:
         if rerun.needs_new_process():    # torch's thread runtimes read the environment once, at import
             rerun.exec()
         argv = rerun.argv
+    if "--help" in argv or "-h" in argv:         # Hydra's help follows
+        from harness.passes import describe
+        print(describe() + "\n")
     handle_signals()
+    session = RunSession()
+    try:
+        code = _single_or_sweep(argv, session)
+    finally:
+        session.close()                          # the cached engine (a llama.cpp server) goes now
+    sys.exit(code)
+
+
+def _single_or_sweep(argv: list[str], session: RunSession) -> int:
     if not _is_multirun(argv):
         try:
             check_run_dir(argv)
         except SweepError as exc:
             print(f"moebench: {exc}", file=sys.stderr)
-            sys.exit(1)
-        sys.exit(_launch(argv, None))
+            return 1
+        return _launch(argv, None, session)
     sweep_dir = None
     try:
         sweep_dir = sweep_dir_of(argv)
         with SweepLock(sweep_dir):
             if claim_sweep(sweep_dir, sweep_overrides(argv), _override(argv, "run.resume") or "auto",
                            ["moebench", *argv]) in ("resume", "add"):
-                _retire_stale(sweep_dir, argv)
-            code = _launch(argv, sweep_dir)
+                _retire_stale(sweep_dir, argv, session)
+            code = _launch(argv, sweep_dir, session)
     except SweepError as exc:
         print(f"moebench: {exc}", file=sys.stderr)
         code = 1
@@ -380,16 +403,16 @@ def main() -> None:
         print(f"moebench: interrupted by {exc} before the sweep started", file=sys.stderr)
         code = exc.exit_code
     except OSError as exc:              # the sweep dir cannot be made, locked or recorded (read-only, full, not ours)
-        code = _cannot_write(sweep_dir, exc, argv)
-    sys.exit(code)
+        code = _cannot_write(sweep_dir, exc, argv, session)
+    return code
 
 
-def _cannot_write(sweep_dir: Path | None, exc: OSError, argv: list[str]) -> int:
+def _cannot_write(sweep_dir: Path | None, exc: OSError, argv: list[str], session: RunSession) -> int:
     """Before any job: the sweep dir cannot be written, so nothing of this run could be kept. The
     table of the jobs it finished before is shown (from their dirs), then one line naming the
     path and the OS error."""
     quiet = _quiet(argv)
-    n = show_sweep_table(sweep_dir, quiet, as_found=True) if sweep_dir is not None and sweep_dir.is_dir() else 0
+    n = session.show_table(sweep_dir, quiet, as_found=True) if sweep_dir is not None and sweep_dir.is_dir() else 0
     before = "" if not n else f"; it holds {n} finished job(s): " + (f"moebench table {sweep_dir}" if quiet else
                                                                       "the table above")
     print(f"moebench: cannot write the sweep dir {sweep_dir}: {exc}{before}", file=sys.stderr)

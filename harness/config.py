@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from hydra.errors import HydraException
@@ -34,6 +34,7 @@ from engine.registry import PLACEMENTS, POLICIES, PREFETCHERS, UnknownPluginErro
 from harness import plugins
 from harness.plugins import PluginConf, PluginOptionsError
 from harness.contract import EXPERT_CACHE_STATES, RESUME_MODES, session_tokens
+from harness.passes import DEFAULT_PASSES, check_passes
 
 WORKLOADS = ("coding_agent", "chat", "long_doc")
 TOKEN_SOURCES = ("text", "random")
@@ -173,6 +174,8 @@ class RunConf:
     record_trace: bool = False        # save one repeat's routing as <job dir>/routing.npz (DESIGN §3 trace file)
     threads: Optional[int] = None     # torch intra-op threads; default: OMP_NUM_THREADS if set, else the
                                       # physical cores available to the process (harness.machine)
+    # the passes a job runs, in this order (harness.passes; `moebench --help` lists them)
+    passes: List[str] = field(default_factory=lambda: list(DEFAULT_PASSES))
 
 
 @dataclass
@@ -236,10 +239,11 @@ class RunSpec:
     kv_dtype: str = DEFAULT_KV_DTYPE                                 # how the KV is stored (engine.kvquant)
 
     @property
-    def quality_pass(self) -> bool:
-        """The job's engine makes a quality pass (harness.quality: every position's logits, one
-        micro-batch at a time, which its memory plan makes room for): moebench under check_reference."""
-        return self.engine == "moebench" and self.run.check_reference
+    def all_logits(self) -> bool:
+        """The job's engine keeps every position's logits of a micro-batch, which its memory plan
+        makes room for: the quality pass runs on it (harness.passes.quality: moebench under
+        check_reference, `quality` in run.passes)."""
+        return self.engine == "moebench" and self.run.check_reference and "quality" in self.run.passes
 
     @property
     def lossy(self) -> bool:
@@ -471,6 +475,10 @@ def validate(cfg: DictConfig) -> RunSpec:
         raise ConfigError(f"run.threads: must be >= 1 or null, got {run.threads}")
     if run.repeats < 1 or run.warmup < 0:
         raise ConfigError(f"run.repeats must be >= 1 and run.warmup >= 0, got {run.repeats}, {run.warmup}")
+    try:
+        run.passes = list(check_passes(run.passes, run))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     if hardware.device_memory is not None:
         try:
             budget = parse_bytes(hardware.device_memory)

@@ -3,7 +3,7 @@
 Owns: the memory plan of a composed config (`plan_of`: the engine planner's arithmetic for the
 job's model, placement, cache, context the scenario needs, batch, micro-batch, dtype, device
 budget and device kind, with room for the quality pass's logits where the job makes one:
-RunSpec.quality_pass; `job_plan`: the one a job's engine will make, which the runner checks
+RunSpec.all_logits; `job_plan`: the one a job's engine will make, which the runner checks
 before anything reads a weight), whether every registered placement would fit, a table over a sweep's
 jobs (`-m`), and the searches of `fit` -- the largest context, the largest cache capacity, or the
 fewest CPU layers (llama.cpp's --n-cpu-moe) that fit -- each printed with its plan, and, when
@@ -103,7 +103,7 @@ def plan_of(spec: RunSpec, placement: str | None = None, options: dict[str, Any]
         return plan_memory(m, name, cap, budget_of(spec), session_tokens(w.context_tokens, w.gen_tokens, w.turn_tokens),
                            w.batch, w.ubatch, dtype_bytes(dt), opts, device_kind=_device_kind(spec),
                            capacity_bytes=cap_bytes, kv_dtype=spec.kv_dtype if spec.engine == "moebench" else None,
-                           all_logits=spec.quality_pass)
+                           all_logits=spec.all_logits)
 
 
 def job_plan(spec: RunSpec) -> MemoryPlan | None:

@@ -2,12 +2,13 @@
 `token_agreement`), computed where it fits and never on the measured device.
 
 Owns: the reference of one prompt -- per phase, the logits that chose each token and the
-tokens, the per-pass expert sets a `trace_oracle` prefetcher replays, and the quality pass
-every job's `quality` phase compares with (harness.quality) -- computed by our
+tokens, the expert sets of each forward pass a `trace_oracle` prefetcher replays, and the
+quality run every job's `quality` phase compares with (harness.quality) -- computed by our
 engine with every expert resident *on the CPU, in host RAM*, in the run's dtype, with the KV in
 the model's dtype whatever the job's `kv.dtype` (the reference is the exact model, never the
-treatment: `reference_key` leaves the treatment out, so exact and lossy jobs share it); cached per
-process and in a file under the results root keyed by (model identity, dtype, prompt,
+treatment: `reference_key` leaves the treatment out, so exact and lossy jobs share it); kept in
+the run's memo (a dict the caller holds: harness.session.RunSession.references) and in a file
+under the results root keyed by (model identity, dtype, prompt,
 lengths), so a later job or sweep loads it instead of recomputing; a cache file that is not a
 reference (refused by `weights_only` loading, garbage, another layout) is named in a warning,
 moved aside to `<name>.bad-<time>` and recomputed, never a failure of the jobs that share it. The engine that computed it
@@ -15,7 +16,7 @@ is freed before the measured engine is built; if the full copy does not fit host
 refusal shows the arithmetic (engine.Engine's host-RAM check) and says how to go on.
 Does not own: running phases (harness.scenario), the measured engine (harness.engines).
 
-    ref = reference_for(spec, sample, root=Path("results"))
+    ref = reference_for(spec, sample, root=Path("results"), memo={})
     check_phase(measured.phase("decode"), ref.result.phase("decode"))
 """
 from __future__ import annotations
@@ -27,23 +28,22 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from harness.config import RunSpec
-from harness.engines import release_cached
 from harness.engines.moebench import MoebenchAdapter
-from harness.quality import QualityPass, quality_pass
+from harness.quality import QualityRun, quality_run
 from harness.scenario import PhaseResult, RepeatResult, run_repeat
 from harness.sweep import model_identity
 from workloads.base import WorkloadSample
 
 log = logging.getLogger(__name__)
 REFERENCE_DIR = ".reference"
-FORMAT = 2                                   # 2: with the quality pass (harness.quality)
-_MEMO: dict[str, "Reference"] = {}
+FORMAT = 2                                   # 2: with the quality run (harness.quality)
 
 
 @dataclass
@@ -52,7 +52,7 @@ class Reference:
     result: RepeatResult                        # phases with logits and tokens; no timings used
     steps: dict[int, list[list[int]]]           # per MoE layer, the sorted experts of each forward pass
     origin: str                                 # "computed" | "file" | "memory"
-    quality: QualityPass | None = None          # every kept position's logits, the prompt's NLL (harness.quality)
+    quality: QualityRun | None = None           # every kept position's logits, the prompt's NLL (harness.quality)
 
 
 def reference_key(spec: RunSpec, sample: WorkloadSample) -> str:
@@ -93,7 +93,7 @@ def _load(path: Path, key: str) -> Reference | None:
             return None
         phases = [PhaseResult(name, logits=v["logits"], tokens=v["tokens"]) for name, v in data["phases"].items()]
         q = data.get("quality")
-        quality = None if q is None else QualityPass(q["logits"], q["nll"], q["nll_count"], q["continuation"])
+        quality = None if q is None else QualityRun(q["logits"], q["nll"], q["nll_count"], q["continuation"])
         steps = {int(k): v for k, v in data["steps"].items()}
     except Exception as exc:  # noqa: BLE001 -- whatever is wrong with it (weights_only refused it, garbage, another
         _set_aside(path, exc)     # layout), it is no reference: every job sharing the prompt would fail on it
@@ -115,31 +115,36 @@ def _set_aside(path: Path, why: Exception) -> None:
                 path, type(why).__name__, reason, where)
 
 
-def reference_for(spec: RunSpec, sample: WorkloadSample, root: Path) -> Reference:
-    """The reference for this job's prompt: from memory, from its file, or computed on the CPU."""
+def reference_for(spec: RunSpec, sample: WorkloadSample, root: Path, memo: dict[str, Reference] | None = None,
+                  free_memory: Callable[[], None] | None = None) -> Reference:
+    """The reference for this job's prompt: from `memo` (the run's, by `reference_key`; it is kept
+    there), from its file, or computed on the CPU -- `free_memory` called (the run's cached engine
+    released) when the full copy does not fit host RAM beside what is already held."""
     key = reference_key(spec, sample)
-    if key in _MEMO:
-        ref = _MEMO[key]
+    memo = {} if memo is None else memo
+    if key in memo:
+        ref = memo[key]
         return Reference(ref.key, ref.result, ref.steps, "memory", ref.quality)
     path = _path(root, key)
     ref = _load(path, key) if path.is_file() else None
     if ref is None:
-        ref = _compute(spec, sample, key)
+        ref = _compute(spec, sample, key, free_memory)
         try:
             _save(path, ref)
         except OSError as exc:   # the reference is still right; only the cache is missing
             log.warning("could not cache the reference in %s: %s", path, exc)
-    _MEMO[key] = ref
+    memo[key] = ref
     return ref
 
 
-def _compute(spec: RunSpec, sample: WorkloadSample, key: str) -> Reference:
+def _compute(spec: RunSpec, sample: WorkloadSample, key: str, free_memory: Callable[[], None] | None) -> Reference:
     try:
         adapter = MoebenchAdapter(spec, placement="resident", device="cpu", exact=True, quality=True)
     except MemoryError:
         # the host RAM check counts what is already held: a previous job's cached engine may share
         # it with the full copy the reference needs; free it and ask again
-        release_cached()
+        if free_memory is not None:
+            free_memory()
         try:
             adapter = MoebenchAdapter(spec, placement="resident", device="cpu", exact=True, quality=True)
         except MemoryError as exc:
@@ -152,7 +157,7 @@ def _compute(spec: RunSpec, sample: WorkloadSample, key: str) -> Reference:
         res = run_repeat(adapter, sample, spec.workload.gen_tokens, keep_logits=True)
         steps = adapter.engine.model.step_log
         adapter.engine.model.step_log = None
-        quality = quality_pass(adapter.engine, sample.contexts, spec.workload.gen_tokens)
+        quality = quality_run(adapter.engine, sample.contexts, spec.workload.gen_tokens)
     finally:
         adapter.close()
         del adapter

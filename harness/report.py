@@ -1,8 +1,10 @@
 """User-facing output: progress while a job runs and readable summary tables at the end.
 
-Owns: everything the CLI prints (library code logs instead). Quiet mode (run.quiet=true, for
-CI) prints no progress and no tables, only warnings, errors and the results path. Text is
-printed literally (no rich markup), so square brackets in messages survive.
+Owns: everything the CLI prints (library code logs instead): a job's steps (`Reporter`, which
+reports into the sweep's progress display when its run has one), the sweep's progress
+(`SweepProgress`, held by the run's harness.session.RunSession), and the tables. Quiet mode
+(run.quiet=true, for CI) prints no progress and no tables, only warnings, errors and the results
+path. Text is printed literally (no rich markup), so square brackets in messages survive.
 Does not own: numbers (it reads a table and `harness.results.spread_table`).
 """
 from __future__ import annotations
@@ -56,8 +58,9 @@ PROGRESS_LOG_EVERY_S = 5.0     # in a log (not a terminal), long-work progress a
 
 
 class Reporter:
-    def __init__(self, quiet: bool = False) -> None:
+    def __init__(self, quiet: bool = False, sweep: SweepProgress | None = None) -> None:
         self.quiet = quiet
+        self.sweep = sweep               # the sweep's progress display, where the job's steps show
         self.console = Console(stderr=True, width=160)
         self._step = ""                  # the current step's label
         self._status = None              # its live status line, on a terminal
@@ -79,8 +82,8 @@ class Reporter:
         try:
             if self.quiet:
                 yield
-            elif ACTIVE:                     # inside a sweep: the sweep's progress shows the step
-                ACTIVE[-1].step(label)
+            elif self.sweep is not None:     # inside a sweep: the sweep's progress shows the step
+                self.sweep.step(label)
                 yield
             elif not self.console.is_terminal:
                 self.console.print(Text(f"  {label}"), soft_wrap=True)
@@ -98,10 +101,10 @@ class Reporter:
         if self.quiet:
             return
         text = f"{self._step}: {what} {done}/{total}" if self._step else f"{what} {done}/{total}"
-        live = ACTIVE[-1].progress is not None if ACTIVE else self._status is not None
+        live = self.sweep.progress is not None if self.sweep is not None else self._status is not None
         if live:
-            if ACTIVE:
-                ACTIVE[-1].step(text)
+            if self.sweep is not None:
+                self.sweep.step(text)
             else:
                 self._status.update(Text(text))
             return
@@ -232,7 +235,7 @@ class SweepProgress:
     On a terminal: a rich progress bar (k/N, elapsed, remaining from the mean time of the jobs done
     so far) with the current job's factors, and a second line for the job's current step (warm-up,
     repeat r/R, a pass, a long load). In a log (not a terminal): one plain line per job and step,
-    with the same elapsed/left figures. Quiet: nothing. `Reporter.step` reports into the active one."""
+    with the same elapsed/left figures. Quiet: nothing. A `Reporter` given it reports its steps into it."""
 
     def __init__(self, total: int, quiet: bool = False, console: Console | None = None) -> None:
         from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
@@ -284,20 +287,3 @@ class SweepProgress:
         if self.progress is not None:
             self.progress.stop()
             self.progress = None
-
-
-ACTIVE: list[SweepProgress] = []      # the sweep's progress, while one runs in this process
-
-
-def current_progress() -> SweepProgress | None:
-    """The sweep progress of this process, if a sweep runs here (a launcher's worker process has none)."""
-    return ACTIVE[-1] if ACTIVE else None
-
-
-def start_progress(total: int, quiet: bool) -> None:
-    ACTIVE.append(SweepProgress(total, quiet=quiet))
-
-
-def close_progress() -> None:
-    while ACTIVE:
-        ACTIVE.pop().close()

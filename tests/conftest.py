@@ -141,6 +141,14 @@ def rewrite_config_old_hub_form(path: Path) -> None:
     (path / "config.json").write_text(json.dumps(cfg, indent=2))
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `slow` (the CLI in subprocesses, notebooks, multi-second runs) first, each group
+    in its collection order: pytest-xdist hands tests out in this order, so the long ones start at
+    once and the short ones fill the end, instead of a long one running alone after every other
+    test is done."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     """Every test skipped for a missing llama.cpp build reports the skip at tests/llamacpp/conftest.py,

@@ -2,17 +2,24 @@
 entry-point group `moebench.engines` adds -- so one sweep compares them side by side.
 
 Owns: the registry (`ENGINES`, name -> "module:Class", lazily imported), building the job's
-measured adapter with its parsed options, and the per-process cache of that *measured* engine
-(a sweep's jobs that share an engine configuration load it once; `LOADS` counts real loads;
-nothing else is kept between jobs, so only the measured engine occupies the device).
+measured adapter with its parsed options, and `EngineCache`, which keeps that *measured* engine
+between the jobs of one run (a sweep's jobs that share an engine configuration load it once;
+`EngineCache.loads` counts real loads; nothing else is kept between jobs, so only the measured
+engine occupies the device). A cache is an object its run holds (harness.session.RunSession),
+never module state; what it holds is closed when it is released, garbage-collected, or the
+process exits (a llama.cpp adapter's server and temporary dir with it).
 Does not own: the interface (harness.engines.base), timing or phases (harness.scenario), the
 reference (harness.reference).
+
+    engines = EngineCache()
+    adapter, loaded_now = engines.get(spec)     # a validated RunSpec
+    engines.release()                           # before something else needs the memory
 """
 from __future__ import annotations
 
-import atexit
 import gc
 import logging
+import weakref
 from collections import OrderedDict
 from typing import Any
 
@@ -29,11 +36,8 @@ ENGINES = Registry("engine", "moebench.engines", {
     "hf": "harness.engines.hf:HFAdapter",
     "llamacpp": "harness.engines.llamacpp:LlamaCppAdapter",
 })
-LOADS: list[tuple] = []            # one entry per real model load in this process (benchmarks count these)
-_CACHE: "OrderedDict[tuple, EngineAdapter]" = OrderedDict()
 
-__all__ = ["ENGINES", "EngineAdapter", "LOADS", "Produced", "argmax", "engine_key", "get_adapter",
-           "release_cached", "session_tokens_of"]
+__all__ = ["ENGINES", "EngineAdapter", "EngineCache", "Produced", "argmax", "engine_key", "session_tokens_of"]
 
 
 def session_tokens_of(spec: Any) -> int:
@@ -49,31 +53,53 @@ def engine_key(spec: Any) -> tuple:
             spec.policy, repr(spec.policy_options), spec.prefetch, w.batch, w.ubatch, session_tokens_of(spec),
             getattr(spec, "capacity_bytes", None), repr(getattr(spec, "expert_quant", None)),
             getattr(spec, "kv_dtype", "model"),          # a KV treatment is another engine, never a reused one
-            spec.quality_pass)                           # its logits are in the engine's memory plan
+            spec.all_logits)                             # its logits are in the engine's memory plan
 
 
-@atexit.register          # and when the process ends: a llama.cpp adapter's temporary dir goes with its server
-def release_cached() -> None:
-    """Free the cached measured engine (before something else needs its memory)."""
-    while _CACHE:
-        _, adapter = _CACHE.popitem(last=False)
+def _close_all(held: "OrderedDict[tuple, EngineAdapter]") -> None:
+    """Close every adapter in `held` (oldest first) and give their memory back."""
+    while held:
+        _, adapter = held.popitem(last=False)
         adapter.close()
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
 
-def get_adapter(spec: Any, key_extra: tuple = (), **kw: Any) -> tuple[EngineAdapter, bool]:
-    """(the job's measured adapter, loaded_now). Reuses the engine already loaded in this process
-    for the same key; any other cached engine is freed first, never held beside it."""
-    key = (*engine_key(spec), *key_extra)
-    if key in _CACHE and not _CACHE[key].alive():   # e.g. a server killed between jobs: start a new one
-        release_cached()
-    if key in _CACHE:
-        _CACHE.move_to_end(key)
-        return _CACHE[key], False
-    release_cached()
-    adapter = ENGINES.get(spec.engine).build(spec, spec.engine_options, **kw)
-    LOADS.append(key)
-    _CACHE[key] = adapter
-    return adapter, True
+class EngineCache:
+    """The measured engine of a run, kept between its jobs: at most one adapter, reused by a job
+    with the same `engine_key`, any other freed before a new one is built."""
+
+    def __init__(self) -> None:
+        self._held: OrderedDict[tuple, EngineAdapter] = OrderedDict()
+        self.loads: list[tuple] = []      # one key per real model load (benchmarks and tests count them)
+        # when the cache is collected or the process exits: a cached llama.cpp adapter's server and
+        # temporary dir go with it (the finalizer holds the dict, never the cache)
+        self._finalizer = weakref.finalize(self, _close_all, self._held)
+
+    def get(self, spec: Any, key_extra: tuple = (), **kw: Any) -> tuple[EngineAdapter, bool]:
+        """(the job's measured adapter, loaded_now). Reuses the engine already loaded for the same
+        key; any other cached engine is freed first, never held beside it."""
+        key = (*engine_key(spec), *key_extra)
+        if key in self._held and not self._held[key].alive():   # e.g. a server killed between jobs: a new one
+            self.release()
+        if key in self._held:
+            self._held.move_to_end(key)
+            return self._held[key], False
+        self.release()
+        adapter = ENGINES.get(spec.engine).build(spec, spec.engine_options, **kw)
+        self.loads.append(key)
+        self._held[key] = adapter
+        return adapter, True
+
+    def release(self) -> None:
+        """Free the cached measured engine (before something else needs its memory)."""
+        _close_all(self._held)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (a launcher's worker process gets the run's task function): nothing loaded here
+        crosses; the other process starts with an empty cache of its own."""
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()

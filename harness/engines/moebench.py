@@ -60,8 +60,8 @@ class MoebenchAdapter(EngineAdapter):
 
     @classmethod
     def build(cls, spec: Any, options: Any, **kw: Any) -> "MoebenchAdapter":
-        """The job's measured engine (runner._quality makes its quality pass on it)."""
-        return cls(spec, quality=spec.quality_pass, **kw)
+        """The job's measured engine (the quality pass, harness.passes.quality, runs on it)."""
+        return cls(spec, quality=spec.all_logits, **kw)
 
     def new_session(self, batch: int):
         return self.engine.new_session(batch)

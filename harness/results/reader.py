@@ -30,7 +30,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from harness.results.schema import (_BOOL_COLUMNS, _INT_COLUMNS, _META_KEY, _NOT_NULL, COLUMN_TYPES, ADDED_COLUMNS,
+from harness.results.schema import (BOOL_COLUMNS, INT_COLUMNS, META_KEY, NOT_NULL_COLUMNS, COLUMN_TYPES, ADDED_COLUMNS,
                                     DONE_FILE, REQUIRED_COLUMNS, ROWS_FILE, SCHEMA_VERSION, STATUSES, STEPS_FILE,
                                     SWEEP_STEPS, SWEEP_TABLE, ResultsError)
 from harness.results.store import STEP_COLUMNS, done_record, file_mismatch, is_temp_file, read_done
@@ -141,7 +141,7 @@ def _read_one(file: Path) -> tuple[pd.DataFrame | None, str | None]:
     bad_status = sorted(set(df["status"].dropna()) - set(STATUSES))
     if bad_status:
         return None, f"column 'status' must be one of {list(STATUSES)}; got {bad_status}"
-    nulls = [c for c in _NOT_NULL if df[c].isna().any()]
+    nulls = [c for c in NOT_NULL_COLUMNS if df[c].isna().any()]
     if nulls:
         return None, f"columns {nulls} have nulls; they may not"
     return df, None
@@ -158,13 +158,13 @@ def _schema_problems(schema: pa.Schema) -> str | None:
     missing = [c for c in REQUIRED_COLUMNS if c not in schema.names]
     if missing:
         problems.append(f"missing columns {missing} (required: {REQUIRED_COLUMNS})")
-    version = (schema.metadata or {}).get(_META_KEY)
+    version = (schema.metadata or {}).get(META_KEY)
     if version is not None and version != str(SCHEMA_VERSION).encode():
         problems.append(f"schema_version {version.decode(errors='replace')}; this code reads "
                         f"{SCHEMA_VERSION}")
     checks = {"value": (pa.types.is_floating, pa.types.is_integer),
-              **{c: (pa.types.is_integer,) for c in _INT_COLUMNS},
-              **{c: (pa.types.is_boolean,) for c in _BOOL_COLUMNS}}
+              **{c: (pa.types.is_integer,) for c in INT_COLUMNS},
+              **{c: (pa.types.is_boolean,) for c in BOOL_COLUMNS}}
     for name in schema.names:
         if name not in COLUMN_TYPES:
             continue
@@ -187,9 +187,9 @@ def canonical(df: pd.DataFrame) -> pd.DataFrame:
     """The dtypes `load` promises: value float64, integer columns Int64, emulated boolean."""
     df = df.copy()
     df["value"] = pd.to_numeric(df["value"]).astype("float64")
-    for c in _INT_COLUMNS:
+    for c in INT_COLUMNS:
         df[c] = df[c].astype("Int64")
-    for c in _BOOL_COLUMNS:
+    for c in BOOL_COLUMNS:
         df[c] = df[c].astype("boolean")
     return df.reset_index(drop=True)
 

@@ -60,20 +60,20 @@ SWEEP_TABLE = "results.parquet"
 SUMMARY_FILE = "summary.csv"
 STEPS_FILE = "steps.parquet"           # per job: raw per-step decode latencies
 SWEEP_STEPS = "results_steps.parquet"   # per sweep: every job's steps
-_META_KEY = b"moebench.schema_version"
+META_KEY = b"moebench.schema_version"
 
 
-_INT_COLUMNS = ("repeat", "context_tokens", "gen_tokens", "batch")
-_BOOL_COLUMNS = ("emulated",)
+INT_COLUMNS = ("repeat", "context_tokens", "gen_tokens", "batch")
+BOOL_COLUMNS = ("emulated",)
 # Parquet type of every fixed column (and of the optional `error` column).
 COLUMN_TYPES: dict[str, pa.DataType] = {
     **{c: pa.string() for c in REQUIRED_COLUMNS},
-    **{c: pa.int64() for c in _INT_COLUMNS},
-    **{c: pa.bool_() for c in _BOOL_COLUMNS},
+    **{c: pa.int64() for c in INT_COLUMNS},
+    **{c: pa.bool_() for c in BOOL_COLUMNS},
     "value": pa.float64(),
     "error": pa.string(),
 }
-_NOT_NULL = ("sweep_id", "job_id", "phase", "metric", "source", "status")
+NOT_NULL_COLUMNS = ("sweep_id", "job_id", "phase", "metric", "source", "status")
 
 Row = dict[str, Any]
 
@@ -173,7 +173,7 @@ def _opt_str(value: Any) -> str | None:
 def _factor(column: str, value: Any) -> Any:
     if value is None:
         return None
-    if column in _INT_COLUMNS:
+    if column in INT_COLUMNS:
         if isinstance(value, numbers.Integral) and not isinstance(value, bool):
             return int(value)
         if isinstance(value, str) and value.strip().lstrip("-").isdigit():
@@ -241,10 +241,10 @@ def _table(data: Mapping[str, Any], columns: list[str]) -> pa.Table:
     bad = set(table.column("status").to_pylist()) - set(STATUSES)
     if bad:
         raise ResultsError(f"column 'status' must be one of {list(STATUSES)}; got {sorted(map(str, bad))}")
-    nulls = [c for c in _NOT_NULL if table.column(c).null_count]
+    nulls = [c for c in NOT_NULL_COLUMNS if table.column(c).null_count]
     if nulls:
         raise ResultsError(f"columns {nulls} may not be null")
-    return table.replace_schema_metadata({_META_KEY: str(SCHEMA_VERSION).encode()})
+    return table.replace_schema_metadata({META_KEY: str(SCHEMA_VERSION).encode()})
 
 
 def _column_array(name: str, values: Any) -> pa.Array:

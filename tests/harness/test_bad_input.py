@@ -16,11 +16,11 @@ from rich.console import Console
 import harness.cli  # noqa: F401 -- registers the ConfigStore
 from engine.registry import PLACEMENTS
 from engine.trace import RoutingTrace, save_trace
-from harness import engines
 from harness.cli import CONF_DIR, hydra_args, split_args
 from harness.config import ConfigError, validate
 from harness.report import Reporter
 from harness.runner import JobContext, run_job
+from tests.engine_loads import engine_loads
 
 
 def cfg_with(*overrides: str):
@@ -29,10 +29,9 @@ def cfg_with(*overrides: str):
 
 
 def refused(*overrides: str, match: str) -> str:
-    loads = len(engines.LOADS)
-    with pytest.raises(ConfigError, match=match) as err:
+    with engine_loads() as loads, pytest.raises(ConfigError, match=match) as err:
         validate(cfg_with(*overrides))
-    assert len(engines.LOADS) == loads
+    assert loads == []
     return str(err.value)
 
 
@@ -119,10 +118,10 @@ def test_a_wrong_capacity_is_refused_under_every_placement(placement):
 
 
 def test_bad_input_writes_nothing_and_loads_nothing(tmp_path):
-    loads = len(engines.LOADS)
-    out = run_job(cfg_with("cache.policy=belady"), JobContext(tmp_path / "j", "s", "j"), Reporter(quiet=True))
+    with engine_loads() as loads:
+        out = run_job(cfg_with("cache.policy=belady"), JobContext(tmp_path / "j", "s", "j"), Reporter(quiet=True))
     assert out.error and "cache.policy_options" in out.error and len(out.rows) == 1
-    assert len(engines.LOADS) == loads and not (tmp_path / "j").exists()
+    assert loads == [] and not (tmp_path / "j").exists()
 
 
 def test_flags_anywhere_on_the_command_line():

@@ -12,13 +12,16 @@ import harness.cli  # noqa: F401 -- registers the ConfigStore
 from engine.planner import plan_memory
 from engine.config import preset
 from engine.export import export_preset
-from harness import engines, results, runner
+from harness import results
 from harness.cli import CONF_DIR
 from harness.config import validate
 from harness.engines import session_tokens_of
 from harness.report import Reporter
 from harness.runner import JobContext, run_job
+from harness.passes import ablation as ablation_pass, speed as speed_pass
 from harness.scenario import run_repeat
+from harness.session import RunSession
+from tests.engine_loads import engine_loads
 
 pytestmark = pytest.mark.slow     # subprocess/CLI or multi-second runs: `make test` runs them, `-m "not slow"` skips
 SMALL = ("workload=chat", "workload.context_tokens=256", "workload.gen_tokens=6", "run.timeline=false")
@@ -29,9 +32,9 @@ def cfg_with(*overrides: str):
         return compose(config_name="config", overrides=list(overrides))
 
 
-def job(tmp_path, *overrides: str):
+def job(tmp_path, *overrides: str, session: RunSession | None = None):
     out = run_job(cfg_with(*overrides, f"run.out={tmp_path}"), JobContext(tmp_path / "job", "s", "j"),
-                  Reporter(quiet=True))
+                  Reporter(quiet=True), session)
     return out, (results.rows_to_table(out.rows).to_pandas() if out.rows else None)
 
 
@@ -70,14 +73,17 @@ class Faulty:
 
 
 def test_the_check_runs_on_every_measured_repeat_and_finds_injected_faults(tmp_path, monkeypatch):
-    real = runner.get_adapter
+    session = RunSession()
+    real = session.engines.get
 
     def faulty(spec, **kw):
         eng, loaded = real(spec, **kw)
         return Faulty(eng, corrupt_repeat=1, corrupt_kv_repeat=2), loaded
 
-    monkeypatch.setattr(runner, "get_adapter", faulty)
-    out, df = job(tmp_path, "placement=fetch", "cache.capacity=2", "run.repeats=4", "run.ablation=false", *SMALL)
+    monkeypatch.setattr(session.engines, "get", faulty)
+    out, df = job(tmp_path, "placement=fetch", "cache.capacity=2", "run.repeats=4", "run.ablation=false", *SMALL,
+                  session=session)
+    session.close()
     assert out.error is None, out.error
     c = checks(df)
     phases = {"prefill_fresh", "decode", "prefill_continuation", "prefill_restored"}
@@ -156,7 +162,8 @@ def test_the_ablation_warms_its_resident_engine_as_the_measured_one_was(tmp_path
         calls.append(eng.engine.placement.name)
         return run_repeat(eng, *args, **kwargs)
 
-    monkeypatch.setattr(runner, "run_repeat", spy)
+    for module in (speed_pass, ablation_pass):     # every repeat of the measured and the resident engine
+        monkeypatch.setattr(module, "run_repeat", spy)
     for warmup in (0, 2):
         calls.clear()
         out, df = job(tmp_path / str(warmup), "placement=fetch", "cache.capacity=2", "run.repeats=2",
@@ -218,11 +225,11 @@ def test_transformers_computes_only_the_last_position(tmp_path):
 
 
 def test_a_reference_that_does_not_fit_host_ram_is_refused_with_the_arithmetic(tmp_path):
-    loads = len(engines.LOADS)
-    out, df = job(tmp_path, "model=mixtral-8x7b", "placement=fetch", "cache.capacity=2", *SMALL)
+    with engine_loads() as loads:
+        out, df = job(tmp_path, "model=mixtral-8x7b", "placement=fetch", "cache.capacity=2", *SMALL)
     assert out.error and "numerical reference" in out.error and "run.check_reference=false" in out.error
     assert "of host RAM" in out.error and "available" in out.error          # the arithmetic, from the engine
-    assert len(engines.LOADS) == loads
+    assert loads == []
 
 
 @pytest.mark.parametrize("model", ["tiny-gpt-oss", "tiny-qwen3-next", "tiny-gemma4"])

@@ -11,11 +11,11 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 import harness.cli  # noqa: F401 -- registers the ConfigStore
-from harness import engines
 from harness.cli import CONF_DIR
 from harness.config import ConfigError, validate
 from harness.report import Reporter
 from harness.runner import JobContext, run_job
+from tests.engine_loads import engine_loads
 
 GROUPS = ("model", "placement", "cache", "experts", "prefetch", "workload", "hardware", "run", "engine")
 
@@ -128,10 +128,10 @@ def test_context_longer_than_model_allows():
 
 @pytest.mark.slow
 def test_bad_input_fails_before_any_model_loads(tmp_path):
-    loads = len(engines.LOADS)
-    out = run_job(cfg_with("cache.capacity=1"), JobContext(tmp_path, "s", "j"), Reporter(quiet=True))
+    with engine_loads() as loads:
+        out = run_job(cfg_with("cache.capacity=1"), JobContext(tmp_path, "s", "j"), Reporter(quiet=True))
     rows, error = out.rows, out.error
     assert error and "cache.capacity" in error
-    assert len(engines.LOADS) == loads
+    assert loads == []
     assert rows[0]["status"] == "failed" and "cache.capacity" in rows[0]["error"]
     assert OmegaConf.select(cfg_with(), "placement.name") == "fetch"

@@ -19,7 +19,8 @@ from harness.config import ConfigError, validate
 from harness.costmodel.work import expert_bytes
 from harness.plan import plan_of
 from harness.report import Reporter
-from harness.runner import JobContext, factors_of, run_job
+from harness.factors import factors_of
+from harness.runner import JobContext, run_job
 
 INT4 = 3 * 64 * 128 // 2 + 5 * (2 * 128 * 2 + 64 * 4)      # tiny-mixtral, group 32: nibbles + fp32 scale, u8 zero
 INT4_G16 = 3 * 64 * 128 // 2 + 5 * (2 * 128 * 4 + 64 * 8)

@@ -19,7 +19,7 @@ import torch
 from engine import Engine, NonFiniteError
 from harness import results
 from harness.contract import QUALITY_METRICS, QUALITY_PHASE
-from harness.quality import QualityPass, compare_explained, quality_pass
+from harness.quality import QualityRun, compare_explained, quality_run
 from tests.engine.test_nonfinite import EXPERT_W1, FILE, poison, rewritten, scaled_experts
 from tests.llamacpp.conftest import bins  # noqa: F401 -- the real llama.cpp build: skip or fail when missing
 
@@ -133,8 +133,8 @@ def test_a_null_quality_metric_always_has_its_reason(tiny_mixtral_dir, tmp_path)
         frozenset({"engine=hf gives no full-vocabulary logits per position"})}
 
 
-def passes(logits: torch.Tensor, nll_count: int, nll: float = 10.0) -> QualityPass:
-    return QualityPass(logits, nll, nll_count, [[1, 2, 3]])
+def passes(logits: torch.Tensor, nll_count: int, nll: float = 10.0) -> QualityRun:
+    return QualityRun(logits, nll, nll_count, [[1, 2, 3]])
 
 
 def test_compare_gives_each_null_metric_its_reason_and_refuses_nan():
@@ -154,5 +154,5 @@ def test_compare_gives_each_null_metric_its_reason_and_refuses_nan():
 def test_a_quality_pass_that_goes_non_finite_raises(overflow_ckpt):
     eng = Engine.from_pretrained(str(overflow_ckpt), device="cpu", max_context=256, all_logits=True, ubatch=16)
     with pytest.raises(NonFiniteError, match=r"^prefill of session positions 0-15 went non-finite.*layer 1 of 3"):
-        quality_pass(eng, [list(range(20, 60))], 3)
+        quality_run(eng, [list(range(20, 60))], 3)
     eng.close()

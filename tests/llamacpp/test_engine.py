@@ -234,16 +234,17 @@ def test_a_cached_server_that_died_between_jobs_is_replaced(tmp_path):
     import harness.cli  # noqa: F401 -- registers the ConfigStore
     from harness.cli import CONF_DIR
     from harness.config import validate
-    from harness.engines import get_adapter, release_cached
+    from harness.engines import EngineCache
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         spec = validate(compose(config_name="config", overrides=[*SMALL, f"run.out={tmp_path}"]))
+    engines = EngineCache()
     try:
-        first, loaded = get_adapter(spec)
+        first, loaded = engines.get(spec)
         assert loaded and first.alive()
         os.kill(first.server.pid, signal.SIGKILL)
         first.server.proc.wait(timeout=30)
-        second, loaded = get_adapter(spec)
+        second, loaded = engines.get(spec)
         assert loaded and second is not first and second.alive()
     finally:
-        release_cached()
+        engines.release()

@@ -87,9 +87,9 @@ def test_a_job_whose_server_stalls_fails_and_the_next_job_gets_a_new_server(tmp_
 
     import harness.cli  # noqa: F401 -- registers the ConfigStore
     from harness.cli import CONF_DIR
-    from harness.engines import release_cached
     from harness.report import Reporter
     from harness.runner import JobContext, run_job
+    from harness.session import RunSession
 
     stall_s = 2
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
@@ -110,20 +110,21 @@ def test_a_job_whose_server_stalls_fails_and_the_next_job_gets_a_new_server(tmp_
                 stopped.update(pid=server.pid, at=time.monotonic())
 
     requests = Requests(monkeypatch, before=stop_at_decode)
+    session = RunSession()                                        # the two jobs of one run share its engine cache
     try:
-        first = run_job(cfg, JobContext(tmp_path / "a", "s", "a"), Reporter(quiet=True))
+        first = run_job(cfg, JobContext(tmp_path / "a", "s", "a"), Reporter(quiet=True), session)
         failed_at = time.monotonic()
         assert first.error and "stall_timeout_s=2 s during POST /completion (stream)" in first.error
         assert stall_s <= failed_at - stopped["at"] < stall_s + 30
         assert [r[1:3] for r in requests.after(stopped["at"])] == []     # no slot erase, nothing
         assert not psutil.pid_exists(stopped["pid"])
         assert [r["status"] for r in first.rows] == ["failed"]
-        second = run_job(cfg, JobContext(tmp_path / "b", "s", "b"), Reporter(quiet=True))
+        second = run_job(cfg, JobContext(tmp_path / "b", "s", "b"), Reporter(quiet=True), session)
         assert second.error is None
         load = {r["source"]: r for r in second.rows if r["phase"] == "load" and r["metric"] == "time_s"}
         assert load["client"]["model_load"] == "cold"             # a new server, not the killed one
     finally:
-        release_cached()
+        session.close()
 
 
 def test_a_stalled_server_fails_the_job_within_the_stall_timeout(tmp_path):

@@ -14,10 +14,11 @@ from engine import Engine
 from engine.nvtx_ranges import NvtxRanges
 from engine.intervals import subtract
 from engine.timeline import Timeline
-from harness import engines, results
+from harness import results
 from harness.cli import CONF_DIR
 from harness.report import Reporter
 from harness.runner import JobContext, run_job
+from tests.engine_loads import engine_loads
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -87,13 +88,13 @@ def test_profiled_rows_never_reach_the_speed_summary(tmp_path):
 def test_nsys_missing_gives_a_clear_message(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("NSYS", raising=False)
-    loads = len(engines.LOADS)
-    out = run_job(cfg_with("workload=chat", "workload.context_tokens=256", "workload.gen_tokens=2",
-                           "run.repeats=1", "run.profiler=nsys", "run.ablation=false"),
-                  JobContext(tmp_path, "s", "j"), Reporter(quiet=True))
+    with engine_loads() as loads:
+        out = run_job(cfg_with("workload=chat", "workload.context_tokens=256", "workload.gen_tokens=2",
+                               "run.repeats=1", "run.profiler=nsys", "run.ablation=false"),
+                      JobContext(tmp_path, "s", "j"), Reporter(quiet=True))
     # refused at validation, before the job runs: no model was loaded
     assert out.error is not None and "run.profiler=nsys" in out.error and "Nsight Systems" in out.error
-    assert len(engines.LOADS) == loads and len(out.rows) == 1
+    assert loads == [] and len(out.rows) == 1
 
 
 @pytest.mark.parametrize("policy", ["lru", "lfu", "fifo", "belady"])

@@ -1,0 +1,40 @@
+"""The `torch_profile` pass (`run.profiler=torch`): one repeat under torch.profiler, from the
+measured repeats' expert-cache state; its Chrome trace (<job dir>/torch_trace.json) and the
+memcpy bytes and time summed from it.
+
+Owns: the profiled repeat, its rows (`profiler=torch`) and the summary row (source=torch).
+Does not own: reading the trace (harness.profiling.torchprof), the phases (harness.scenario).
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from torch.profiler import ProfilerActivity, profile
+
+from harness.passes.base import Pass, RunContext, emit_instrumented
+from harness.profiling.torchprof import PROFILER_UNITS, memcpy_summary
+from harness.scenario import run_repeat
+
+
+class TorchProfilePass(Pass):
+    name = "torch_profile"
+    summary = "run.profiler=torch: one repeat under torch.profiler; its trace, memcpy bytes and time"
+    profiler = "torch"
+
+    @classmethod
+    def asked_by(cls, run: Any) -> str | None:
+        return "run.profiler=torch" if run.profiler == "torch" else None
+
+    def skip_reason(self, ctx: RunContext) -> str | None:
+        return None if ctx.spec.run.profiler == "torch" else f"run.profiler={ctx.spec.run.profiler}"
+
+    def run(self, ctx: RunContext) -> None:
+        eng, path = ctx.adapter, ctx.job_dir / "torch_trace.json"
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if eng.device_kind == "cuda" else [])
+        with ctx.reporter.step("torch.profiler pass"):
+            with profile(activities=activities, record_shapes=True) as prof:
+                res = run_repeat(eng, ctx.sample, ctx.spec.workload.gen_tokens, keep_logits=False, warm_with=ctx.warm)
+            prof.export_chrome_trace(str(path))
+        emit_instrumented(ctx, res, "torch")
+        ctx.emit(0, "all", memcpy_summary(json.loads(path.read_text())), "torch", "torch", units=PROFILER_UNITS)

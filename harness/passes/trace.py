@@ -1,0 +1,39 @@
+"""The `trace` pass (`run.record_trace=true`): one cold repeat with the routing recorder attached,
+saved as the DESIGN §3 routing trace file (<job dir>/routing.npz) the simulator replays.
+
+Owns: the recorded repeat and its rows (`profiler=trace`). Does not own: recording and the file
+format (engine.trace), the phases (harness.scenario).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from engine.trace import TraceRecorder, save_trace
+from harness.passes.base import Pass, RunContext, emit_instrumented
+from harness.scenario import run_repeat
+
+
+class TracePass(Pass):
+    name = "trace"
+    summary = "run.record_trace=true: one repeat's expert routing saved as routing.npz (for the simulator)"
+
+    @classmethod
+    def asked_by(cls, run: Any) -> str | None:
+        return "run.record_trace=true" if run.record_trace else None
+
+    def skip_reason(self, ctx: RunContext) -> str | None:
+        if not ctx.spec.run.record_trace:
+            return "run.record_trace=false"
+        if getattr(ctx.adapter, "engine", None) is None:
+            return f"engine={ctx.spec.engine} exposes no routing"
+        return None
+
+    def run(self, ctx: RunContext) -> None:
+        with ctx.reporter.step("routing trace pass"):
+            rec = TraceRecorder(ctx.adapter.engine)
+            try:
+                res = run_repeat(ctx.adapter, ctx.sample, ctx.spec.workload.gen_tokens, keep_logits=False)
+            finally:
+                rec.detach()
+            save_trace(ctx.job_dir / "routing.npz", rec.trace())
+        emit_instrumented(ctx, res, "trace")
