@@ -72,8 +72,8 @@ class ServerClient(ABC):
 
     def _connect(self, what: str, timeout: float | None = None) -> http.client.HTTPConnection:
         """A connection for one request -- refused, with nothing sent, to a server that was killed
-        after a stall or whose port is not verified as its own. Each read waits at most the stall
-        timeout (or `timeout`)."""
+        after a stall or whose port is not verified as its own. Each read waits at most the smaller of
+        the stall and request timeouts (or `timeout`)."""
         if self.broken:
             raise LlamaServerError(f"not sending {what}: {self.broken}")
         if self._verified_port is None or self._verified_port != self.port:
@@ -86,8 +86,10 @@ class ServerClient(ABC):
         return {"Authorization": f"Bearer {self._key}", **({"Content-Type": "application/json"} if data else {})}
 
     def _stalled(self, what: str, overdue: bool = False) -> LlamaServerStall:
-        """Kill the server that stalled (or outlasted request_timeout_s) during `what`; the error."""
+        """Kill the server that stalled (or outlasted request_timeout_s) during `what`; the error.
+        A socket timeout is the smaller of the two limits (`_connect`): the message names that one."""
         pid = self.proc.pid if self.proc is not None else None
+        overdue = overdue or self.request_timeout_s < self.stall_timeout_s
         why = (f"it did not finish {what} within request_timeout_s={self.request_timeout_s:g} s" if overdue else
                f"it sent nothing for stall_timeout_s={self.stall_timeout_s:g} s during {what} (stalled)")
         self.kill(f"llama-server (pid {pid}) was killed: {why}")

@@ -78,6 +78,26 @@ def test_a_stopped_server_is_killed_and_asked_nothing_more(bins, gguf_f32, tmp_p
         srv.stop()
 
 
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_request_timeout_names_request_timeout_s(bins, gguf_f32, tmp_path, stream):
+    """request_timeout_s below stall_timeout_s: the socket gives up after request_timeout_s, and
+    the error names that setting and its value, not the stall limit that did not fire."""
+    srv = LlamaServer(gguf_f32.path, EXACT.replace(threads=1), log_path=tmp_path / "s.log", binaries=bins,
+                      request_timeout_s=2.0, stall_timeout_s=300.0).start()
+    try:
+        os.kill(srv.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        with pytest.raises(LlamaServerStall) as err:
+            srv.complete(prompt_ids(64, 128), 8, stream=stream)
+        assert 2.0 <= time.monotonic() - t0 < 60
+        message = str(err.value).splitlines()[0]
+        assert "did not finish POST /completion" in message and "within request_timeout_s=2 s" in message
+        assert "stall_timeout_s" not in message
+        assert srv.proc.returncode == -signal.SIGKILL
+    finally:
+        srv.stop()
+
+
 def test_a_job_whose_server_stalls_fails_and_the_next_job_gets_a_new_server(tmp_path, monkeypatch):
     """In-process, the whole job path: the server is SIGSTOPped as the decode request goes out;
     the job is a failed row naming the stall within about engine.stall_timeout_s, no request goes
@@ -127,20 +147,27 @@ def test_a_job_whose_server_stalls_fails_and_the_next_job_gets_a_new_server(tmp_
         session.close()
 
 
-def test_a_stalled_server_fails_the_job_within_the_stall_timeout(tmp_path):
+# (setting, its value, what the error says): the limit set low is the one that fires and is named;
+# the request limit leaves the first repeat's requests (about a second each) room on a busy machine
+LIMITS = [("stall_timeout_s", 3, "stalled"), ("request_timeout_s", 8, "did not finish")]
+
+
+@pytest.mark.parametrize("setting,limit_s,says", LIMITS, ids=[s for s, _, _ in LIMITS])
+def test_a_stalled_server_fails_the_job_within_the_limit(tmp_path, setting, limit_s, says):
     """Through the CLI: the server is SIGSTOPped in the second repeat and never continued. The run
-    ends within about engine.stall_timeout_s (the default is minutes), the row says why, the
-    stopped server is gone, and the run exits non-zero."""
-    stall_s = 3
-    run = run_stopped([*LONG, f"engine.stall_timeout_s={stall_s}"], tmp_path, its_llama_server, None,
+    ends within about the limit set low (the defaults are minutes), the row names that setting and
+    its value (and not the other one), the stopped server is gone, and the run exits non-zero."""
+    run = run_stopped([*LONG, f"engine.{setting}={limit_s}"], tmp_path, its_llama_server, None,
                       marker="repeat 2/2")
     assert run.returncode == 1, run.stderr
     assert not run.outlived, "the stalled llama-server outlived the run"
-    assert run.exited_at - run.stopped_at < stall_s + 60
+    assert run.exited_at - run.stopped_at < limit_s + 60
     df = results.load(next((tmp_path / "results" / "runs").iterdir()))
     assert set(df.status) == {"failed"} and len(df) == 1
     error = df.error.iloc[0]
-    assert f"pid {run.pid}" in error and f"stall_timeout_s={stall_s} s" in error and "stalled" in error
+    assert f"pid {run.pid}" in error and f"{setting}={limit_s} s" in error and says in error
+    other = next(s for s, _, _ in LIMITS if s != setting)
+    assert other not in error.splitlines()[0]
 
 
 def test_a_server_stopped_mid_phase_is_flagged_starved(tmp_path):
