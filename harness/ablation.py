@@ -29,9 +29,12 @@ measures both sides resident -- an A/A check -- and tests its false-positive rat
   normality is assumed: a t-interval on 3 pairs is only as good as that assumption.
 * `exposed_copy_ablation_significant`: 1 when the adjusted p-value is below `ALPHA` and the
   median difference is at least `MIN_EFFECT` of the resident side's median phase time, 0 when
-  not, null when it cannot be: fewer pairs than the test needs to reach `ALPHA / phases`
-  (2 / 2^n: 8 pairs for four phases at 5%), or sequential pairs (one side ran after the other:
-  drift between them is not a coin flip). `ablation_note` says which. The floor: two resident
+  not, null -- too few pairs, no verdict -- when it cannot be: fewer than `VERDICT_PAIRS`
+  alternating pairs, or sequential pairs (one side ran after the other: drift between them is
+  not a coin flip). `ablation_note` says which. Why 10 pairs when 8 already reach `ALPHA / phases`
+  (2 / 2^n): at 8, one phase whose 8 differences share a sign passes, which pure chance does for
+  3% of jobs and a small order or allocation effect between two resident engines for more; at
+  10 chance is 0.8% a job, and such an effect must hold over 10 pairs in a row. The floor: two resident
   engines of one model are two allocations of the same weights, and on a quiet machine a
   difference of a fraction of a percent between them -- where their memory landed -- can be
   consistent enough over the pairs to pass the test; that is no cost of the placement.
@@ -63,6 +66,7 @@ from harness.scenario import RepeatResult
 MODES = ("interleaved", "sequential", "skipped")
 ALPHA = 0.05                   # the job's family-wise level (Holm over its phases)
 MIN_EFFECT = 0.02              # a smaller median difference (of resident's phase time) is never significant
+VERDICT_PAIRS = 10             # fewer alternating pairs: too few for a significance verdict (null, with the note)
 CONFIDENCE = 0.95              # each phase's interval
 EXACT_MAX_PAIRS = 16           # 2^16 sign patterns enumerated; beyond, a seeded random sample
 RANDOM_PATTERNS = 20_000
@@ -172,13 +176,15 @@ def _phase_stats(diffs: list[float], mode: str, phases: int, alpha: float) -> Ph
                         "sides is not a coin flip, so no interval or significance")
         return st
     st.interval = shift_interval(diffs)
-    if min_p(n) <= alpha / phases:
+    needed = max(VERDICT_PAIRS, _pairs_for(alpha / phases))
+    if n >= needed:
         st.p_raw = sign_flip_p(diffs)
     missing = [what for what, have in ((f"95% interval (needs {_pairs_for(1 - CONFIDENCE)} pairs)", st.interval),
-                                       (f"significance (needs {_pairs_for(alpha / phases)} pairs: the sign-flip test "
+                                       (f"significance verdict (needs {needed} alternating pairs: the sign-flip test "
                                         f"over {phases} phases at {alpha:g})", st.p_raw)) if have is None]
     if missing:
-        st.notes.append(f"{n} pair(s): no {' and no '.join(missing)}")
+        verdict = "too few pairs, inconclusive: " if st.p_raw is None else ""
+        st.notes.append(f"{n} pair(s): {verdict}no {' and no '.join(missing)}")
     return st
 
 
