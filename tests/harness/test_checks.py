@@ -134,10 +134,10 @@ def test_ablation_is_paired_interleaved_or_sequential_by_budget(tmp_path):
         assert set(ab.ablation_mode) == {mode}
         med = ab[ab.metric == "exposed_copy_ablation_s"].set_index("phase")["value"]
         assert med.notna().all()
-        # 3 pairs: no interval (6 needed) and no significance (8 for four phases); sequential pairs: neither
+        # 3 pairs: no interval (6 needed) and no significance verdict (10 needed); sequential pairs: neither
         others = ab[ab.metric != "exposed_copy_ablation_s"]
         assert others.value.isna().all()
-        why = "sequential pairs" if mode == "sequential" else "3 pair(s): no 95% interval (needs 6 pairs) and no signif"
+        why = "sequential pairs" if mode == "sequential" else "3 pair(s): too few pairs, inconclusive: no 95% interval (needs 6 pairs)"
         assert ab.ablation_note.str.contains(why, regex=False).all()
         raw = df[df.profiler == "ablation"]
         assert set(raw.ablation_side) == ({"resident", "placement"} if mode == "interleaved" else {"resident"})
