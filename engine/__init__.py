@@ -2,20 +2,22 @@
 
     from engine import Engine
     eng = Engine.from_pretrained("tiny-mixtral", placement="fetch", cache_capacity=4)
+    # or: Engine.from_pretrained("tiny-mixtral", EngineOptions(placement="fetch", cache_capacity=4))
     res = eng.generate([[1, 2, 3]], max_new_tokens=8)
     res.tokens, eng.counters
 
-See engine.engine for the options, engine.placements and engine.policies for plugins,
+See engine.options for the options, engine.placements and engine.policies for plugins,
 engine.families (and engine/families/README.md) for model families and how to add one.
 
-Model shapes, presets, the registries and the memory planner (engine.planner) import without
-torch; `Engine`, `GenerateResult` and `NonFiniteError` load it on first use (engine.lazy).
+Model shapes, presets, `EngineOptions`, the registries and the memory planner (engine.planner)
+import without torch; `Engine`, `GenerateResult` and `NonFiniteError` load it on first use (engine.lazy).
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from engine.config import PRESETS, ModelConfig, preset
+from engine.options import EngineOptions
 from engine.registry import FAMILIES, PLACEMENTS, POLICIES
 
 if TYPE_CHECKING:
@@ -24,7 +26,7 @@ if TYPE_CHECKING:
 
 _LAZY = {"Engine": "engine.engine", "GenerateResult": "engine.engine", "NonFiniteError": "engine.finite"}
 
-__all__ = ["Engine", "GenerateResult", "NonFiniteError", "ModelConfig", "PRESETS", "preset", "FAMILIES", "PLACEMENTS",
+__all__ = ["Engine", "EngineOptions", "GenerateResult", "NonFiniteError", "ModelConfig", "PRESETS", "preset", "FAMILIES", "PLACEMENTS",
            "POLICIES"]
 
 

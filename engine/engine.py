@@ -37,8 +37,9 @@ from engine.finite import FiniteWatch, NonFiniteError, check_sum, combined, desc
 from engine.hostmem import host_alloc_bytes
 from engine.hooks import NULL, Instrument, Progress
 from engine.kv import Session, check_planned
-from engine.kvquant import DEFAULT_KV_DTYPE, is_lossy, kv_format
+from engine.kvquant import is_lossy, kv_format
 from engine.model import MoEModel, TensorSource
+from engine.options import EngineOptions
 from engine.placements.base import PlacementContext
 from engine.planner import MemoryPlan, plan_memory
 from engine.policies import make_policy
@@ -66,124 +67,61 @@ class Engine:
 
     # --- construction ----------------------------------------------------------------------
     @classmethod
-    def from_pretrained(cls, source: str | Path, *, placement: str = "resident",
-                        cache_capacity: int | str | None = None, cache_policy: str = "lru",
-                        policy_options: dict[str, Any] | None = None, prefetch: str = "none",
-                        prefetch_options: dict[str, Any] | None = None, device: str = "auto",
-                        dtype: str = "float32", ubatch: int = 512, max_context: int | None = None,
-                        batch: int = 1, device_memory: int | str | None = None, reserve_bytes: int | None = None,
-                        seed: int = 0, instrument: Instrument | None = None, record_lookups: bool = False,
-                        progress: Progress | None = None, kv_dtype: str = DEFAULT_KV_DTYPE,
-                        model_overrides: dict[str, Any] | None = None, expert_quant: Any = "none",
-                        quant_options: dict[str, Any] | None = None, cache_capacity_bytes: int | str | None = None,
-                        all_logits: bool = False, **placement_options: Any) -> "Engine":
+    def from_pretrained(cls, source: str | Path, options: EngineOptions | None = None, **kw: Any) -> "Engine":
         """Validate, plan, then load. Raises before allocating anything when the input is wrong.
 
         source: a Hugging Face checkpoint directory (config.json + *.safetensors) or a preset
-        name ({presets}). Extra keyword arguments are placement options (e.g. issue_ahead for
-        fetch; n_cpu_layers for hybrid; stream_threshold, stream_fallback, stream_buffers for
-        stream). device_memory on CUDA also caps torch's allocator for this process until
-        close() (engine.devices). expert_quant: the routed experts' treatment -- "none" (exact),
-        "int8", "int4" or "mixed" (quant_options: group_size, mixed_count | mixed_fraction,
-        popularity | trace; engine.blocks.quant_experts), or a resolved ExpertQuant -- quantised at
-        load. cache_capacity_bytes: the fetch cache as bytes over all MoE layers ("256MiB" or an
-        int) instead of cache_capacity slots (not both).
-        kv_dtype: how sessions store their KV (model | f16 | bf16 | q8 | q4 | fp8; engine.kvquant):
-        'model' (the default) is exact, the others are lossy treatments (`engine.lossy`).
-        all_logits: plan room for prefill(all_logits=True) -- every position's logits, one
-        micro-batch per call (a quality pass); a budgeted engine refuses it otherwise.
+        name (engine.config.PRESETS). options: an `EngineOptions` (engine.options says what each
+        means); keyword arguments replace its fields, and a keyword that names no field is a
+        placement option (e.g. issue_ahead for fetch; n_cpu_layers for hybrid; stream_threshold,
+        stream_fallback, stream_buffers for stream), so both of these build the same engine:
+
+            Engine.from_pretrained("tiny-mixtral", EngineOptions(placement="fetch", cache_capacity=4))
+            Engine.from_pretrained("tiny-mixtral", placement="fetch", cache_capacity=4)
         """
-        # 1. what model
-        ckpt_dir = Path(source)
-        if (ckpt_dir / "config.json").is_file():
-            cfg = ModelConfig.from_hf_dir(ckpt_dir)
-        elif str(source) in PRESETS:
-            cfg, ckpt_dir = preset(str(source)), None
-        else:
-            raise ValueError(f"{str(source)!r} is neither a checkpoint directory with config.json nor a preset; "
-                             f"presets: {', '.join(sorted(PRESETS))}")
-        if model_overrides:
-            cfg = cfg.replace(**model_overrides)
-        if isinstance(expert_quant, str):
-            from engine.blocks.quant_experts import resolve_expert_quant
-            expert_quant = resolve_expert_quant(cfg, expert_quant, **(quant_options or {}))
-        elif quant_options:
-            raise ValueError("quant_options apply to expert_quant given by name ('int8', 'int4', 'mixed')")
-        if expert_quant is not None:
-            cfg = cfg.replace(expert_quant=expert_quant)
-            cfg.architecture()               # a layout that cannot be quantised says so before anything loads
-        cache_capacity_bytes = parse_bytes(cache_capacity_bytes)
-        # 2. options, all checked before any allocation
-        placement_cls = PLACEMENTS.get(placement)
-        placement_cls.parse_options(placement_options)
-        POLICIES.get(cache_policy)
-        prefetch_cls = PREFETCHERS.get(prefetch)
-        if prefetch != "none" and not placement_cls.uses_cache(placement_options):
-            raise ValueError(f"prefetch {prefetch!r} needs a placement with a device expert cache "
-                             f"(fetch, or stream with stream_fallback='fetch'); got placement {placement!r}")
-        dt = cfg_dtype(cfg, dtype)
-        kv_format(kv_dtype)                                   # a bad name is refused before anything else
-        _positive_int("ubatch", ubatch)
-        _positive_int("batch", batch)
-        if max_context is not None:
-            _positive_int("max_context", max_context, " or None")
-        context = max_context or min(DEFAULT_CONTEXT, cfg.max_position_embeddings)
+        o = options or EngineOptions()
+        if kw:
+            o = o.replace(**kw)
+        cfg, ckpt_dir = _model_of(source, o)
+        # options, all checked before any allocation
+        placement_cls = PLACEMENTS.get(o.placement)
+        placement_cls.parse_options(o.placement_options)
+        POLICIES.get(o.cache_policy)
+        prefetch_cls = PREFETCHERS.get(o.prefetch)
+        uses_cache = placement_cls.uses_cache(o.placement_options)
+        if o.prefetch != "none" and not uses_cache:
+            raise ValueError(f"prefetch {o.prefetch!r} needs a placement with a device expert cache "
+                             f"(fetch, or stream with stream_fallback='fetch'); got placement {o.placement!r}")
+        dt = cfg_dtype(cfg, o.dtype)
+        kv_format(o.kv_dtype)                                 # a bad name is refused before anything else
+        _positive_int("ubatch", o.ubatch)
+        _positive_int("batch", o.batch)
+        if o.max_context is not None:
+            _positive_int("max_context", o.max_context, " or None")
+        context = o.max_context or min(DEFAULT_CONTEXT, cfg.max_position_embeddings)
         if context > cfg.max_position_embeddings:
             raise ValueError(f"max_context {context} exceeds the model's max_position_embeddings "
                              f"{cfg.max_position_embeddings}")
-        dev = Device.create(device, device_memory)
+        dev = Device.create(o.device, o.device_memory)
         try:
-            plan = plan_memory(cfg, placement, cache_capacity if placement_cls.uses_cache(placement_options) else None,
-                               dev.ledger.budget, context, batch, ubatch, dt.itemsize, placement_options,
-                               reserve_bytes, device_kind=dev.kind, capacity_bytes=cache_capacity_bytes,
-                               kv_dtype=kv_dtype, all_logits=bool(all_logits))
-            kv_format(kv_dtype).check_device(dev.torch_device)
+            plan = plan_memory(cfg, o.placement, o.cache_capacity if uses_cache else None, dev.ledger.budget, context,
+                               o.batch, o.ubatch, dt.itemsize, o.placement_options, o.reserve_bytes,
+                               device_kind=dev.kind, capacity_bytes=parse_bytes(o.cache_capacity_bytes),
+                               kv_dtype=o.kv_dtype, all_logits=bool(o.all_logits))
+            kv_format(o.kv_dtype).check_device(dev.torch_device)
         except BaseException:
             dev.close()
             raise
         log.debug("%s", plan)
-        # 3. load; on any failure free what was taken so nothing half-built stays accounted
-        counters = Counters(cfg.num_layers)
-        instrument = instrument or NULL
-        ckpt = model = None
-        try:
-            model = MoEModel(cfg, dev, dt, instrument)
-            ctx = PlacementContext(cfg, dev, model.store, counters, instrument, plan.capacity,
-                                   (lambda layer: make_policy(cache_policy, plan.capacity, cfg.n_experts, layer,
-                                                              **(policy_options or {})))
-                                   if plan.capacity is not None else None)
-            strategy = placement_cls(ctx, **placement_options)
-            _check_host_ram(cfg, dt, ckpt_dir, host_ram_needed(cfg, dt, strategy, dev, plan))
-            ckpt = Checkpoint(ckpt_dir) if ckpt_dir is not None else None
-            model.load(TensorSource(cfg, ckpt, seed), strategy.expert_on_device, pin_host=strategy.copies_experts,
-                       progress=progress)
-            strategy.setup()
-            if prefetch != "none":
-                model.prefetcher = prefetch_cls(PrefetchContext(cfg, strategy.cache, model.routers),
-                                                **(prefetch_options or {}))
-            if record_lookups:
-                model.step_log = {}
-                if strategy.cache is not None:
-                    strategy.cache.lookup_log = {}
-        except BaseException:
-            model = strategy = None   # drop the half-built weights before the error propagates
-            dev.ledger.held.clear()
-            dev.close()
-            if dev.kind == "cuda":
-                torch.cuda.empty_cache()
-            raise
-        finally:
-            if ckpt is not None:
-                ckpt.close()
-        model.placement = strategy
-        dev.instrument = instrument
-        options = dict(placement=placement, prefetch=prefetch, cache_capacity=plan.capacity, requested_capacity=cache_capacity,
-                       cache_policy=cache_policy if plan.capacity is not None else None, dtype=str(dt).split(".")[-1],
-                       device=dev.kind, emulated=dev.emulated, ubatch=ubatch, max_context=context, batch=batch,
-                       expert_quant=cfg.expert_quant.mode if cfg.expert_quant is not None else "none",
-                       kv_dtype=kv_dtype, all_logits=bool(all_logits), **placement_options)
+        model, strategy, counters = _load(cfg, ckpt_dir, o, dev, dt, plan, placement_cls, prefetch_cls)
+        built = dict(placement=o.placement, prefetch=o.prefetch, cache_capacity=plan.capacity,
+                     requested_capacity=o.cache_capacity,
+                     cache_policy=o.cache_policy if plan.capacity is not None else None, dtype=str(dt).split(".")[-1],
+                     device=dev.kind, emulated=dev.emulated, ubatch=o.ubatch, max_context=context, batch=o.batch,
+                     expert_quant=cfg.expert_quant.mode if cfg.expert_quant is not None else "none",
+                     kv_dtype=o.kv_dtype, all_logits=bool(o.all_logits), **o.placement_options)
         counters.reset()
-        return cls(cfg, model, strategy, dev, plan, counters, ubatch, options)
+        return cls(cfg, model, strategy, dev, plan, counters, o.ubatch, built)
 
     # --- counters ----------------------------------------------------------------------------
     @property
@@ -403,6 +341,72 @@ class Engine:
             torch.cuda.empty_cache()
 
 
+def _model_of(source: str | Path, o: EngineOptions) -> tuple[ModelConfig, Path | None]:
+    """The model's config -- from a checkpoint dir or a preset, overrides and the experts' treatment
+    applied -- and the checkpoint dir (None for a preset: seeded random weights)."""
+    ckpt_dir: Path | None = Path(source)
+    if (ckpt_dir / "config.json").is_file():
+        cfg = ModelConfig.from_hf_dir(ckpt_dir)
+    elif str(source) in PRESETS:
+        cfg, ckpt_dir = preset(str(source)), None
+    else:
+        raise ValueError(f"{str(source)!r} is neither a checkpoint directory with config.json nor a preset; "
+                         f"presets: {', '.join(sorted(PRESETS))}")
+    if o.model_overrides:
+        cfg = cfg.replace(**o.model_overrides)
+    expert_quant = o.expert_quant
+    if isinstance(expert_quant, str):
+        from engine.blocks.quant_experts import resolve_expert_quant
+        expert_quant = resolve_expert_quant(cfg, expert_quant, **(o.quant_options or {}))
+    elif o.quant_options:
+        raise ValueError("quant_options apply to expert_quant given by name ('int8', 'int4', 'mixed')")
+    if expert_quant is not None:
+        cfg = cfg.replace(expert_quant=expert_quant)
+        cfg.architecture()               # a layout that cannot be quantised says so before anything loads
+    return cfg, ckpt_dir
+
+
+def _load(cfg: ModelConfig, ckpt_dir: Path | None, o: EngineOptions, dev: Device, dt: torch.dtype, plan: MemoryPlan,
+          placement_cls: Any, prefetch_cls: Any) -> tuple[MoEModel, Any, Counters]:
+    """The model loaded with its placement set up (and its prefetcher); on any failure what was
+    taken is freed, so nothing half-built stays accounted."""
+    counters = Counters(cfg.num_layers)
+    instrument = o.instrument or NULL
+    ckpt = model = strategy = None
+    try:
+        model = MoEModel(cfg, dev, dt, instrument)
+        ctx = PlacementContext(cfg, dev, model.store, counters, instrument, plan.capacity,
+                               (lambda layer: make_policy(o.cache_policy, plan.capacity, cfg.n_experts, layer,
+                                                          **(o.policy_options or {})))
+                               if plan.capacity is not None else None)
+        strategy = placement_cls(ctx, **o.placement_options)
+        _check_host_ram(cfg, dt, ckpt_dir, host_ram_needed(cfg, dt, strategy, dev, plan))
+        ckpt = Checkpoint(ckpt_dir) if ckpt_dir is not None else None
+        model.load(TensorSource(cfg, ckpt, o.seed), strategy.expert_on_device, pin_host=strategy.copies_experts,
+                   progress=o.progress)
+        strategy.setup()
+        if o.prefetch != "none":
+            model.prefetcher = prefetch_cls(PrefetchContext(cfg, strategy.cache, model.routers),
+                                            **(o.prefetch_options or {}))
+        if o.record_lookups:
+            model.step_log = {}
+            if strategy.cache is not None:
+                strategy.cache.lookup_log = {}
+    except BaseException:
+        model = strategy = None   # drop the half-built weights before the error propagates
+        dev.ledger.held.clear()
+        dev.close()
+        if dev.kind == "cuda":
+            torch.cuda.empty_cache()
+        raise
+    finally:
+        if ckpt is not None:
+            ckpt.close()
+    model.placement = strategy
+    dev.instrument = instrument
+    return model, strategy, counters
+
+
 def _positive_int(name: str, value: Any, alternative: str = "") -> None:
     """Refuse `value` for argument `name` unless it is an integer >= 1 (never a bool or a float)."""
     if not (isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1):
@@ -444,4 +448,4 @@ def _check_host_ram(cfg: ModelConfig, dt: torch.dtype, ckpt_dir: Path | None, ne
                           "(e.g. num_layers) for a truncated run")
 
 
-__all__ = ["Engine", "GenerateResult", "NonFiniteError", "parse_bytes"]
+__all__ = ["Engine", "EngineOptions", "GenerateResult", "NonFiniteError", "parse_bytes"]

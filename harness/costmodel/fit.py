@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine import Engine
+from engine import Engine, EngineOptions
 from engine.config import ModelConfig
 from harness.costmodel.timemodel import phase_events, physical_terms
 from harness.costmodel.profiles import HardwareProfile, Overheads
@@ -63,12 +63,11 @@ class Probe:
 # --- probes ---------------------------------------------------------------------------------
 def _engine(layers: int, top_k: int, placement: PlacementSpec, device: str, dtype: str,
             intermediate: int | None = None) -> Engine:
-    opts = dict(placement.options)
     wide = {"moe_intermediate_size": intermediate} if intermediate else {}
-    eng = Engine.from_pretrained(PRESET, placement=placement.name, cache_capacity=placement.capacity,
-                                 cache_policy=placement.policy, device=device, dtype=dtype, max_context=4096,
-                                 model_overrides={"num_layers": layers, "moe_layers": tuple(range(layers)),
-                                                  "top_k": top_k, **wide}, **opts)
+    eng = Engine.from_pretrained(PRESET, EngineOptions(
+        placement=placement.name, placement_options=dict(placement.options), cache_capacity=placement.capacity,
+        cache_policy=placement.policy, device=device, dtype=dtype, max_context=4096,
+        model_overrides={"num_layers": layers, "moe_layers": tuple(range(layers)), "top_k": top_k, **wide}))
     eng.model.step_log = {}
     return eng
 

@@ -13,7 +13,6 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from engine import Engine
 from engine.hooks import NULL, Instrument
 from engine.kvquant import DEFAULT_KV_DTYPE
 from harness.engines.base import EngineAdapter, Produced
@@ -29,6 +28,7 @@ class MoebenchAdapter(EngineAdapter):
         """exact: the exact model whatever the job's treatments (experts.quant, kv.dtype): the
         numerical reference. quality: a quality pass (harness.quality) will run on this engine, so
         its memory plan makes room for a micro-batch's logits at every position."""
+        from engine import Engine, EngineOptions       # torch: loaded by the job that builds one
         from harness.engines import session_tokens_of
 
         w = spec.workload
@@ -37,19 +37,19 @@ class MoebenchAdapter(EngineAdapter):
             if spec.model.num_layers else None
         resident = placement == "resident"
         t0 = time.perf_counter()
-        self.engine = Engine.from_pretrained(
-            src, placement="resident" if resident else spec.placement,
-            cache_capacity=None if resident else spec.capacity, cache_policy=spec.policy or "lru",
-            cache_capacity_bytes=None if resident else getattr(spec, "capacity_bytes", None),
-            expert_quant=None if exact else getattr(spec, "expert_quant", None),
-            policy_options=None if resident else spec.policy_options,
-            device=device or spec.hardware.device, dtype=spec.model.dtype, ubatch=w.ubatch,
-            max_context=session_tokens_of(spec), batch=w.batch, seed=spec.model.seed,
-            device_memory=None if device == "cpu" else spec.hardware.device_memory,
-            model_overrides=overrides, prefetch="none" if resident else spec.prefetch,
-            prefetch_options=None if resident else prefetch_options, progress=progress,
-            kv_dtype=DEFAULT_KV_DTYPE if exact else getattr(spec, "kv_dtype", DEFAULT_KV_DTYPE), all_logits=quality,
-            **({} if resident else spec.placement_options))
+        job = EngineOptions(
+            placement=spec.placement, placement_options=dict(spec.placement_options), cache_capacity=spec.capacity,
+            cache_capacity_bytes=getattr(spec, "capacity_bytes", None), cache_policy=spec.policy or "lru",
+            policy_options=spec.policy_options, prefetch=spec.prefetch, prefetch_options=prefetch_options,
+            device=device or spec.hardware.device, device_memory=None if device == "cpu" else spec.hardware.device_memory,
+            dtype=spec.model.dtype, model_overrides=overrides, seed=spec.model.seed, ubatch=w.ubatch,
+            max_context=session_tokens_of(spec), batch=w.batch,
+            kv_dtype=DEFAULT_KV_DTYPE if exact else getattr(spec, "kv_dtype", DEFAULT_KV_DTYPE),
+            expert_quant=None if exact else getattr(spec, "expert_quant", None), all_logits=quality, progress=progress)
+        if resident:                           # the same model, every expert resident: no cache, no prefetch
+            job = job.replace(placement="resident", placement_options={}, cache_capacity=None,
+                              cache_capacity_bytes=None, policy_options=None, prefetch="none", prefetch_options=None)
+        self.engine = Engine.from_pretrained(src, job)
         self.load_s = time.perf_counter() - t0
         dev = self.engine.device
         self.device_kind, self.device_name, self.emulated = dev.kind, dev.name, dev.emulated
