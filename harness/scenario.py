@@ -293,13 +293,14 @@ def check_phase(got: PhaseResult, ref: PhaseResult | None) -> dict[str, float | 
 
 def check_metrics(cmp: Comparison) -> dict[str, float | None]:
     """The check's metric rows from a comparison: one token the engine did not produce is a
-    disagreement, never skipped."""
+    disagreement, never skipped. Only the difference the engine can give is a row: an engine that
+    reports top-k logprobs (llama.cpp) has a `max_abs_logprob_diff` and no logit row -- not a null
+    one that no column would explain; one that reports neither has token agreement alone."""
     same = [s for step in cmp.same for s in step]
     diffs = [d for step in cmp.diffs for d in step if d is not None]
-    out: dict[str, float | None] = {LOGIT: max(diffs) if cmp.metric == LOGIT and diffs else None,
-                                    "token_agreement": sum(same) / len(same) if same else None}
-    if cmp.metric == LOGPROB:
-        out[LOGPROB] = max(diffs) if diffs else None
+    out: dict[str, float | None] = {"token_agreement": sum(same) / len(same) if same else None}
+    if cmp.metric is not None and diffs:
+        out[cmp.metric] = max(diffs)
     return out
 
 

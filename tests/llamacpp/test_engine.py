@@ -51,6 +51,12 @@ def test_every_phase_in_the_exact_configuration(tmp_path, bins):
     eng = speed[speed.source == "engine"].set_index(["phase", "metric"])["value"]
     assert (speed[speed.metric == "token_agreement"].value == 1.0).all()        # tokens of our exact reference
     assert speed[speed.metric == "max_abs_logprob_diff"].value.max() < 1e-3     # and its top-k logprobs
+    # it reports logprobs, not logits: each phase with tokens has a logprob difference and no logit row
+    # (a null one no column would explain)
+    assert "max_abs_logit_diff" not in set(speed.metric)
+    checked = speed[speed.metric == "token_agreement"].phase
+    logprob = speed[speed.metric == "max_abs_logprob_diff"]
+    assert set(logprob.phase) == set(checked) and logprob.value.notna().all()
     client = speed[speed.source == "client"].set_index(["phase", "metric"])["value"]
     assert eng[("prefill_fresh", "reused_tokens")] == 0                         # a fresh prefill is fresh
     for phase in ("prefill_continuation", "prefill_restored"):                  # the server reused the whole history
