@@ -48,7 +48,7 @@ import pandas as pd
 from engine.config import PRESETS, ModelConfig
 from engine.dtypes import DTYPE_NAMES, dtype_bytes
 from engine.trace import load_trace
-from harness.config import ModelConf, _expert_quant, _model_config
+from harness.config import ModelConf, expert_quant_of, model_config_of
 from harness.contract import SPEED_PROFILER, profiled_rows
 from harness.costmodel.timemodel import predict
 from harness.costmodel.profiles import HardwareProfile
@@ -96,9 +96,9 @@ def job_inputs(root: str | Path) -> dict[tuple[str, str], JobInputs]:
         if not model or m.get("sweep_id") is None or m.get("job_id") is None:
             continue
         try:
-            cfg = _model_config(ModelConf(**{k: v for k, v in model.items() if k in fields}))
+            cfg = model_config_of(ModelConf(**{k: v for k, v in model.items() if k in fields}))
             experts = (m.get("config") or {}).get("experts")
-            quant = _expert_quant(experts, cfg) if experts else None      # the stored bytes the job moved
+            quant = expert_quant_of(experts, cfg) if experts else None      # the stored bytes the job moved
             if quant is not None:
                 cfg = cfg.replace(expert_quant=quant)
         except ValueError as exc:              # a checkpoint (or popularity file) that moved since the run

@@ -1,0 +1,178 @@
+"""Checking a composed config: `validate(cfg)` turns a DictConfig into a plain `RunSpec` -- or
+raises `ConfigError` naming the key, the allowed values and the value given -- *before* any model
+weights are read.
+
+Owns: rejecting keys no schema declares (`check_keys`, `+key=value` included), the fixed groups'
+values and ranges, the order of the checks, and asking each plugin (engine adapter, placement,
+policy, prefetcher) to check its own part. Does not own: the schemas (harness.config.schema), the
+model and cache resolution (harness.config.model), plugin options (harness.config.plugin_options),
+running anything (harness.runner).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from engine.config import ModelConfig
+from engine.devices import parse_bytes
+from engine.kvquant import DEFAULT_KV_DTYPE, KV_DTYPES, KVFormatError
+from engine.placements import needs_cache
+from engine.registry import POLICIES, PREFETCHERS
+from harness.config.model import capacity_bytes_of, capacity_of, expert_quant_of, model_config_of
+from harness.config.plugin_options import placement_options_of, plugin_options, policy_options_of
+from harness.config.schema import (DEFAULT_CAPACITY, DEVICES, DTYPES, GROUP_SCHEMAS, KV_ENGINES, PROFILERS,
+                                   TOKEN_SOURCES, WORKLOADS, ConfigError, HardwareConf, ModelConf,
+                                   RunConf, RunSpec, WorkloadConf, allowed_error, run_dtype)
+from harness.contract import EXPERT_CACHE_STATES, RESUME_MODES, session_tokens
+from harness.passes import check_passes
+
+def check_keys(cfg: DictConfig) -> None:
+    """Reject keys that no schema declares -- including ones added with `+key=value`,
+    which Hydra accepts despite a schema -- at every level of a structured node."""
+    for group, node in cfg.items():
+        if group == "hydra":
+            continue
+        if group not in GROUP_SCHEMAS:
+            raise ConfigError(f"unknown config key {group!r}; allowed top-level keys: {sorted(GROUP_SCHEMAS)}")
+        if not isinstance(node, DictConfig):
+            raise ConfigError(f"{group} must be a config group, got {node!r}")
+        _check_node(group, node, GROUP_SCHEMAS[group])
+
+
+def _check_node(path: str, node: DictConfig, fallback: type) -> None:
+    schema = OmegaConf.get_type(node)
+    schema = schema if dataclasses.is_dataclass(schema) else fallback
+    allowed = [f.name for f in dataclasses.fields(schema)]
+    for key in node:
+        if key not in allowed:
+            raise ConfigError(f"unknown config key '{path}.{key}'; allowed keys in {path!r}"
+                              f"{' for ' + repr(node.get('name')) if 'name' in node else ''}: {allowed}")
+        child = node[key]
+        if isinstance(child, DictConfig) and dataclasses.is_dataclass(OmegaConf.get_type(child)):
+            _check_node(f"{path}.{key}", child, OmegaConf.get_type(child))
+
+
+def _kv_dtype(kv: dict[str, Any], mcfg: ModelConfig, engine: str, engine_options: Any) -> str:
+    """kv.dtype, checked against the model's state kinds and head_dim (before any weight is read)."""
+    name = kv.get("dtype", DEFAULT_KV_DTYPE)
+    if name not in KV_DTYPES:
+        raise allowed_error("kv.dtype", list(KV_DTYPES), name)
+    if name != DEFAULT_KV_DTYPE and engine not in KV_ENGINES:
+        raise ConfigError(f"kv.dtype={name}: engine={engine} has no KV storage treatments; allowed with "
+                          f"engine={engine}: kv.dtype={DEFAULT_KV_DTYPE} (kv.dtype applies to engine="
+                          f"{' | '.join(KV_ENGINES)})")
+    if engine == "llamacpp":
+        from harness.llamacpp.flags import FlagError
+        try:
+            engine_options.flags(None, None, None, name)          # -ctk/-ctv, checked with engine.* knobs
+        except FlagError as exc:
+            raise ConfigError(str(exc)) from None
+        return name
+    try:
+        mcfg.architecture().state_terms(4, name)
+    except KVFormatError as exc:
+        raise ConfigError(f"kv.dtype: {exc}") from None
+    return name
+
+
+def validate(cfg: DictConfig) -> RunSpec:
+    check_keys(cfg)
+    c = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "hydra"}
+    model = ModelConf(**c["model"])
+    workload, hardware, run = WorkloadConf(**c["workload"]), HardwareConf(**c["hardware"]), RunConf(**c["run"])
+    if model.dtype not in DTYPES:
+        raise allowed_error("model.dtype", list(DTYPES), model.dtype)
+    mcfg = model_config_of(model)
+    placement = dict(c["placement"])
+    pname = placement.pop("name")
+    from harness.engines import ENGINES
+    engine_opts = dict(c["engine"])
+    engine = engine_opts.pop("name")
+    engine_options = plugin_options(ENGINES, "engine", engine, engine_opts)
+    loader = ENGINES.get(engine).checkpoint_loader
+    if model.path and loader:                 # before any loader sees the dir (harness.remote_code)
+        from harness.remote_code import RemoteCodeRefused, refuse_checkpoint_code
+        try:
+            refuse_checkpoint_code(model.path, model.trust_remote_code, loader)
+        except RemoteCodeRefused as exc:
+            raise ConfigError(f"model.path: {exc}") from None
+    prefetch = c["prefetch"]["name"]
+    prefetch_options = dataclasses.asdict(plugin_options(PREFETCHERS, "prefetch", prefetch,
+                                                  dict(c["prefetch"].get("options") or {})))
+    for key, value, allowed in (("workload.name", workload.name, WORKLOADS),
+                                ("workload.tokens", workload.tokens, TOKEN_SOURCES),
+                                ("hardware.device", hardware.device, DEVICES),
+                                ("run.profiler", run.profiler, PROFILERS),
+                                ("run.resume", run.resume, RESUME_MODES),
+                                ("run.expert_cache", run.expert_cache, EXPERT_CACHE_STATES),
+                                ("cache.policy", c["cache"]["policy"], POLICIES.names())):
+        if value not in allowed:
+            raise allowed_error(key, list(allowed), value)
+    for key in ("context_tokens", "gen_tokens", "batch", "ubatch"):
+        if getattr(workload, key) < 1:
+            raise ConfigError(f"workload.{key}: must be >= 1, got {getattr(workload, key)}")
+    if workload.turn_tokens < 1:
+        raise ConfigError(f"workload.turn_tokens: must be >= 1, got {workload.turn_tokens}")
+    if run.threads is not None and run.threads < 1:
+        raise ConfigError(f"run.threads: must be >= 1 or null, got {run.threads}")
+    if run.repeats < 1 or run.warmup < 0:
+        raise ConfigError(f"run.repeats must be >= 1 and run.warmup >= 0, got {run.repeats}, {run.warmup}")
+    try:
+        run.passes = list(check_passes(run.passes, run))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if hardware.device_memory is not None:
+        try:
+            budget = parse_bytes(hardware.device_memory)
+        except ValueError as exc:
+            raise ConfigError(f"hardware.device_memory: {exc}") from None
+        if budget is None or budget <= 0:
+            raise ConfigError(f"hardware.device_memory: must be a positive size (e.g. 64MiB, 8GiB) or null, "
+                              f"got {hardware.device_memory!r}")
+    if run.profiler == "nsys":
+        from harness.profiling.nsys import NsysNotFound, find_nsys
+        try:
+            find_nsys()
+        except NsysNotFound as exc:
+            raise ConfigError(f"run.profiler=nsys: {exc}") from None
+    # the whole session -- context, replies and two more turns -- must fit the model
+    needed = session_tokens(workload.context_tokens, workload.gen_tokens, workload.turn_tokens)
+    if needed > mcfg.max_position_embeddings:
+        raise ConfigError(
+            f"workload.context_tokens: {workload.context_tokens} (+ {workload.gen_tokens} generated + 2 turns of "
+            f"{workload.turn_tokens}) = {needed} tokens is longer than the model allows "
+            f"(max_position_embeddings {mcfg.max_position_embeddings} for {mcfg.name or model.name!r})")
+    placement = placement_options_of(pname, placement, mcfg)
+    if placement.get("cuda_graph") and run.record_trace:
+        raise ConfigError("run.record_trace=true: placement.cuda_graph=true keeps routing on the device, so a "
+                          "routing trace cannot be recorded; allowed with it: run.record_trace=false")
+    uses_cache = needs_cache(pname, placement)
+    capacity_bytes = capacity_bytes_of(c["cache"])
+    capacity: int | str | None = None if capacity_bytes is not None else \
+        capacity_of(c["cache"]["capacity"] if c["cache"]["capacity"] is not None else DEFAULT_CAPACITY, mcfg, uses_cache)
+    if not uses_cache:
+        capacity = capacity_bytes = None
+    expert_quant = expert_quant_of(c["experts"], mcfg)
+    if expert_quant is not None and not ENGINES.get(engine).uses_placement:
+        raise ConfigError(f"experts.quant={c['experts']['quant']}: quantised experts are moebench's treatment; "
+                          f"engine={engine} runs its own weights (its engine.* knobs); allowed with engine={engine}: "
+                          "experts.quant=none")
+    if expert_quant is not None:              # the planner, cost model and roofline see the stored bytes
+        mcfg = mcfg.replace(expert_quant=expert_quant)
+    if prefetch != "none" and not uses_cache:
+        raise ConfigError(f"prefetch={prefetch}: needs a placement with a device expert cache "
+                          f"(fetch, or stream with stream_fallback=fetch); got placement={pname}")
+    policy_options = policy_options_of(c["cache"], mcfg, run) if uses_cache else {}
+    kv_dtype = _kv_dtype(c.get("kv") or {}, mcfg, engine, engine_options)
+    if engine == "llamacpp":
+        try:
+            engine_options.weights_for(run_dtype(model, mcfg))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    return RunSpec(kv_dtype=kv_dtype, model=model, placement=pname, placement_options=placement, capacity=capacity,
+                   policy=c["cache"]["policy"] if uses_cache else None, prefetch=prefetch,
+                   workload=workload, hardware=hardware, run=run, engine=engine, model_config=mcfg,
+                   policy_options=policy_options, prefetch_options=prefetch_options, engine_options=engine_options,
+                   expert_quant=expert_quant, capacity_bytes=capacity_bytes)
