@@ -103,6 +103,7 @@ POLICIES = Registry(
         "fifo": "engine.policies.fifo:FIFO",
         "static": "engine.policies.static:Static",
         "belady": "engine.policies.belady:Belady",
+        "lfru": "engine.policies.lfru:LFRU",
     },
 )
 

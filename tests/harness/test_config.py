@@ -107,7 +107,7 @@ def test_unknown_option_lists_available():
         cfg_with("placement=fetcher")
 
 
-@pytest.mark.parametrize("value,msg", [("lfuu", r"cache.policy: allowed \['belady', 'fifo', 'lfu', 'lru', 'static'\], got 'lfuu'")])
+@pytest.mark.parametrize("value,msg", [("lfuu", r"cache.policy: allowed \['belady', 'fifo', 'lfru', 'lfu', 'lru', 'static'\], got 'lfuu'")])
 def test_unknown_policy(value, msg):
     with pytest.raises(ConfigError, match=msg):
         validate(cfg_with(f"cache.policy={value}"))

@@ -17,7 +17,7 @@ from harness.sim.replay import replay
 MODEL = "tiny-mixtral"                   # 4 layers, 8 experts, top-2, vocab 512
 UBATCH, BATCH, PROMPT, NEW = 8, 2, 20, 6
 CAPACITIES = (2, 3, 5, 8)
-POLICIES = ("lru", "lfu", "fifo", "static", "belady")
+POLICIES = ("lru", "lfu", "fifo", "static", "belady", "lfru")
 PROMPTS = np.random.default_rng(7).integers(0, 512, size=(BATCH, PROMPT)).tolist()
 
 
