@@ -21,8 +21,9 @@ checkpoint whose JSON has an `auto_map` (or that ships `.py` files) is refused u
 sees a staged copy of the dir with no `.py` file and no `auto_map` unless it is
 (harness.remote_code). A trusted conversion is cached apart from an untrusted one.
 
-A failed conversion raises ConversionError: one line with the converter's own error and the file
-holding its whole output; the hint about supplied tokenizers comes only when the traceback shows
+A failed conversion raises ConversionError: one line with the converter's own error, the source
+line that raised it (file, line, function and the code, quoted from its traceback: a bare
+`AssertionError` says nothing alone) and the file holding its whole output; the hint about supplied tokenizers comes only when the traceback shows
 the tokenizer failed.
 
 Tokenizer-less checkpoints: supported for the llama-family converter (Mixtral, and so every
@@ -280,18 +281,45 @@ _VOCAB_FRAME = re.compile(r'^\s*File ".*", line \d+, in (set_vocab|_set_vocab\w*
                           r'_create_vocab_sentencepiece)\s*$', re.M)
 
 
-def _error_line(output: str, limit: int = 400) -> str:
-    """The line of a tool's output that says why it failed: the last Python exception line, else the
-    last logged ERROR, else the last line."""
+_FRAME = re.compile(r'^File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)$')
+
+
+def _error_line(output: str, limit: int = 400, quote: bool = True) -> str:
+    """The line of a tool's output that says why it failed: the last Python exception line with the
+    source line that raised it quoted from the traceback (a bare `AssertionError` says nothing
+    alone; `quote=False`: the exception line only), else the last logged ERROR, else the last line."""
     lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
-    line = next((ln for ln in reversed(lines) if _EXCEPTION.match(ln)), None)
-    if line is None:
+    at = next((i for i in range(len(lines) - 1, -1, -1) if _EXCEPTION.match(lines[i])), None)
+    if at is not None:
+        line, where = lines[at], (_raised_at(lines[max(0, at - 4):at]) if quote else "")
+    else:
         line = next((m.group(1).strip() for ln in reversed(lines) if (m := _LOGGED_ERROR.match(ln))), None)
-    line = line or (lines[-1] if lines else "it printed nothing")
-    return line if len(line) <= limit else line[:limit] + "..."
+        line, where = line or (lines[-1] if lines else "it printed nothing"), ""
+    return _cut(line, limit) + where
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _raised_at(before: list[str]) -> str:
+    """` at DIR/FILE:LINE in FUNC: `SOURCE`` for the traceback's last frame in `before` (the few
+    lines right above an exception line), "" when there is none. Only the frame's file and its
+    parent dir are shown: the rest is the converter's tree, the same for every frame."""
+    for i in range(len(before) - 1, -1, -1):
+        m = _FRAME.match(before[i])
+        if m is None:
+            continue
+        where = "/".join(Path(m["file"]).parts[-2:])
+        # the frame's source line, unless Python printed none (then the next line is another frame
+        # or the exception); `^^^` / `~~~` lines only mark columns in it
+        source = next((ln for ln in before[i + 1:] if not set(ln) <= set("^~ ")), "")
+        quoted = f": `{_cut(source, 200)}`" if source and not _FRAME.match(source) else ""
+        return f" at {where}:{m['line']} in {m['func']}{quoted}"
+    return ""
 
 
 def _tokenizer_failed(output: str) -> bool:
     """Whether the converter's output shows the tokenizer as the cause: its traceback passes
     through a vocabulary-reading frame, or its error line names the tokenizer."""
-    return bool(_VOCAB_FRAME.search(output)) or "tokenizer" in _error_line(output).lower()
+    return bool(_VOCAB_FRAME.search(output)) or "tokenizer" in _error_line(output, quote=False).lower()
