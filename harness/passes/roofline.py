@@ -1,18 +1,24 @@
 """The `roofline` pass: beside every speed, the physical limit of its phase on this machine.
 
 Owns: per measured phase, the median of speed's measured repeats (tok/s and the expert-cache
-counts) handed to harness.roofline, and the rows (`roofline_tok_per_s`, `frac_of_roofline`,
-source=model, labelled with the profile and what the bound assumes; null with the reason when
-there are no measured rates). A bound is a diagnostic: its own errors become that reason, never
-a failed job. Does not own: the bound (harness.roofline, harness.costmodel).
+counts) handed to harness.roofline with this machine's read bandwidth at the job's threads, and
+the rows (`roofline_tok_per_s`, `frac_of_roofline`, source=model, labelled with the profile, what
+the bound assumes and where its read bandwidth came from: `roofline_read_gbps`,
+`roofline_read_gbps_all_cores`, `roofline_read_method`; null with the reason when there are no
+measured rates). A measurement more than harness.roofline.ROOFLINE_SLACK above its bound is
+flagged `roofline_wrong` with the reason and a warning, its fraction null: a number above 1 would
+read as a result. A bound is a diagnostic: its own errors become that reason, never a failed job.
+Does not own: the bound (harness.roofline, harness.costmodel), the read (harness.read_bandwidth).
 """
 from __future__ import annotations
 
 import statistics
 
+import torch
+
 from harness.contract import MEASURED_PHASES
 from harness.passes.base import Pass, RunContext
-from harness.roofline import Roofline, frac, roofline
+from harness.roofline import Roofline, frac, roofline, wrong
 
 COUNTS = ("expert_hits", "expert_misses")
 
@@ -40,13 +46,17 @@ class RooflinePass(Pass):
                     d.setdefault("tok_per_s", []).append(ph.client["tok_per_s"])
         med = {ph: {m: statistics.median(v) for m, v in d.items() if v} for ph, d in by_phase.items()}
         counts = {ph: {m: d[m] for m in COUNTS if m in d} for ph, d in med.items()}
-        try:
-            bound = roofline(ctx.spec, {ph: c for ph, c in counts.items() if c}, ctx.adapter.resolved_capacity)
+        try:                                          # the job's threads: the runner set them
+            bound = roofline(ctx.spec, {ph: c for ph, c in counts.items() if c}, ctx.adapter.resolved_capacity,
+                             torch.get_num_threads())
         except Exception as exc:  # noqa: BLE001 -- a bound is a diagnostic; it never fails the job
             bound = Roofline(None, reason=f"{type(exc).__name__}: {exc}")
         for phase in MEASURED_PHASES:
             if phase not in med:
                 continue
-            b = bound.phases.get(phase)
-            ctx.emit(None, phase, {"roofline_tok_per_s": b, "frac_of_roofline": frac(med[phase].get("tok_per_s"), b)},
-                     "model", roofline_profile=bound.profile, roofline_basis=bound.basis, roofline_reason=bound.reason)
+            b, measured = bound.phases.get(phase), med[phase].get("tok_per_s")
+            why = wrong(measured, b)
+            if why:
+                ctx.reporter.warn(f"{phase}: {why} ({bound.read_method})")
+            ctx.emit(None, phase, {"roofline_tok_per_s": b, "frac_of_roofline": None if why else frac(measured, b)},
+                     "model", roofline_reason=why or bound.reason, roofline_wrong=bool(why), **bound.columns())

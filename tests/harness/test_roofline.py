@@ -74,3 +74,92 @@ def test_the_basis_says_what_the_bound_takes_from_a_model_rather_than_the_run(tm
     mixed = roofline(validate(cfg_with(*SMALL, *RATES, "hardware.device_mem_gbps=10", "experts.quant=mixed",
                                        f"experts.popularity={table}", "experts.mixed_count=2")), {}, None)
     assert "mixed expert formats at their mean bytes" in mixed.basis
+
+
+# --- the machine's read bandwidth behind the bound ----------------------------------------------
+MACHINE = dict(name="here", source="measured", link="emulated (memcpy)", h2d_gbps=5.0, d2h_gbps=5.0,
+               device_tflops=0.1, device_mem_gbps=1.0, cpu_gflops=100.0, cpu_mem_gbps=1.0, dtype="float32",
+               dtype_rates={"float32": {"cpu_gemv_gbps": 1.0, "device_gemv_gbps": 1.0}})
+
+
+@pytest.fixture
+def calibrated(tmp_path, monkeypatch):
+    """This machine "calibrated" (a profile file where `moebench calibrate` writes one), with read
+    figures far below any real machine's, so only a read measured now can lift the bound."""
+    from harness import roofline as rl
+    from harness.costmodel.profiles import HardwareProfile, save_profile
+
+    path = save_profile(HardwareProfile(**MACHINE), tmp_path / "here.yaml")
+    monkeypatch.setattr(rl, "MEASURED_PROFILE", str(path))
+    return path
+
+
+def test_the_read_bandwidth_is_a_stream_read_at_the_threads_and_at_all_cores():
+    """Independent of any engine's kernel: torch.sum over a buffer of at least 4x the last-level
+    cache, at the asked threads and at every core, with the method written out."""
+    from harness.costmodel.calibrate import last_level_cache_bytes
+    from harness.machine import available_cores
+    from harness.read_bandwidth import read_bandwidth
+
+    rb = read_bandwidth(threads=1, passes=2)
+    assert rb.threads == 1 and rb.all_cores == available_cores()
+    assert rb.gbps > 0 and rb.all_cores_gbps > 0
+    assert rb.buffer_mib << 20 >= 4 * (last_level_cache_bytes() or 0) and rb.buffer_mib >= 256
+    assert "torch.sum" in rb.method and f"{rb.buffer_mib} MiB" in rb.method and "1 thread(s)" in rb.method
+    assert f"all {rb.all_cores} cores" in rb.method
+
+
+def test_the_bound_reads_at_the_machines_read_bandwidth(calibrated, monkeypatch):
+    """On this machine's calibration the bound's read figures are the read measured at the job's
+    threads, not the profile's (a kernel's GEMV rate); recorded with its method."""
+    from harness import roofline as rl
+    from harness.read_bandwidth import ReadBandwidth
+
+    spec = validate(cfg_with(*SMALL))
+    profile_only = roofline(spec, {}, None)
+    assert profile_only.read is None and profile_only.read_method == "profile 'here''s figures"
+
+    def read_at(gbps):
+        monkeypatch.setattr(rl, "machine_read", lambda threads: ReadBandwidth(gbps, threads, 2 * gbps, 2, 256))
+        return roofline(spec, {}, None, threads=1)
+    slow, fast = read_at(10.0), read_at(20.0)
+    assert fast.phases["decode"] > 1.5 * slow.phases["decode"] > 1.5 * profile_only.phases["decode"]
+    cols = fast.columns()
+    assert cols["roofline_read_gbps"] == 20.0 and cols["roofline_read_gbps_all_cores"] == 40.0
+    assert cols["roofline_read_method"].startswith("STREAM-class read: torch.sum over 256 MiB")
+
+
+def test_given_hardware_figures_are_the_bounds_as_given(monkeypatch):
+    from harness import roofline as rl
+
+    monkeypatch.setattr(rl, "machine_read", lambda threads: pytest.fail("measured a read for given figures"))
+    bound = roofline(validate(cfg_with(*SMALL, *RATES, "hardware.device_mem_gbps=10")), {}, None, threads=1)
+    assert bound.read is None and bound.read_method == rl.GIVEN and bound.phases["decode"] > 0
+
+
+def test_a_rate_above_the_bound_says_the_roofline_is_wrong():
+    from harness.roofline import ROOFLINE_SLACK, wrong
+
+    assert wrong(100.0, 100.0) is None and wrong(100.0 * ROOFLINE_SLACK, 100.0) is None
+    assert wrong(None, 100.0) is None and wrong(100.0, None) is None
+    why = wrong(127.0, 100.0)
+    assert why.startswith("roofline wrong: measured 127 tok/s is 1.27x the bound 100 tok/s")
+
+
+@pytest.mark.slow
+def test_rows_flag_a_wrong_roofline_and_record_the_machine_read(tmp_path, calibrated):
+    """A real run on a "calibrated" machine: its rows carry the read measured now at the job's
+    threads and its method; a bound the run beats by more than the slack (here: the device's GEMM
+    rate set absurdly low, so the prefill bound is) is flagged, its fraction null, never a number."""
+    from harness.costmodel.profiles import HardwareProfile, save_profile
+
+    save_profile(HardwareProfile(**{**MACHINE, "device_tflops": 1e-9, "cpu_gflops": 1e-6}), calibrated)
+    df = rows(tmp_path, *SMALL, "run.threads=1")
+    model = df[df.source == "model"]
+    assert len(model) and (model.roofline_read_gbps > 0).all() and (model.roofline_read_gbps_all_cores > 0).all()
+    assert model.roofline_read_method.str.contains("torch.sum").all()
+    assert model.roofline_read_method.str.contains("at 1 thread").all()
+    frac_rows = model[model.metric == "frac_of_roofline"]
+    flagged = frac_rows[frac_rows.roofline_wrong.astype(bool)]
+    assert len(flagged) and flagged.value.isna().all()
+    assert flagged.roofline_reason.str.startswith("roofline wrong: measured").all()
