@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import Any
 
 
+from engine.blocks.attention import PLAN_CPU_THREADS
 from engine.config import ModelConfig
 from engine.devices import fmt_bytes
 from engine.kv import StateTerm
@@ -179,7 +180,7 @@ def plan_memory(cfg: ModelConfig, placement: str, capacity: int | str | None, bu
                 context: int, batch: int, ubatch: int, dtype_bytes: int,
                 placement_options: dict[str, Any] | None = None, reserve: int | None = None,
                 device_kind: str = "cuda", capacity_bytes: int | None = None,
-                kv_dtype: str | None = None, all_logits: bool = False) -> MemoryPlan:
+                kv_dtype: str | None = None, all_logits: bool = False, cpu_threads: int | None = None) -> MemoryPlan:
     """The plan for `device_kind` ('cuda': a real card, the default; 'cpu': the emulated device),
     each layer's KV stored in `kv_dtype` (engine.kvquant; None: the model's dtype) at its real
     stored bytes, payload + scales.
@@ -189,7 +190,9 @@ def plan_memory(cfg: ModelConfig, placement: str, capacity: int | str | None, bu
     slot holds the largest expert. `capacity_bytes`: the cache given in bytes over all MoE layers
     instead of slots (`capacity` must then be None): floor(capacity_bytes / (MoE layers x slot bytes))
     slots per layer, at most n_experts. all_logits: room for a prefill that keeps every position's
-    logits, one micro-batch at a time ([batch x ubatch, vocab]: a quality pass, harness.quality)."""
+    logits, one micro-batch at a time ([batch x ubatch, vocab]: a quality pass, harness.quality).
+    cpu_threads: the intra-op threads the emulated device's attention will run with (a flash
+    buffer per thread); None: torch's current setting (which loads torch)."""
     options = placement_options or {}
     cls = PLACEMENTS.get(placement)
     arch = cfg.architecture()
@@ -201,7 +204,11 @@ def plan_memory(cfg: ModelConfig, placement: str, capacity: int | str | None, bu
     kv = sum(b for _, b in states)
     chunk = min(ubatch, context)
     act = arch.activation_bytes(chunk * batch, batch, dtype_bytes, all_logits)
-    attn = arch.workspace_bytes(batch, chunk, context, dtype_bytes, device_kind, kv_dtype)
+    threads = PLAN_CPU_THREADS.set(cpu_threads)
+    try:
+        attn = arch.workspace_bytes(batch, chunk, context, dtype_bytes, device_kind, kv_dtype)
+    finally:
+        PLAN_CPU_THREADS.reset(threads)
     slack = allocator_slack(arch.n_device_tensors(kv_dtype), device_kind)
     if reserve is None:
         reserve = int(DEFAULT_RESERVE_FRACTION * budget) if budget is not None else 0

@@ -3,7 +3,8 @@
     moebench                                   # tiny model, coding-agent workload, one job
     moebench -m placement=resident,fetch cache.capacity=2,4 workload.context_tokens=1024,4096
     moebench rerun results/sweeps/<id>/<job>   # the same job again, from its manifest
-    moebench plan [-m] [overrides]             # the memory plan (no weights read); fit: the largest setting that fits
+    moebench plan [-m] [overrides]             # the memory plan (no weights read)
+    moebench fit --search context [overrides]  # the largest setting that fits (context, capacity, n_cpu_layers)
     moebench table results/sweeps/<id> --format md|csv|json|latex
     moebench setup llamacpp                    # engine=llamacpp: build the pinned llama.cpp once (cached)
     moebench import llama-bench FILE.jsonl     # llama-bench's own results as tidy rows
@@ -34,6 +35,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -41,12 +43,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness.config import register_configs
 from harness.contract import COSMETIC_KEYS
-from harness.report import Reporter, SweepProgress
-from harness.runner import JobContext, JobOutcome, run
-from harness.session import RunSession
 from harness.sweep import (Interrupted, SweepError, SweepLock, check_dir_name, check_own_dir, check_subpath,
                            claim_sweep, deliver_pending, handle_signals, interruptible, job_dirname, signals_deferred,
                            sweep_overrides, sweep_size)
+
+if TYPE_CHECKING:       # the run's modules (torch, pandas) load when a run starts, not for --help or plan
+    from harness.runner import JobContext, JobOutcome
+    from harness.session import RunSession
 
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 register_configs()
@@ -55,6 +58,7 @@ if not OmegaConf.has_resolver("moebench_job_dir"):
 
 
 def _job_context(session: RunSession) -> JobContext:
+    from harness.runner import JobContext
     hc = HydraConfig.get()
     multirun = hc.mode.name == "MULTIRUN"
     job_dir = Path(hc.runtime.output_dir)
@@ -78,6 +82,8 @@ def build_app(session: RunSession) -> Callable[[], None]:
 
 
 def _job(cfg: DictConfig, session: RunSession) -> None:
+    from harness.report import Reporter
+    from harness.runner import run
     ctx = _job_context(session)
     quiet = bool(cfg.run.quiet)
     session.quiet = session.quiet or quiet
@@ -100,6 +106,7 @@ def _job(cfg: DictConfig, session: RunSession) -> None:
 
 def _finish_single(ctx: JobContext, quiet: bool, outcome: JobOutcome, session: RunSession) -> None:
     from harness import results
+    from harness.report import Reporter
     if outcome.unwritten:
         print(f"moebench: {outcome.error}", file=sys.stderr)
         return
@@ -204,6 +211,7 @@ def _launch(argv: list[str], sweep_dir: Path | None, session: RunSession) -> int
     jobs completed so far."""
     sys.argv = [sys.argv[0], *hydra_args(argv)]
     if sweep_dir is not None:
+        from harness.report import SweepProgress
         session.progress = SweepProgress(_sweep_jobs(argv), quiet=_quiet(argv))
     try:
         with hydra_raises():
@@ -348,6 +356,46 @@ COMMANDS = {
 }
 
 
+def _help(argv: list[str]) -> int:
+    """`moebench --help [overrides]`: harness.cli_help's text, the config composed from the
+    overrides (a sweep's first values); a bad override in one line, exit 2."""
+    from harness.cli_help import config_help, first_values, usage
+    from harness.config import BAD_CONFIG, config_error_line
+    from harness.plan import composer
+    print(usage(__doc__ or ""))
+    try:
+        with composer(hydra=True) as compose:
+            cfg = compose(first_values(split_args(argv)[1]))
+    except BAD_CONFIG as exc:
+        print(f"moebench: {config_error_line(exc)}", file=sys.stderr)
+        return 2
+    print(config_help(cfg, CONF_DIR))
+    return 0
+
+
+def _command_group(argv: list[str]) -> int | None:
+    """`moebench setup`, `moebench import --help`: the first word of a two-word command without
+    its second, answered with the commands it begins (exit 0 for --help, 2 otherwise); a bare
+    word that is neither a command nor an override (every override holds `=`, or starts with
+    `~`) refused in one line, before Hydra reads it as one. None: not a command word."""
+    word = argv[0] if argv else ""
+    if not word or word.startswith(("-", "~", "+")) or "=" in word:
+        return None
+    known = sorted(COMMANDS) + ["rerun"]
+    under = [c for c in known if c.split()[0] == word]
+    if under:
+        print(f"moebench {word}: one of: {', '.join(f'moebench {c}' for c in under)} (`moebench {under[0]} "
+              f"--help` for its options)", file=sys.stdout if _asks_help(argv) else sys.stderr)
+        return 0 if _asks_help(argv) else 2
+    print(f"moebench: unknown command {word!r}; allowed: {', '.join(known)}, or overrides (key=value, "
+          "group=option; `moebench --help` lists them)", file=sys.stderr)
+    return 2
+
+
+def _asks_help(argv: list[str]) -> bool:
+    return "--help" in argv or "-h" in argv
+
+
 def main() -> None:
     argv = sys.argv[1:]
     for words in (2, 1):                         # `moebench setup llamacpp` before `moebench plan`
@@ -356,6 +404,8 @@ def main() -> None:
             import importlib
             module, _, fn = COMMANDS[name].partition(":")
             sys.exit(getattr(importlib.import_module(module), fn)(argv[words:]))
+    if argv[:1] != ["rerun"] and (code := _command_group(argv)) is not None:
+        sys.exit(code)
     if argv[:1] == ["rerun"]:
         from harness.rerun import plan_rerun
         try:
@@ -368,10 +418,10 @@ def main() -> None:
         if rerun.needs_new_process():    # torch's thread runtimes read the environment once, at import
             rerun.exec()
         argv = rerun.argv
-    if "--help" in argv or "-h" in argv:         # Hydra's help follows
-        from harness.passes import describe
-        print(describe() + "\n")
+    if _asks_help(argv):                         # no run, no session (Hydra's own: --hydra-help)
+        sys.exit(_help(argv))
     handle_signals()
+    from harness.session import RunSession
     session = RunSession()
     try:
         code = _single_or_sweep(argv, session)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -72,9 +73,21 @@ def spec_of(overrides: Sequence[str]) -> RunSpec:
 
 
 def _device_kind(spec: RunSpec) -> str:
-    import torch
     d = spec.hardware.device
-    return "cuda" if d == "cuda" or (d == "auto" and torch.cuda.is_available()) else "cpu"
+    if d != "auto":
+        return d
+    if not gpu_driver_present():          # torch would find no device: a plan needs no torch to say so
+        return "cpu"
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+# device nodes a GPU driver makes (NVIDIA, AMD ROCm, WSL): without one, torch.cuda.is_available() is false
+_GPU_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg")
+
+
+def gpu_driver_present() -> bool:
+    return any(os.path.exists(p) for p in _GPU_NODES)
 
 
 def budget_of(spec: RunSpec) -> int | None:
@@ -99,11 +112,10 @@ def plan_of(spec: RunSpec, placement: str | None = None, options: dict[str, Any]
         cap = "auto"
     w, m = spec.workload, spec.model_config
     dt = m.torch_dtype if spec.model.dtype == "auto" else spec.model.dtype
-    with _planning_threads(job_threads(spec)):
-        return plan_memory(m, name, cap, budget_of(spec), session_tokens(w.context_tokens, w.gen_tokens, w.turn_tokens),
-                           w.batch, w.ubatch, dtype_bytes(dt), opts, device_kind=_device_kind(spec),
-                           capacity_bytes=cap_bytes, kv_dtype=spec.kv_dtype if spec.engine == "moebench" else None,
-                           all_logits=spec.all_logits)
+    return plan_memory(m, name, cap, budget_of(spec), session_tokens(w.context_tokens, w.gen_tokens, w.turn_tokens),
+                       w.batch, w.ubatch, dtype_bytes(dt), opts, device_kind=_device_kind(spec),
+                       capacity_bytes=cap_bytes, kv_dtype=spec.kv_dtype if spec.engine == "moebench" else None,
+                       all_logits=spec.all_logits, cpu_threads=job_threads(spec))
 
 
 def job_plan(spec: RunSpec) -> MemoryPlan | None:
@@ -118,21 +130,6 @@ def job_plan(spec: RunSpec) -> MemoryPlan | None:
     if spec.hardware.device_memory is None or not ENGINES.get(spec.engine).uses_placement:
         return None
     return plan_of(spec)
-
-
-@contextmanager
-def _planning_threads(n: int) -> Iterator[None]:
-    """torch's intra-op threads set to the job's while its plan is made: CPU attention keeps a
-    flash-attention buffer per thread, so a CPU plan (and `auto` capacity) depends on them."""
-    import torch
-    before = torch.get_num_threads()
-    if n != before:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        if n != before:
-            torch.set_num_threads(before)
 
 
 @dataclass
@@ -266,8 +263,15 @@ FITS = {"context": fit_context, "capacity": fit_capacity, "n_cpu_layers": fit_cp
 
 def plan_main(argv: Sequence[str]) -> int:
     """`moebench plan [-m] [overrides]`: exit 0 when (every job's) plan fits, 1 when not, 2 on bad input."""
-    multirun = any(a in ("-m", "--multirun") for a in argv)
-    overrides = [a for a in argv if a not in ("-m", "--multirun")]
+    p = argparse.ArgumentParser(prog="moebench plan", description="The memory plan of a config (or of each job "
+                                "of a sweep, -m), from the config alone: no weight is read, nothing runs. Exit 0: "
+                                "it fits, 1: it does not, 2: bad input.",
+                                epilog="e.g. moebench plan model=mixtral-8x7b model.dtype=bfloat16 "
+                                       "hardware.device_memory=24GiB placement=fetch cache.capacity=auto")
+    p.add_argument("-m", "--multirun", action="store_true", help="one line per job of the sweep the overrides make")
+    p.add_argument("overrides", nargs="*", help="the run's overrides (key=value, group=option), as `moebench` takes")
+    args = p.parse_intermixed_args(argv)
+    multirun, overrides = args.multirun, args.overrides
     try:
         if multirun:
             ok, text = sweep_report(expand(overrides))

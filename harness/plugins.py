@@ -21,6 +21,8 @@ import typing
 from dataclasses import dataclass, field, make_dataclass
 from typing import Any, Optional
 
+from hydra.core.config_store import ConfigNode
+
 from engine.registry import PLACEMENTS, POLICIES, PREFETCHERS, Registry
 
 
@@ -118,9 +120,32 @@ def plugin_groups() -> list[PluginGroup]:
             PluginGroup("engine", ENGINES, False)]
 
 
+class LazyNode(ConfigNode):
+    """One plugin's option in its Hydra group, its node built from the plugin's `Options` when
+    Hydra first reads it. Hydra reads the node only of the options a config chooses, so listing a
+    group (`moebench --help`, an unknown option's error) or composing the default config imports
+    no other plugin: an adapter that loads torch or llama.cpp's tooling costs its import only to
+    a run that chooses it. It stands where ConfigStore.store would put a ConfigNode; Hydra's
+    ConfigStore.load copies it (`copy.copy`) and reads `node`, so the built node is kept in a
+    dict every copy shares."""
+
+    def __init__(self, fam: PluginGroup, plugin: str) -> None:     # no `node` yet: __getattr__ builds it
+        self.name, self.group, self.package, self.provider = f"{plugin}.yaml", fam.group, None, None
+        self.fam, self.plugin, self.built = fam, plugin, {}
+
+    def __getattr__(self, attr: str) -> Any:       # only for what __init__ did not set: `node`
+        if attr != "node":
+            raise AttributeError(attr)
+        if "node" not in self.built:
+            from omegaconf import OmegaConf
+            make = nested_schema if self.fam.nested else flat_schema
+            self.built["node"] = OmegaConf.structured(make(self.fam.group, self.plugin,
+                                                           self.fam.registry.get(self.plugin).Options))
+        return self.built["node"]
+
+
 def register(store: Any) -> None:
-    """Store every registered plugin of every family as an option of its Hydra group."""
+    """Store every registered plugin of every family as an option of its Hydra group, its node
+    built when first read (LazyNode)."""
     for fam in plugin_groups():
-        make = nested_schema if fam.nested else flat_schema
-        for name in fam.registry.names():
-            store.store(group=fam.group, name=name, node=make(fam.group, name, fam.registry.get(name).Options))
+        store.repo[fam.group] = {f"{name}.yaml": LazyNode(fam, name) for name in fam.registry.names()}

@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import Any
 
 from harness.contract import COSMETIC_KEYS, RESUME_MODES
-from harness.results import read_done, recorded_done
 
 log = logging.getLogger(__name__)
 LOCK_FILE = ".lock"
@@ -102,6 +101,7 @@ def measurement_key(resolved: Mapping[str, Any], inapplicable: Iterable[str]) ->
 
 def twin_of(job_dir: Path, key: str) -> Path | None:
     """A sibling job dir of the same sweep that completed (ok) with measurement key `key`."""
+    from harness.results import read_done, recorded_done     # pandas: loaded by the runs that read results
     for other in sorted(p for p in job_dir.parent.iterdir() if p.is_dir() and p != job_dir):
         recorded = recorded_done(other) or {}    # the record first; only a candidate's files are verified
         if recorded.get("measurement_key") != key or recorded.get("status") != "ok":
@@ -141,6 +141,7 @@ def stale_jobs(sweep_dir: Path, resolve: Callable[[list[str]], Mapping[str, Any]
     fingerprinted against its DONE. A job whose overrides do not compose here (an interpolation
     only Hydra's app resolves, a preset since removed) or without a readable manifest is left
     alone, unchecked: its own run decides when the sweep reaches it."""
+    from harness.results import read_done
     out: list[tuple[Path, str]] = []
     for d in sorted(p for p in sweep_dir.iterdir() if p.is_dir()):
         done = read_done(d)

@@ -29,6 +29,7 @@ h=head dim, N=B*T rows.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -48,6 +49,9 @@ else:
     F = lazy_module("torch.nn.functional", globals())
 
 QK_NORMS = ("none", "head", "full")
+# the CPU threads a plan is made for (engine.planner.plan_memory's cpu_threads), so a plan made
+# before torch loads (moebench plan) needs none; unset: the threads torch runs with now
+PLAN_CPU_THREADS: ContextVar[int | None] = ContextVar("PLAN_CPU_THREADS", default=None)
 FLASH_CPU_Q_BLOCK, FLASH_CPU_KV_BLOCK = 256, 512                      # torch's CPU flash-attention blocking
 
 
@@ -148,7 +152,8 @@ def sdpa_workspace_bytes(batch: int, heads: int, head_dim: int, tokens: int, con
         raise ValueError(f"device_kind must be 'cuda' or 'cpu', got {device_kind!r}")
     qb, kb = min(T, FLASH_CPU_Q_BLOCK), min(S, FLASH_CPU_KV_BLOCK)
     per_thread = (qb * kb + 2 * qb + qb * hd) * f32 + (qb * kb * db if db < f32 else 0)
-    return torch.get_num_threads() * per_thread + B * H * T * f32 + mask  # + logsumexp [B, H, T]
+    threads = PLAN_CPU_THREADS.get() or torch.get_num_threads()
+    return threads * per_thread + B * H * T * f32 + mask  # + logsumexp [B, H, T]
 
 
 class GQAAttention(AttentionBlock):

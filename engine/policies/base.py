@@ -128,6 +128,53 @@ class OrderedPolicy(EvictionPolicy):
         return self._first_unprotected(self._order, protected)
 
 
+class FrequencyPolicy(EvictionPolicy):
+    """Shared mechanics of the frequency-based policies (LFU, LFRU): *perfect* reference counts --
+    every reference since the policy was created, kept when an expert is evicted, so an expert
+    popular earlier returns with its history -- and each resident's (count, last use), whose
+    minimum is the least frequently used expert, ties broken by least recent use. Subclasses
+    decide which residents are candidates."""
+
+    def __init__(self, capacity: int, n_experts: int, layer: int = 0) -> None:
+        super().__init__(capacity, n_experts, layer)
+        self._count: dict[int, int] = {}
+        # (count, last use) of each resident: min() over these tuples picks the least frequently
+        # used with the LRU tie-break in one C-level comparison per candidate
+        self._key: dict[int, tuple[int, int]] = {}
+
+    def count(self, expert: int) -> int:
+        """References to `expert` so far (persisting across evictions)."""
+        return self._count.get(expert, 0)
+
+    def on_hit(self, expert: int, t: int) -> None:
+        c = self._count.get(expert, 0) + 1   # a prefetched expert's first lookup is a hit
+        self._count[expert] = c
+        self._key[expert] = (c, t)
+
+    def on_insert(self, expert: int, t: int) -> None:
+        self.resident.add(expert)
+        c = self._count.get(expert, 0) + 1
+        self._count[expert] = c
+        self._key[expert] = (c, t)
+
+    def on_prefetch(self, expert: int, t: int) -> None:
+        """Resident ahead of its lookup: not a reference, so its count does not change."""
+        self.resident.add(expert)
+        self._key[expert] = (self._count.get(expert, 0), t)
+
+    def on_evict(self, expert: int) -> None:
+        self.resident.discard(expert)
+        self._key.pop(expert, None)
+
+    def least_frequent(self, candidates: Iterable[int], protected: Set[int]) -> int:
+        """The least frequently used (then least recent) of `candidates`, a non-empty set of residents."""
+        key = self._key
+        cands = [e for e in candidates if e not in protected] if protected else candidates
+        if not cands:
+            raise self._no_victim(protected)
+        return min(cands, key=key.__getitem__)
+
+
 def still_needed(later: Set[int], policy: EvictionPolicy) -> Set[int]:
     """The protection rule (module docstring): the residents of `policy` that are in `later`
     (looked up after this one in the same step), unless the policy could then evict none."""

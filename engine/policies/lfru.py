@@ -4,7 +4,8 @@ Owns: the split of the resident experts into a *privileged* partition -- the `pr
 most recently referenced residents -- and an *unprivileged* one (everyone else), and the
 victim choice: the least frequently used unprivileged resident, ties broken by least recent
 use. Does not own: the slots (`engine.cache`) or the reference counts, which are `lfu`'s
-perfect counts (every reference since the policy was created, kept across evictions).
+perfect counts (every reference since the policy was created, kept across evictions:
+`engine.policies.base.FrequencyPolicy`).
 
 This is the LFRU of Bilal & Kang (2017), as the cache-replacement literature describes it:
 a new expert enters the privileged partition (managed by recency); the privileged
@@ -33,7 +34,7 @@ from collections.abc import Set
 from dataclasses import dataclass
 from itertools import islice
 
-from engine.policies.lfu import LFU
+from engine.policies.base import FrequencyPolicy
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class LFRUOptions:
     privileged: int | None = None   # slots of the recency-managed partition (default capacity // 2)
 
 
-class LFRU(LFU):
+class LFRU(FrequencyPolicy):
     name = "lfru"
     Options = LFRUOptions
 
@@ -76,11 +77,8 @@ class LFRU(LFU):
         self._recency.pop(expert, None)
 
     def victim(self, t: int, protected: Set[int] = frozenset()) -> int:
-        key = self._key                                  # (count, last use) per resident
         privileged = self.privileged_set()
-        cands = [e for e in self._recency if e not in privileged and e not in protected]
-        if not cands:                                    # every unprivileged resident is still needed
-            cands = [e for e in privileged if e not in protected]
-        if not cands:
-            raise self._no_victim(protected)
-        return min(cands, key=key.__getitem__)
+        rest = [e for e in self._recency if e not in privileged and e not in protected]
+        if rest:
+            return self.least_frequent(rest, frozenset())
+        return self.least_frequent(privileged, protected)   # every unprivileged resident is still needed

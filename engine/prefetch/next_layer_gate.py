@@ -3,10 +3,13 @@ prefetch the experts it picks (speculative: the next layer's real input differs 
 attention block, so some predictions miss -- prefetch_wasted_bytes shows how many)."""
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from engine.dispatch import tokens_per_expert
 from engine.prefetch.base import Prefetcher
+
+if TYPE_CHECKING:                 # annotations only: the registry lists prefetchers without torch
+    import torch
 
 
 class NextLayerGate(Prefetcher):

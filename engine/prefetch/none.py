@@ -1,9 +1,12 @@
 """`none`: no prefetch (the baseline)."""
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from engine.prefetch.base import Prefetcher
+
+if TYPE_CHECKING:                 # annotations only: the registry lists prefetchers without torch
+    import torch
 
 
 class NoPrefetch(Prefetcher):

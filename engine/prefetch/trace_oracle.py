@@ -5,11 +5,13 @@ order ({layer: [[e, ...], ...]}), e.g. `eng.step_log` of an identical earlier ru
 with record_lookups=True. A run that diverges from it raises, naming the step."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 
 from engine.prefetch.base import PrefetchContext, Prefetcher
+
+if TYPE_CHECKING:                 # annotations only: the registry lists prefetchers without torch
+    import torch
 
 
 class TraceOracle(Prefetcher):

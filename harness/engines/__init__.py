@@ -21,14 +21,18 @@ import gc
 import logging
 import weakref
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
+from engine.lazy import lazy_module
 from engine.registry import Registry
 from harness.contract import session_tokens
 from harness.engines.base import EngineAdapter, Produced, argmax
 from harness.machine import job_threads
+
+if TYPE_CHECKING:
+    import torch
+else:                  # the registry and its adapters' options load without torch (moebench --help, plan)
+    torch = lazy_module("torch", globals())
 
 log = logging.getLogger(__name__)
 ENGINES = Registry("engine", "moebench.engines", {

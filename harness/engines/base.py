@@ -19,12 +19,16 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar
-
-import torch
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from engine.hooks import NULL, Instrument
 from engine.registry import NoOptions
+from engine.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:                  # an adapter's class and options load without torch (moebench --help, plan)
+    torch = lazy_module("torch", globals())
 
 
 @dataclass

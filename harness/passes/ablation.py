@@ -12,14 +12,16 @@ the paired statistics checked against the timeline pass, and each side's raw sam
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from engine.planner import PlanError, plan_memory
-from harness.config import RunSpec
-from harness.ablation import Ablation, ablation_metrics, pair_order
 from harness.engines import EngineAdapter, session_tokens_of
-from harness.engines.moebench import MoebenchAdapter
 from harness.passes.base import Pass, RunContext
 from harness.passes.timeline import timeline_repeat
-from harness.scenario import run_repeat
+
+if TYPE_CHECKING:
+    from harness.ablation import Ablation
+    from harness.config import RunSpec
 
 
 class AblationPass(Pass):
@@ -39,6 +41,8 @@ class AblationPass(Pass):
         return None
 
     def run(self, ctx: RunContext) -> None:
+        # measuring code (torch, pandas) loads when a job runs the pass: its declaration loads for --help and checks
+        from harness.ablation import ablation_metrics, pair_order
         ab = plan_ablation(ctx.spec, ctx.adapter)
         if ab.mode != "skipped":
             ab = _pair(ctx, ab)
@@ -57,6 +61,7 @@ class AblationPass(Pass):
 
 def plan_ablation(spec: RunSpec, eng: EngineAdapter) -> Ablation:
     """Whether the resident side fits the device budget, alone and beside the measured engine."""
+    from harness.ablation import Ablation
     engine = eng.engine
     budget = engine.device.ledger.budget
     w, mcfg = spec.workload, engine.cfg
@@ -72,6 +77,9 @@ def plan_ablation(spec: RunSpec, eng: EngineAdapter) -> Ablation:
 
 def _pair(ctx: RunContext, ab: Ablation) -> Ablation:
     """The resident side's repeats, paired with the placement's (`ab.mode`)."""
+    from harness.ablation import pair_order
+    from harness.engines.moebench import MoebenchAdapter
+    from harness.scenario import run_repeat
     spec, eng, sample, warm = ctx.spec, ctx.adapter, ctx.sample, ctx.warm
     gen, n = spec.workload.gen_tokens, spec.run.repeats
     if ab.mode == "sequential":     # the measured engine leaves the device before the resident one arrives

@@ -15,12 +15,15 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
+from engine.lazy import lazy_module
 from harness.passes.base import Pass, RunContext
-from harness.profiling import nsys
+
+if TYPE_CHECKING:
+    import torch
+else:                  # the pass's declaration loads without torch (moebench --help, config checks)
+    torch = lazy_module("torch", globals())
 
 log = logging.getLogger(__name__)
 NSYS_CHILD_ENV = "MOEBENCH_NSYS_CHILD"
@@ -34,6 +37,7 @@ def under_nsys() -> bool:
 def relaunch_under_nsys(job_dir: Path, overrides: list[str]) -> list[dict[str, Any]]:
     """Run this job again under `nsys profile` (capture range = cudaProfilerStart/Stop around
     the measured window) and return the export's tidy rows (source=nsys)."""
+    from harness.profiling import nsys           # pandas: loaded by the run that profiles
     exe = nsys.find_nsys()        # a clear NsysNotFound when Nsight Systems is not installed
     # the child's own results go to a directory of their own, removed after: only its trace is
     # kept (in the job dir), so no store reads the profiled run's rows as a job (a dir inside the

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from harness.contract import QUALITY_METRICS, QUALITY_PHASE
 from harness.passes.base import Pass, RunContext
-from harness.quality import compare_explained, quality_run
 
 
 class QualityPass(Pass):
@@ -34,6 +33,8 @@ class QualityPass(Pass):
         _emit(ctx, dict.fromkeys(QUALITY_METRICS), dict.fromkeys(QUALITY_METRICS, reason))
 
     def run(self, ctx: RunContext) -> None:
+        # measuring code (torch, pandas) loads when a job runs the pass: its declaration loads for --help and checks
+        from harness.quality import compare_explained, quality_run
         ref, engine, gen = ctx.reference.quality, ctx.adapter.engine, ctx.spec.workload.gen_tokens
         with ctx.reporter.step("quality pass (teacher-forced and greedy, vs the exact reference)"):
             forced = quality_run(engine, ctx.sample.contexts, gen, forced=ref.continuation)

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import statistics
 
-import torch
-
 from harness.contract import MEASURED_PHASES
 from harness.passes.base import Pass, RunContext
 from harness.roofline import Roofline, frac, roofline, wrong
@@ -46,6 +44,7 @@ class RooflinePass(Pass):
                     d.setdefault("tok_per_s", []).append(ph.client["tok_per_s"])
         med = {ph: {m: statistics.median(v) for m, v in d.items() if v} for ph, d in by_phase.items()}
         counts = {ph: {m: d[m] for m in COUNTS if m in d} for ph, d in med.items()}
+        import torch                                  # loaded by the job that ran; not for --help or checks
         try:                                          # the job's threads: the runner set them
             bound = roofline(ctx.spec, {ph: c for ph, c in counts.items() if c}, ctx.adapter.resolved_capacity,
                              torch.get_num_threads())

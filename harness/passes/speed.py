@@ -11,13 +11,16 @@ ablation). A failure here fails the job: its measured rows are the job. Does not
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from engine.nvtx_ranges import NvtxRanges
 from harness.checks import LOSSY_REASON, NO_REFERENCE_REASON, RepeatCheck
 from harness.contract import CHECK_METRICS
-from harness.outliers import flag_outliers
 from harness.passes.base import Pass, RunContext
 from harness.passes.nsys import CudaProfilerRange, under_nsys
-from harness.scenario import RepeatResult, check_metrics, compare_phase, run_repeat
+
+if TYPE_CHECKING:
+    from harness.scenario import RepeatResult
 
 
 class SpeedPass(Pass):
@@ -26,6 +29,9 @@ class SpeedPass(Pass):
     fails_job = True
 
     def run(self, ctx: RunContext) -> None:
+        # measuring code (torch, pandas) loads when a job runs the pass: its declaration loads for --help and checks
+        from harness.outliers import flag_outliers
+        from harness.scenario import run_repeat
         eng, sample, warm, run_cfg = ctx.adapter, ctx.sample, ctx.warm, ctx.spec.run
         gen = ctx.spec.workload.gen_tokens
         for i in range(run_cfg.warmup):                                 # excluded from every table
@@ -50,6 +56,7 @@ def emit_repeat(ctx: RunContext, r: int, res: RepeatResult, profiler: str, check
     """Rows of one repeat; with `check`, every phase that produced tokens carries its own
     numerical check against the reference (null when there is no reference) and its verdict
     (harness.checks: `check_ok`, `check_tolerance`, `check_reason`)."""
+    from harness.scenario import check_metrics, compare_phase
     job = ctx.job
     ref = ctx.reference.result if (check and ctx.reference is not None) else None
     skip = LOSSY_REASON if job.factors.get("lossy") else None if ref is not None else NO_REFERENCE_REASON

@@ -12,20 +12,24 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.nvtx_ranges import NvtxRanges
-from engine.timeline import Instruments, Timeline
-from harness.engines.base import EngineAdapter
 from harness.passes.base import Pass, RunContext, Skip, emit_instrumented
-from harness.scenario import RepeatResult, run_repeat
-from workloads.base import WorkloadSample
+
+if TYPE_CHECKING:
+    from harness.engines.base import EngineAdapter
+    from harness.scenario import RepeatResult
+    from workloads.base import WorkloadSample
 
 
 def timeline_repeat(eng: EngineAdapter, sample: WorkloadSample, gen_tokens: int, nvtx_on: bool,
                     trace_path: Path | None, warm_with: WorkloadSample | None = None) -> RepeatResult | None:
     """One instrumented repeat, from the expert-cache state the measured repeats start from
     (`warm_with`: run_repeat's); None when the engine has no instrumentation hook."""
+    # measuring code (torch, pandas) loads when a job runs the pass: its declaration loads for --help and checks
+    from engine.timeline import Instruments, Timeline
+    from harness.scenario import run_repeat
     tl = Timeline(eng.device_kind)
     inst = Instruments(tl, NvtxRanges()) if nvtx_on else tl
     if not eng.set_instrument(inst):

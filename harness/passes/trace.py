@@ -8,9 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.trace import TraceRecorder, save_trace
 from harness.passes.base import Pass, RunContext, emit_instrumented
-from harness.scenario import run_repeat
 
 
 class TracePass(Pass):
@@ -29,6 +27,9 @@ class TracePass(Pass):
         return None
 
     def run(self, ctx: RunContext) -> None:
+        # measuring code (torch, pandas) loads when a job runs the pass: its declaration loads for --help and checks
+        from engine.trace import TraceRecorder, save_trace
+        from harness.scenario import run_repeat
         with ctx.reporter.step("routing trace pass"):
             rec = TraceRecorder(ctx.adapter.engine)
             try:
