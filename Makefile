@@ -13,6 +13,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_CPU)"
 	$(PY) -m pip install -q -e ".[test,llamacpp]"
+	$(PY) -m engine.kernels.cpu     # the engine's CPU kernels, built once (else at first use; never fatal)
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -182,12 +182,15 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     return heads_last(out)                                                                          # [B, T, H*h]
 
 
-def expert_ffn(x: torch.Tensor, packed: torch.Tensor, D: int, I: int, act: str) -> torch.Tensor:
-    """SwiGLU expert on a packed buffer [gate (I*D) | up (I*D) | down (D*I)]; x [n, D] -> [n, D]."""
+def expert_ffn(x: torch.Tensor, packed: torch.Tensor, D: int, I: int, act: str,
+               linear: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    """SwiGLU expert on a packed buffer [gate (I*D) | up (I*D) | down (D*I)]; x [n, D] -> [n, D].
+    linear(x, w): the matrix product (default F.linear; engine.kernels.cpu's on the CPU)."""
+    linear = linear or F.linear
     gate_up, down = memo(packed, f"swiglu {D}x{I}", lambda: (alias(packed, (2 * I, D), (D, 1)),      # [2I, D]
                                                              alias(packed, (D, I), (I, 1), 2 * I * D)))  # [D, I]
-    gate, up = F.linear(x, gate_up).chunk(2, dim=-1)               # [n, I] each
-    return F.linear(ACT[act](gate) * up, down)                     # [n, D]
+    gate, up = linear(x, gate_up).chunk(2, dim=-1)                 # [n, I] each
+    return linear(ACT[act](gate) * up, down)                       # [n, D]
 
 
 @functools.cache
@@ -208,16 +211,19 @@ def grouped_mm_supported(dtype: torch.dtype, device: torch.device) -> bool:
 
 
 def expert_ffn_grouped(x: torch.Tensor, rows: torch.Tensor, offs: torch.Tensor, D: int, I: int,
-                       act: str) -> torch.Tensor:
+                       act: str, linear: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
     """`expert_ffn` of every expert of a layer at once: x [M, D] grouped by expert, rows [E, P] the
     packed experts, offs [E] int32 end of each group in x -> [M, D]. No host sync: the group
-    sizes stay on the device (grouped GEMMs with device offsets)."""
+    sizes stay on the device (grouped GEMMs with device offsets). linear(x, w [E, O, K], offs):
+    the grouped product (default F.grouped_mm on w transposed)."""
     E = rows.shape[0]
     gate_up = rows[:, : 2 * I * D].view(E, 2 * I, D)                  # [E, 2I, D]
     down = rows[:, 2 * I * D:].view(E, D, I)                           # [E, D, I]
-    mm = grouped_mm()
-    gate, up = mm(x, gate_up.transpose(1, 2), offs=offs).chunk(2, dim=-1)    # [M, I] each
-    return mm(ACT[act](gate) * up, down.transpose(1, 2), offs=offs)            # [M, D]
+    if linear is None:
+        mm = grouped_mm()
+        linear = lambda a, w, offs: mm(a, w.transpose(1, 2), offs=offs)   # noqa: E731
+    gate, up = linear(x, gate_up, offs).chunk(2, dim=-1)                # [M, I] each
+    return linear(ACT[act](gate) * up, down, offs)                      # [M, D]
 
 
 def dense_mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, act: str) -> torch.Tensor:

@@ -5,7 +5,8 @@ the exporter ask -- the packed buffer's size and storage dtype (so a quantised o
 expert is still one contiguous buffer and one copy), reading one expert from a checkpoint
 into it (per-expert Hub tensors or fused stacked ones), drawing a preset's seeded random one,
 writing it back under Hub names, and the kernel that runs it on a set of rows -- and
-`SwiGLUExperts`, the first wave's gate/up/down expert. Does not own: where experts live
+`SwiGLUExperts`, the first wave's gate/up/down expert, whose products on the CPU are the engine's
+own small-batch kernel (engine.kernels.cpu: a decode step's rows on every intra-op thread). Does not own: where experts live
 (engine.cache), which rows an expert gets or how outputs accumulate
 (engine.placements.base.Placement.combine: that order is the invariant's).
 
@@ -21,6 +22,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from engine.checkpoint import Checkpoint, MissingTensorError
+from engine.kernels import cpu as cpu_kernels
 from engine.layers import expert_ffn, expert_ffn_grouped, grouped_mm_supported
 from engine.lazy import lazy_module
 
@@ -178,13 +180,19 @@ class SwiGLUExperts(ExpertLayout):
         return ((2 * self.I, self.D), (self.D, self.I))                                # gate|up, down
 
     def run(self, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
-        return expert_ffn(x, packed, self.D, self.I, self.act)
+        """On the CPU, engine.kernels.cpu's products: a decode step's few rows read the weights on
+        every intra-op thread (torch's GEMV reads them on one core here); elsewhere F.linear."""
+        linear = cpu_kernels.small_linear if cpu_kernels.usable(x, packed) else None
+        return expert_ffn(x, packed, self.D, self.I, self.act, linear)
 
     def grouped_supported(self, dtype: torch.dtype, device: torch.device) -> bool:
         return grouped_mm_supported(dtype, device)
 
     def run_grouped(self, x: torch.Tensor, rows: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-        return expert_ffn_grouped(x, rows, offs, self.D, self.I, self.act)
+        """Each group takes `run`'s path for its rows (on the CPU the kernel's, which reads the
+        group sizes there), so a group's output is bitwise `run` on it."""
+        linear = cpu_kernels.grouped_small_linear if cpu_kernels.usable(x, rows) else None
+        return expert_ffn_grouped(x, rows, offs, self.D, self.I, self.act, linear)
 
     def activation_bytes(self, rows: int, dtype_bytes: int) -> int:
         return rows * (2 * self.D + 4 * self.I) * dtype_bytes     # rows, gate|up, act, act*up / down, *weight

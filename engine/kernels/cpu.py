@@ -1,0 +1,165 @@
+"""Small-batch linear layers on the CPU: the engine's own kernel (rows_linear.cpp), built once.
+
+A decode step multiplies each weight matrix by one row (a few at batch > 1). torch's CPU path for
+that is the BLAS GEMV/GEMM, which on the machines measured here reads weights on one core only
+(MKL's fp32 GEMV does not thread at these sizes, and its GEMM at 2-8 rows reads at a fraction of
+the GEMV's rate), so decode did not get faster with threads while the machine had the bandwidth
+(docs/cpu_experts.md has the measurements). The kernel splits the weight rows over torch's
+intra-op threads (`torch.set_num_threads` governs it) and reads fp32 or bf16 weights directly;
+each output is one dot product in a fixed order, the same bits whatever the batch or thread
+count. Above `MAX_ROWS` rows it is the BLAS GEMM (`at::mm`, bitwise `F.linear`), so one call site
+serves prefill and decode.
+
+Owns: building the kernel (torch.utils.cpp_extension, into `$MOEBENCH_CACHE` or
+`~/.cache/moebench`, `kernels/` per torch and Python version; `python -m engine.kernels.cpu`
+builds it ahead, as `make setup` does), whether it can run here (`available`, `reason`), the
+switch that turns it off (`MOEBENCH_CPU_KERNELS=0` or `enabled(False)`: the torch path, for A/B
+measurements), and the calls (`small_linear`, `grouped_small_linear`, and `linear`: F.linear's drop-in). Does not
+own: which layers use it (the experts, engine.blocks.experts; attention's projections and the LM
+head, engine.blocks.attention and decoder) or the torch path it falls back to.
+
+    from engine.kernels import cpu
+    y = cpu.small_linear(x, w) if cpu.usable(x, w) else F.linear(x, w)    # x [n, K], w [O, K]
+    y = cpu.linear(x, w, b)                     # F.linear(x, w, b), the kernel where it applies
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import platform
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from engine.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+    import torch.nn.functional as F
+else:
+    torch = lazy_module("torch", globals())
+    F = lazy_module("torch.nn.functional", globals())
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("rows_linear.cpp")
+NAME = "moebench_cpu_kernels"
+MAX_ROWS = 8                  # rows up to which the kernel beats the BLAS GEMM here (docs/cpu_experts.md)
+FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off"]   # no contraction: the order written is the order run
+DTYPES = ("float32", "bfloat16")
+
+_state = {"enabled": os.environ.get("MOEBENCH_CPU_KERNELS", "1") != "0"}
+
+
+def build_dir() -> Path:
+    """Where the kernel is built: one folder per torch and Python version (a build links one torch)."""
+    root = Path(os.environ.get("MOEBENCH_CACHE") or Path.home() / ".cache" / "moebench")
+    tag = f"torch{torch.__version__.replace('+', '_')}-py{sys.version_info.major}{sys.version_info.minor}"
+    return root / "kernels" / tag
+
+
+@contextlib.contextmanager
+def _ninja_on_path() -> Iterator[None]:
+    """cpp_extension runs `ninja` from PATH; the `ninja` package (a dependency) puts it in the
+    environment's scripts folder, which is not on PATH when the interpreter runs by its full path."""
+    old = os.environ.get("PATH", "")
+    os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), old])
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = old
+
+
+@functools.cache
+def _load() -> tuple[Any | None, str | None]:
+    """(the op namespace, None) once built and loaded, or (None, why not)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return None, f"the kernel is x86-64 AVX2 code; this CPU is {platform.machine()}"
+    cap = torch.backends.cpu.get_cpu_capability()
+    if cap not in ("AVX2", "AVX512"):
+        return None, f"the kernel needs AVX2 and FMA; torch reports CPU capability {cap}"
+    try:
+        from torch.utils.cpp_extension import load
+
+        out = build_dir()
+        out.mkdir(parents=True, exist_ok=True)
+        with _ninja_on_path():
+            load(NAME, [str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], build_directory=str(out),
+                 is_python_module=False, verbose=False)
+    except Exception as exc:  # noqa: BLE001 -- any build failure means the torch path, said once
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return None, f"building {SOURCE.name} failed ({type(exc).__name__}: {first})"
+    return torch.ops.moebench_cpu, None
+
+
+def available() -> bool:
+    """Whether the kernel is built and loaded (building it on the first call)."""
+    ops, why = _load()
+    if ops is None and why and not getattr(_load, "_warned", False):
+        _load._warned = True          # type: ignore[attr-defined]
+        log.warning("CPU kernels unavailable, small-batch linear layers use torch's path: %s", why)
+    return ops is not None
+
+
+def reason() -> str | None:
+    """Why the kernel cannot run here; None when it can."""
+    return _load()[1]
+
+
+def is_enabled() -> bool:
+    return _state["enabled"]
+
+
+@contextlib.contextmanager
+def enabled(on: bool) -> Iterator[None]:
+    """Within the block the kernel is used (True, where available) or not (False: torch's path)."""
+    before = _state["enabled"]
+    _state["enabled"] = bool(on)
+    try:
+        yield
+    finally:
+        _state["enabled"] = before
+
+
+@functools.cache
+def _dtypes() -> frozenset[torch.dtype]:
+    return frozenset(getattr(torch, d) for d in DTYPES)
+
+
+def usable(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether `small_linear(x, w)` runs the kernel for these tensors: both on the CPU, one dtype of
+    DTYPES, the kernel enabled and available."""
+    return (_state["enabled"] and x.device.type == "cpu" and w.device.type == "cpu" and x.dtype == w.dtype
+            and x.dtype in _dtypes() and available())
+
+
+def small_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [n, K] @ w [O, K]^T -> [n, O] in x's dtype: the kernel up to MAX_ROWS rows, BLAS above."""
+    return _load()[0].small_linear(x, w, MAX_ROWS)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear(x, w, b)` (x [..., K]), through the kernel where it runs these tensors and x has at
+    most MAX_ROWS rows; otherwise F.linear itself, so a prefill's numerics are torch's, unchanged."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if rows == 0 or rows > MAX_ROWS or not usable(x, w) or (b is not None and b.dtype != x.dtype):
+        return F.linear(x, w, b)
+    y = small_linear(x.reshape(rows, x.shape[-1]), w)                  # [rows, O]
+    if b is not None:
+        y = y + b
+    return y.view(*x.shape[:-1], w.shape[0])
+
+
+def grouped_small_linear(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """Per expert group, `small_linear`: x [M, K] sorted by expert, w [E, O, K], offs [E] int32 end
+    of each group -> [M, O]; each group bitwise `small_linear` on it."""
+    return _load()[0].grouped_small_linear(x, w, offs, MAX_ROWS)
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    ok = available()
+    print(f"CPU kernels: {'built and loaded from ' + str(build_dir()) if ok else 'unavailable: ' + str(reason())}")

@@ -1,0 +1,158 @@
+// Small-batch linear layers on the CPU at memory speed, on every intra-op thread.
+//
+// Owns: y[n, O] = x[n, K] @ w[O, K]^T for the few rows a decode step gives a weight (n <= max_rows),
+// the weight rows split into contiguous ranges across torch's intra-op threads (at::parallel_for,
+// so torch.set_num_threads governs it), each output an AVX2/FMA dot product whose order of additions
+// is fixed: it does not depend on n, on the thread count or on where a range starts -- a row's
+// output is the same bits at batch 1 and batch 8, at one thread and at two. Weights fp32 or bf16
+// (bf16 widened in registers: a shift, exact), activations and accumulation fp32. Beyond max_rows
+// it is at::mm (the BLAS GEMM, which threads itself), so one call site covers every batch.
+// Does not own: which call sites use it, whether this CPU can run it, building it
+// (engine/kernels/cpu.py).
+//
+// Dimension legend: n=rows of x, K=inputs, O=outputs (weight rows), E=experts, M=rows of all groups.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+
+namespace {
+
+constexpr int64_t XB = 4;            // x rows that share one pass over a weight row (8 accumulators)
+constexpr int64_t TASK_ELEMS = 1 << 16;  // weights per parallel task at least: below it a thread costs more than it saves
+
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const c10::BFloat16* p) {                 // bf16 -> fp32: the top 16 bits, exact
+  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline float widen(float v) { return v; }
+inline float widen(c10::BFloat16 v) { return static_cast<float>(v); }
+
+inline float hsum(__m256 v) {                                  // a fixed tree: lanes (i, i+4), (0,2),(1,3), then 0+1
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// out[j * ldo] = dot(w[0:K], x[j * K : j * K + K]) for j < NB. Every (w, x_j) pair runs the same
+// instructions in the same order whatever NB is: two 8-lane accumulators over 16-wide steps, summed,
+// reduced by hsum, then the tail one fma at a time.
+template <typename W, int64_t NB>
+inline void dot_rows(const W* w, const float* x, int64_t K, float* out, int64_t ldo) {
+  __m256 a0[NB], a1[NB];
+  for (int64_t j = 0; j < NB; ++j) a0[j] = a1[j] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    const __m256 w0 = load8(w + k), w1 = load8(w + k + 8);
+    for (int64_t j = 0; j < NB; ++j) {
+      a0[j] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + j * K + k), a0[j]);
+      a1[j] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + j * K + k + 8), a1[j]);
+    }
+  }
+  for (int64_t j = 0; j < NB; ++j) {
+    float s = hsum(_mm256_add_ps(a0[j], a1[j]));
+    for (int64_t t = k; t < K; ++t) s = std::fma(widen(w[t]), x[j * K + t], s);
+    out[j * ldo] = s;
+  }
+}
+
+// y[n, O] (row stride O) from x[n, K] contiguous fp32 and weight rows w + o * ldw.
+template <typename W>
+void rows_kernel(const float* x, int64_t n, const W* w, int64_t ldw, int64_t O, int64_t K, float* y) {
+  const int64_t grain = std::max<int64_t>(1, TASK_ELEMS / std::max<int64_t>(1, K * n));
+  at::parallel_for(0, O, grain, [&](int64_t o0, int64_t o1) {
+    for (int64_t o = o0; o < o1; ++o) {
+      const W* wr = w + o * ldw;
+      int64_t j = 0;
+      for (; j + XB <= n; j += XB) dot_rows<W, XB>(wr, x + j * K, K, y + j * O + o, O);
+      switch (n - j) {
+        case 3: dot_rows<W, 3>(wr, x + j * K, K, y + j * O + o, O); break;
+        case 2: dot_rows<W, 2>(wr, x + j * K, K, y + j * O + o, O); break;
+        case 1: dot_rows<W, 1>(wr, x + j * K, K, y + j * O + o, O); break;
+        default: break;
+      }
+    }
+  });
+}
+
+void check_weight(const at::Tensor& w, int64_t K, const char* what) {
+  TORCH_CHECK(w.device().is_cpu(), what, ": the weight must be on the CPU, got ", w.device());
+  TORCH_CHECK(w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16, what,
+              ": the weight must be float32 or bfloat16, got ", w.scalar_type());
+  TORCH_CHECK(w.size(-1) == K, what, ": the weight has ", w.size(-1), " inputs, x has ", K);
+  TORCH_CHECK(w.stride(-1) == 1 && w.stride(-2) >= K, what, ": each weight row must be contiguous");
+}
+
+// out[n, O] (contiguous, the weight's dtype) = x[n, K] @ w[O, K]^T: the kernel up to max_rows rows,
+// at::mm beyond.
+void linear_into(const at::Tensor& x, const at::Tensor& w, at::Tensor& out, int64_t max_rows) {
+  const int64_t n = x.size(0), O = w.size(0), K = w.size(1);
+  if (n == 0) return;
+  if (n > max_rows) {
+    at::mm_out(out, x, w.t());
+    return;
+  }
+  at::Tensor xf = x.to(at::kFloat).contiguous();
+  at::Tensor yf = out.scalar_type() == at::kFloat ? out : at::empty({n, O}, x.options().dtype(at::kFloat));
+  if (w.scalar_type() == at::kFloat)
+    rows_kernel(xf.data_ptr<float>(), n, w.data_ptr<float>(), w.stride(0), O, K, yf.data_ptr<float>());
+  else
+    rows_kernel(xf.data_ptr<float>(), n, w.data_ptr<c10::BFloat16>(), w.stride(0), O, K, yf.data_ptr<float>());
+  if (!yf.is_same(out)) out.copy_(yf);
+}
+
+// y[n, O] = x[n, K] @ w[O, K]^T, in x's dtype (which must be w's).
+at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, int64_t max_rows) {
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 2, "small_linear: x [n, K] and w [O, K], got ", x.sizes(), " and ", w.sizes());
+  check_weight(w, x.size(1), "small_linear");
+  TORCH_CHECK(x.scalar_type() == w.scalar_type(), "small_linear: x is ", x.scalar_type(), ", w is ", w.scalar_type());
+  at::Tensor xc = x.contiguous();
+  at::Tensor out = at::empty({x.size(0), w.size(0)}, x.options());
+  linear_into(xc, w, out, max_rows);
+  return out;
+}
+
+// Each expert's group of rows through small_linear's path: x [M, K] sorted by expert, w [E, O, K],
+// offs [E] int32 end of each group in x -> [M, O]; a group equals small_linear on it, bit for bit.
+// The group sizes are read here, on the CPU, where reading them is no device sync.
+at::Tensor grouped_small_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offs, int64_t max_rows) {
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 3, "grouped_small_linear: x [M, K] and w [E, O, K], got ", x.sizes(),
+              " and ", w.sizes());
+  check_weight(w, x.size(1), "grouped_small_linear");
+  TORCH_CHECK(x.scalar_type() == w.scalar_type(), "grouped_small_linear: x is ", x.scalar_type(), ", w is ",
+              w.scalar_type());
+  TORCH_CHECK(offs.dim() == 1 && offs.size(0) == w.size(0) && offs.scalar_type() == at::kInt && offs.device().is_cpu(),
+              "grouped_small_linear: offs must be int32 [E] on the CPU, E = ", w.size(0));
+  at::Tensor xc = x.contiguous(), oc = offs.contiguous();
+  at::Tensor out = at::empty({x.size(0), w.size(1)}, x.options());
+  const int32_t* ends = oc.data_ptr<int32_t>();
+  int64_t start = 0;
+  for (int64_t e = 0; e < w.size(0); ++e) {
+    const int64_t end = ends[e];
+    TORCH_CHECK(end >= start && end <= x.size(0), "grouped_small_linear: offs must ascend within [0, ",
+                x.size(0), "], got ", end, " after ", start);
+    if (end > start) {
+      at::Tensor o = out.narrow(0, start, end - start);
+      linear_into(xc.narrow(0, start, end - start), w.select(0, e), o, max_rows);
+    }
+    start = end;
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(moebench_cpu, m) {
+  m.def("small_linear(Tensor x, Tensor w, int max_rows) -> Tensor", &small_linear);
+  m.def("grouped_small_linear(Tensor x, Tensor w, Tensor offs, int max_rows) -> Tensor", &grouped_small_linear);
+}
