@@ -131,7 +131,8 @@ COMPARE_EPILOG = """exit codes (the verdict; harness/compare.py has the rules):
                    counterpart in NEW (missing, another model, device or engine version); or a
                    check that matched no comparable pair
   4  INCONCLUSIVE  a check beyond its threshold without significance (too few repeats, noise),
-                   or no checked pair with enough samples (2 a side) to test"""
+                   or no checked pair -- with no checks, no pair -- with enough samples (2 a
+                   side) to test"""
 
 
 def compare_parser() -> argparse.ArgumentParser:

@@ -43,6 +43,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness.config import register_configs
 from harness.contract import COSMETIC_KEYS
+from harness.engines.registry import CommandTable
 from harness.sweep import (Interrupted, SweepError, SweepLock, check_dir_name, check_own_dir, check_subpath,
                            claim_sweep, deliver_pending, handle_signals, interruptible, job_dirname, signals_deferred,
                            sweep_overrides, sweep_size)
@@ -345,15 +346,14 @@ def _sweep_jobs(argv: list[str]) -> int:
         return sweep_size(argv)
 
 
-# `moebench <command> ...`: sub-commands dispatched before Hydra (module:function taking argv)
-COMMANDS = {
+# `moebench <command> ...`: sub-commands dispatched before Hydra (module:function taking argv); then
+# every engine adapter's own (its `commands`: `moebench setup llamacpp` ...), asked of the registry
+COMMANDS = CommandTable({
     "plan": "harness.plan:plan_main",              # the memory plan, before any weight is read
     "fit": "harness.plan:fit_main",                # the largest context / capacity, fewest CPU layers
     "table": "harness.table:main",                 # one row per configuration of a results dir
     "calibrate": "harness.costmodel.calibrate:main",   # measure this machine, write a hardware profile
-    "setup llamacpp": "harness.llamacpp.build:main",   # build the pinned llama.cpp once into the cache
-    "import llama-bench": "harness.llamacpp.bench_import:main",   # llama-bench output -> tidy rows
-}
+})
 
 
 def _help(argv: list[str]) -> int:

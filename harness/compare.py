@@ -70,7 +70,8 @@ Rules, so that a red CI job can be argued with:
     a checked metric of a base config has none; or a check matched no comparable pair.
   - `INCONCLUSIVE` (4): a check went beyond its threshold without significance (too few
     repeats, or too much noise), or every pair a check applied to had too few samples
-    (fewer than 2 a side) to be tested at all.
+    (fewer than 2 a side) to be tested at all, or -- checks or none -- no compared pair has
+    2 samples on each side (one repeat a side: nothing could have been significant).
   - `PASS` (0): none of these: every base config compared, every check applied, none beyond
     its threshold. (Exit code 2 is the command line's: bad arguments or unreadable results.)
 """
@@ -158,7 +159,11 @@ class Comparison:
         out = [f"{r.check}: `{r.config}` {r.phase}.{r.metric} ({r.source}) x{r.ratio:.3g} is beyond the threshold "
                f"but not significant ({r.test}, {r.n_base} + {r.n_new} samples)"
                for r in checked[checked["verdict"] == "inconclusive"].itertuples()]
-        if len(checked) and (checked["test"] == "too few").all():
+        compared = self.compared
+        if len(compared) and (compared["test"] == "too few").all():
+            out.append(f"every compared pair ({len(compared)}) has fewer than 2 samples on a side: nothing could be "
+                       "significant (run.repeats >= 2 on both sides)")
+        elif len(checked) and (checked["test"] == "too few").all():
             out.append(f"every checked pair ({len(checked)}) has fewer than 2 samples on a side: nothing could be "
                        "significant (run more repeats)")
         return out

@@ -57,8 +57,8 @@ def render(cmp: Reported, max_rows: int = 200) -> str:
         lines.append(f"- ... {len(reasons) - MAX_REASONS} more (the comparison table has every pair)")
     lines += ["", "Verdicts, the first that holds: FAIL (1) a regression; INCOMPLETE (3) nothing compared, a base "
                   "config or checked metric without a comparable counterpart, or a check that matched nothing; "
-                  "INCONCLUSIVE (4) a check beyond its threshold without significance, or no checked pair with the "
-                  "samples to test; PASS (0) otherwise.", ""]
+                  "INCONCLUSIVE (4) a check beyond its threshold without significance, or no checked (or, with no "
+                  "checks, no compared) pair with the samples to test; PASS (0) otherwise.", ""]
     for name, side in (("base", cmp.base), ("new", cmp.new)):
         commits = ", ".join(side.get("commits") or ["unknown"]) + (" (dirty)" if side.get("dirty") else "")
         lines.append(f"- **{name}**: `{side.get('path', '')}` -- {side.get('jobs', 0)} job(s), commit {commits}, "

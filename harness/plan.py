@@ -114,8 +114,14 @@ def plan_of(spec: RunSpec, placement: str | None = None, options: dict[str, Any]
     dt = m.torch_dtype if spec.model.dtype == "auto" else spec.model.dtype
     return plan_memory(m, name, cap, budget_of(spec), session_tokens(w.context_tokens, w.gen_tokens, w.turn_tokens),
                        w.batch, w.ubatch, dtype_bytes(dt), opts, device_kind=_device_kind(spec),
-                       capacity_bytes=cap_bytes, kv_dtype=spec.kv_dtype if spec.engine == "moebench" else None,
+                       capacity_bytes=cap_bytes, kv_dtype=spec.kv_dtype if _plans_memory(spec) else None,
                        all_logits=spec.all_logits, cpu_threads=job_threads(spec))
+
+
+def _plans_memory(spec: RunSpec) -> bool:
+    """The job's engine plans device memory with engine.planner (under the job's kv.dtype)."""
+    from harness.engines.registry import ENGINES
+    return ENGINES.get(spec.engine).memory_plan
 
 
 def job_plan(spec: RunSpec) -> MemoryPlan | None:
@@ -123,11 +129,9 @@ def job_plan(spec: RunSpec) -> MemoryPlan | None:
     made first, from the config alone: the runner asks for it right after `validate`, so a budget
     that cannot hold the job fails it with the plan's arithmetic before the reference or the
     engine reads a weight. None when there is nothing to refuse: an engine that does not plan with
-    engine.planner (one that runs no moebench placement) or no hardware.device_memory (the engine
+    engine.planner (its adapter declares no `memory_plan`) or no hardware.device_memory (the engine
     plans without a budget then). Raises PlanError, or ValueError for an impossible cache."""
-    from harness.engines import ENGINES
-
-    if spec.hardware.device_memory is None or not ENGINES.get(spec.engine).uses_placement:
+    if spec.hardware.device_memory is None or not _plans_memory(spec):
         return None
     return plan_of(spec)
 

@@ -1,7 +1,7 @@
 """Plugin families end to end: each plugin's `Options` dataclass *is* its Hydra schema.
 
 Owns: turning the registries (engine.registry.PLACEMENTS, POLICIES, PREFETCHERS and
-harness.engines.ENGINES, entry-point plugins included) into Hydra config-group nodes at startup,
+harness.engines.registry.ENGINES, entry-point plugins included) into Hydra config-group nodes at startup,
 and checking a composed group's values with the plugin's own `Options` (its `__post_init__`
 checks included), reported against the config keys. A plugin is one file plus its registration;
 nothing here names a plugin.
@@ -115,7 +115,7 @@ class PluginGroup:
 
 
 def plugin_groups() -> list[PluginGroup]:
-    from harness.engines import ENGINES
+    from harness.engines.registry import ENGINES
     return [PluginGroup("placement", PLACEMENTS, False), PluginGroup("prefetch", PREFETCHERS, True),
             PluginGroup("engine", ENGINES, False)]
 

@@ -94,8 +94,9 @@ RULES: dict[str, dict[str, tuple[str, ...]]] = {
     "harness.checks": {"ours": ("harness.contract", "engine.dtypes"), "third": ("pandas", "torch")},
     "harness.outliers": {"ours": ("harness.contract",), "third": ("pandas",)},
     "harness.order": {"ours": (), "third": ("pandas",)},
-    # the results store: the contract and the row-level rules, never a runtime, an engine or Hydra
-    "harness.results": {"ours": ("harness.contract", "harness.checks", "harness.outliers"),
+    # the results store: the contract and the row-level rules, never a runtime, an engine or Hydra; the
+    # engine registry answers which knob columns the engines declare (asked, never named)
+    "harness.results": {"ours": ("harness.contract", "harness.checks", "harness.outliers", "harness.engines.registry"),
                         "third": ("pandas", "pyarrow")},
     # figures read results; how they look is plotstyle's
     "harness.plots": {"ours": ("harness.contract", "harness.results", "harness.plotstyle", "harness.order"),
@@ -104,19 +105,22 @@ RULES: dict[str, dict[str, tuple[str, ...]]] = {
                           "third": ("matplotlib", *SCIENCE)},
     # the simulator replays traces through the engine's own policies
     "harness.sim": {"ours": ("engine",), "third": SCIENCE},
+    # other engines' routing files in, the engine's trace file out; torch only to read torch.save dumps
+    "harness.traces": {"ours": ("engine",), "third": ("numpy", "torch")},
     # timelines and traces are read, never measured: no back edge to the scenario, runner, passes or CLI
     "harness.profiling": {"ours": ("engine.intervals",), "third": ("pandas", "torch")},
-    # the cost model asks the engine's blocks and plugins, reads results and the hardware profile schema
+    # the cost model asks the engine's blocks and plugins, reads results and the hardware profile schema;
+    # the engine registry says which engine its predictions are for
     "harness.costmodel": {"ours": ("engine", "harness.contract", "harness.results", "harness.sim", "harness.config",
-                                   "harness.manifest", "harness.measure"),
+                                   "harness.manifest", "harness.measure", "harness.engines.registry"),
                           "third": (*SCIENCE, "torch", "yaml", "cupy")},
     # llama.cpp as infrastructure: build, convert, serve; its rows through the results schema
     "harness.llamacpp": {"ours": ("engine.config", "engine.export", "harness.results", "harness.manifest",
                                   "harness.remote_code"),
                          "third": ("gguf", "sentencepiece")},
-    # engine adapters: ours, transformers, llama.cpp
+    # engine adapters: ours, transformers, llama.cpp; the checked job (RunSpec) for their type hints
     "harness.engines": {"ours": ("engine", "harness.contract", "harness.llamacpp", "harness.results",
-                                 "harness.machine", "harness.measure", "harness.remote_code"),
+                                 "harness.machine", "harness.measure", "harness.remote_code", "harness.config.schema"),
                         "third": ("torch", "transformers", "pynvml")},
     # what a job measures, one pass each
     "harness.passes": {"ours": ("engine", "workloads", "harness.contract", "harness.engines", "harness.profiling",
@@ -133,12 +137,8 @@ RULES: dict[str, dict[str, tuple[str, ...]]] = {
                    "third": (*SCIENCE, "torch", "transformers", "hydra", "pytest", "pytest_benchmark")},
 }
 
-# The one known exception, kept until its import goes: the engine knob columns are llama.cpp's
-# (they become its engine plugin's), so the results schema imports the adapter's flag table.
-EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("harness.results.schema", "harness.llamacpp.flags"):
-        "the results schema reads llama.cpp's knob columns (KNOB_COLUMNS) until they are its engine plugin's",
-}
+# Known exceptions to the lists, each with why, kept until its import goes (none today).
+EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 
 def rule_of(module: str) -> str | None:
@@ -282,7 +282,8 @@ def test_plugins_never_import_each_other(family):
     anything two plugins share moves into the base."""
     pkg = family.replace("/", ".")
     members = {f.stem for f in files(family)} - {"__init__", "base"}
-    allowed_helpers = {"simulate"}                   # engine.policies.simulate: the replay driver, not a policy
+    # engine.policies.simulate: the replay driver, not a policy; harness.engines.registry: the family's registry
+    allowed_helpers = {"simulate", "registry"}
     bad = []
     for f in files(family):
         if f.stem in ("__init__", "base") or f.stem in allowed_helpers:
@@ -292,3 +293,97 @@ def test_plugins_never_import_each_other(family):
                 if mod == f"{pkg}.{other}" or mod.startswith(f"{pkg}.{other}."):
                     bad.append(f"{f.relative_to(REPO)} imports {mod}")
     assert not bad
+
+
+# --- core modules ask plugins, never name them --------------------------------------------------------
+# Core code (configuration, the results schema, the CLI, the cost model, the passes, the runner, the job,
+# the scenario, the planner's front end) asks an engine adapter, a placement or a family what it can do
+# (a capability, an adapter-owned hook); it never compares or spells a plugin's name, nor imports an
+# engine plugin's own modules. Deleting a plugin's package leaves them working (tests/llamacpp/
+# test_plugin_removal.py deletes llama.cpp's). Checked on every string literal outside docstrings.
+CORE = ("harness.config", "harness.results.schema", "harness.cli", "harness.costmodel", "harness.passes",
+        "harness.runner", "harness.job", "harness.scenario", "harness.plan")
+# names that are not plugin names where core code uses them: `cpu` is a device kind everywhere in the
+# harness; `resident` is the reference placement the design compares every other with (DESIGN §3: the
+# invariant, the ablation's other side)
+NOT_PLUGIN_NAMES = {"cpu", "resident"}
+# a literal that is a plugin's name but means something else there, or an experiment on named plugins
+NAMED: dict[tuple[str, str], str] = {
+    ("harness.cli", "moebench"): "the program's own name in the sweep's recorded command line",
+    ("harness.passes.nsys", "moebench"): "the NVTX domain the engine's ranges use (engine.nvtx_ranges)",
+    ("harness.config.schema", "hf"): "model=hf, the model group's option for a checkpoint dir (not the engine)",
+    ("harness.costmodel.fit", "fetch"): "the calibration probes: the link rate is fitted from fetch runs",
+    ("harness.costmodel.fit", "stream"): "the calibration probes: streamed prefill is fitted from stream runs",
+    ("harness.plan", "hybrid"): "`moebench fit --search n_cpu_layers` searches hybrid's CPU layer count",
+}
+
+
+def plugin_names() -> dict[str, str]:
+    """name -> its family, for every registered engine adapter, model family and placement."""
+    from engine.registry import FAMILIES, PLACEMENTS
+    from harness.engines.registry import ENGINES
+    out = {n: "placement" for n in PLACEMENTS.names() if n not in NOT_PLUGIN_NAMES}
+    out.update({n: "model family" for n in FAMILIES.names()})
+    out.update({n: "engine" for n in ENGINES.names()})
+    return out
+
+
+def engine_plugin_modules() -> set[str]:
+    """The modules an engine plugin owns: an adapter module of harness.engines, or the whole package
+    an adapter elsewhere lives in (harness.llamacpp for harness.llamacpp.adapter)."""
+    from harness.engines.registry import ENGINES
+    out = set()
+    for name in ENGINES.names():
+        module = ENGINES._targets[name].partition(":")[0]
+        out.add(module if module.startswith("harness.engines.") else module.rpartition(".")[0])
+    return out
+
+
+def named_plugins(modules: Mapping[str, Path], names: Mapping[str, str], owned: Iterable[str]) -> list[tuple[str, str]]:
+    """(module, what) for each plugin a core module names: a string literal equal to a plugin's name
+    (docstrings aside), or an import of an engine plugin's own modules."""
+    found = []
+    for module, path in sorted(modules.items()):
+        if not any(module == c or module.startswith(c + ".") for c in CORE):
+            continue
+        tree = ast.parse(path.read_text(), filename=str(path))
+        docs = {id(n.body[0].value) for n in ast.walk(tree)
+                if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs \
+                    and node.value in names:
+                found.append((module, node.value))
+        for target in imported_modules(module, path, modules):
+            if any(target == o or target.startswith(o + ".") for o in owned):
+                found.append((module, f"import {target}"))
+    return found
+
+
+def test_core_modules_name_no_engine_family_or_placement():
+    names = plugin_names()
+    found = named_plugins(MODULES, names, engine_plugin_modules())
+    bad = [f"{m}: {what!r}" + (f" (a {names[what]} name)" if what in names else "") for m, what in found
+           if (m, what) not in NAMED]
+    assert not bad, "core modules name plugins (ask a capability or an adapter hook instead): " + "; ".join(bad)
+    gone = [key for key in NAMED if key not in found]
+    assert not gone, f"NAMED entries no longer used (delete them): {gone}"
+
+
+def test_the_name_scan_finds_a_name_and_an_import(tmp_path):
+    """The scan itself: an engine compared by name, a family and a placement spelled, an engine
+    plugin's module imported -- each found; a docstring naming them, a device kind `cpu` and a
+    module outside the core pass."""
+    sources = {"harness.passes.probe": '"""Runs on engine=llamacpp, placement=fetch."""\n'
+                                       'def f(spec):\n    return spec.engine == "llamacpp" or spec.device == "cpu"\n'
+                                       'FAMILY = "mixtral"\nPLACEMENT = "stream"\n'
+                                       'def g():\n    from harness.engines.hf import HFAdapter\n',
+               "harness.reference_probe": 'ENGINE = "moebench"\n'}
+    probes = {}
+    for name, source in sources.items():
+        probes[name] = tmp_path / f"{name}.py"
+        probes[name].write_text(source)
+    found = [f for f in named_plugins({**MODULES, **probes}, plugin_names(), engine_plugin_modules()) if f[0] in probes]
+    assert sorted(found) == [("harness.passes.probe", "import harness.engines.hf"),
+                             ("harness.passes.probe", "llamacpp"), ("harness.passes.probe", "mixtral"),
+                             ("harness.passes.probe", "stream")]

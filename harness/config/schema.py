@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from hydra.errors import HydraException
@@ -24,12 +24,14 @@ from harness import plugins
 from harness.passes import DEFAULT_PASSES
 from harness.plugins import PluginConf
 
+if TYPE_CHECKING:
+    from engine.blocks.quant_experts import ExpertQuant
+
 WORKLOADS = ("coding_agent", "chat", "long_doc")
 TOKEN_SOURCES = ("text", "random")
 PROFILERS = ("none", "torch", "nsys")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = (*DTYPE_NAMES, "auto")       # "auto": the dtype the checkpoint was saved in
-KV_ENGINES = ("moebench", "llamacpp")  # the engines that apply kv.dtype (llama.cpp: as -ctk/-ctv)
 
 
 class ConfigError(ValueError):
@@ -222,16 +224,13 @@ class RunSpec:
     policy_options: dict[str, Any] = field(default_factory=dict)     # constructor kwargs, prepared by the policy
     prefetch_options: dict[str, Any] = field(default_factory=dict)   # the prefetcher's Options as kwargs
     engine_options: Any = None                                       # the engine adapter's parsed Options
-    expert_quant: Any = None          # engine.blocks.quant_experts.ExpertQuant, resolved; None: exact experts
+    expert_quant: ExpertQuant | None = None   # the routed experts' treatment, resolved; None: exact experts
     capacity_bytes: int | None = None  # the cache in bytes (capacity is None then)
     kv_dtype: str = DEFAULT_KV_DTYPE                                 # how the KV is stored (engine.kvquant)
-
-    @property
-    def all_logits(self) -> bool:
-        """The job's engine keeps every position's logits of a micro-batch, which its memory plan
-        makes room for: the quality pass runs on it (harness.passes.quality: moebench under
-        check_reference, `quality` in run.passes)."""
-        return self.engine == "moebench" and self.run.check_reference and "quality" in self.run.passes
+    # the job's engine keeps every position's logits of a micro-batch, which its memory plan makes room for:
+    # the quality pass runs on it (an engine with per-position logits, under check_reference, `quality` in
+    # run.passes: harness.passes.quality)
+    all_logits: bool = False
 
     @property
     def lossy(self) -> bool:

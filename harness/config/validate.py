@@ -15,18 +15,18 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from engine.config import ModelConfig
 from engine.devices import parse_bytes
-from engine.kvquant import DEFAULT_KV_DTYPE, KV_DTYPES, KVFormatError
+from engine.kvquant import DEFAULT_KV_DTYPE, KV_DTYPES
 from engine.placements import needs_cache
 from engine.registry import POLICIES, PREFETCHERS
 from harness.config.model import capacity_bytes_of, capacity_of, expert_quant_of, model_config_of
 from harness.config.plugin_options import placement_options_of, plugin_options, policy_options_of
-from harness.config.schema import (DEFAULT_CAPACITY, DEVICES, DTYPES, GROUP_SCHEMAS, KV_ENGINES, PROFILERS,
+from harness.config.schema import (DEFAULT_CAPACITY, DEVICES, DTYPES, GROUP_SCHEMAS, PROFILERS,
                                    TOKEN_SOURCES, WORKLOADS, ConfigError, HardwareConf, ModelConf,
-                                   RunConf, RunSpec, WorkloadConf, allowed_error, run_dtype)
+                                   RunConf, RunSpec, WorkloadConf, allowed_error)
 from harness.contract import EXPERT_CACHE_STATES, RESUME_MODES, session_tokens
 from harness.passes import check_passes
+
 
 def check_keys(cfg: DictConfig) -> None:
     """Reject keys that no schema declares -- including ones added with `+key=value`,
@@ -54,26 +54,17 @@ def _check_node(path: str, node: DictConfig, fallback: type) -> None:
             _check_node(f"{path}.{key}", child, OmegaConf.get_type(child))
 
 
-def _kv_dtype(kv: dict[str, Any], mcfg: ModelConfig, engine: str, engine_options: Any) -> str:
-    """kv.dtype, checked against the model's state kinds and head_dim (before any weight is read)."""
+def _kv_dtype(kv: dict[str, Any], engine: str, adapter: type) -> str:
+    """kv.dtype: a known format, and one the job's engine applies (its own check -- against the
+    model's state kinds, or as its own flags -- comes with the engine's: `EngineAdapter.check`)."""
     name = kv.get("dtype", DEFAULT_KV_DTYPE)
     if name not in KV_DTYPES:
         raise allowed_error("kv.dtype", list(KV_DTYPES), name)
-    if name != DEFAULT_KV_DTYPE and engine not in KV_ENGINES:
+    if name != DEFAULT_KV_DTYPE and not adapter.kv_treatments:
+        from harness.engines.registry import engines_with
         raise ConfigError(f"kv.dtype={name}: engine={engine} has no KV storage treatments; allowed with "
                           f"engine={engine}: kv.dtype={DEFAULT_KV_DTYPE} (kv.dtype applies to engine="
-                          f"{' | '.join(KV_ENGINES)})")
-    if engine == "llamacpp":
-        from harness.llamacpp.flags import FlagError
-        try:
-            engine_options.flags(None, None, None, name)          # -ctk/-ctv, checked with engine.* knobs
-        except FlagError as exc:
-            raise ConfigError(str(exc)) from None
-        return name
-    try:
-        mcfg.architecture().state_terms(4, name)
-    except KVFormatError as exc:
-        raise ConfigError(f"kv.dtype: {exc}") from None
+                          f"{' | '.join(engines_with('kv_treatments'))})")
     return name
 
 
@@ -87,11 +78,12 @@ def validate(cfg: DictConfig) -> RunSpec:
     mcfg = model_config_of(model)
     placement = dict(c["placement"])
     pname = placement.pop("name")
-    from harness.engines import ENGINES
+    from harness.engines.registry import ENGINES
     engine_opts = dict(c["engine"])
     engine = engine_opts.pop("name")
     engine_options = plugin_options(ENGINES, "engine", engine, engine_opts)
-    loader = ENGINES.get(engine).checkpoint_loader
+    adapter = ENGINES.get(engine)
+    loader = adapter.checkpoint_loader
     if model.path and loader:                 # before any loader sees the dir (harness.remote_code)
         from harness.remote_code import RemoteCodeRefused, refuse_checkpoint_code
         try:
@@ -155,7 +147,7 @@ def validate(cfg: DictConfig) -> RunSpec:
     if not uses_cache:
         capacity = capacity_bytes = None
     expert_quant = expert_quant_of(c["experts"], mcfg)
-    if expert_quant is not None and not ENGINES.get(engine).uses_placement:
+    if expert_quant is not None and not adapter.uses_placement:
         raise ConfigError(f"experts.quant={c['experts']['quant']}: quantised experts are moebench's treatment; "
                           f"engine={engine} runs its own weights (its engine.* knobs); allowed with engine={engine}: "
                           "experts.quant=none")
@@ -165,14 +157,15 @@ def validate(cfg: DictConfig) -> RunSpec:
         raise ConfigError(f"prefetch={prefetch}: needs a placement with a device expert cache "
                           f"(fetch, or stream with stream_fallback=fetch); got placement={pname}")
     policy_options = policy_options_of(c["cache"], mcfg, run) if uses_cache else {}
-    kv_dtype = _kv_dtype(c.get("kv") or {}, mcfg, engine, engine_options)
-    if engine == "llamacpp":
-        try:
-            engine_options.weights_for(run_dtype(model, mcfg))
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-    return RunSpec(kv_dtype=kv_dtype, model=model, placement=pname, placement_options=placement, capacity=capacity,
+    kv_dtype = _kv_dtype(c.get("kv") or {}, engine, adapter)
+    spec = RunSpec(kv_dtype=kv_dtype, model=model, placement=pname, placement_options=placement, capacity=capacity,
                    policy=c["cache"]["policy"] if uses_cache else None, prefetch=prefetch,
                    workload=workload, hardware=hardware, run=run, engine=engine, model_config=mcfg,
                    policy_options=policy_options, prefetch_options=prefetch_options, engine_options=engine_options,
-                   expert_quant=expert_quant, capacity_bytes=capacity_bytes)
+                   expert_quant=expert_quant, capacity_bytes=capacity_bytes,
+                   all_logits=adapter.per_position_logits and run.check_reference and "quality" in run.passes)
+    try:
+        adapter.check(spec)                   # the engine's own part: its KV treatment, its knobs
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return spec

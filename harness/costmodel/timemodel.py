@@ -139,8 +139,9 @@ class Prediction:
     fits_device_memory: bool | None = None      # vs the profile's device_memory_gib (None: unknown)
 
     def factors(self, workload: str = "shape") -> dict[str, Any]:
+        from harness.engines.registry import predicted_engine     # the engine whose time this predicts
         pl, sh = self.placement, self.shape
-        return {"engine": "moebench", "model": self.model, "placement": pl.name,
+        return {"engine": predicted_engine(), "model": self.model, "placement": pl.name,
                 "cache_capacity": str(pl.capacity) if pl.uses_cache else None,
                 "cache_policy": pl.policy if pl.uses_cache else None, "prefetch": "none", "workload": workload,
                 "context_tokens": sh.context_tokens, "gen_tokens": sh.gen_tokens, "batch": sh.batch,

@@ -1,15 +1,15 @@
-"""Engine adapters, one plugin family: `moebench` (ours), `hf` (transformers), and whatever the
-entry-point group `moebench.engines` adds -- so one sweep compares them side by side.
+"""Engine adapters, one plugin family: `moebench` (ours), `hf` (transformers), `llamacpp` (llama.cpp's
+server) and whatever the entry-point group `moebench.engines` adds -- so one sweep compares them
+side by side.
 
-Owns: the registry (`ENGINES`, name -> "module:Class", lazily imported), building the job's
-measured adapter with its parsed options, and `EngineCache`, which keeps that *measured* engine
+Owns: building the job's measured adapter with its parsed options, and `EngineCache`, which keeps that *measured* engine
 between the jobs of one run (a sweep's jobs that share an engine configuration load it once;
 `EngineCache.loads` counts real loads; nothing else is kept between jobs, so only the measured
 engine occupies the device). A cache is an object its run holds (harness.session.RunSession),
 never module state; what it holds is closed when it is released, garbage-collected, or the
 process exits (a llama.cpp adapter's server and temporary dir with it).
-Does not own: the interface (harness.engines.base), timing or phases (harness.scenario), the
-reference (harness.reference).
+Does not own: the registry and what it answers (harness.engines.registry), the interface
+(harness.engines.base), timing or phases (harness.scenario), the reference (harness.reference).
 
     engines = EngineCache()
     adapter, loaded_now = engines.get(spec)     # a validated RunSpec
@@ -24,9 +24,9 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from engine.lazy import lazy_module
-from engine.registry import Registry
 from harness.contract import session_tokens
 from harness.engines.base import EngineAdapter, Produced, argmax
+from harness.engines.registry import ENGINES
 from harness.machine import job_threads
 
 if TYPE_CHECKING:
@@ -35,11 +35,6 @@ else:                  # the registry and its adapters' options load without tor
     torch = lazy_module("torch", globals())
 
 log = logging.getLogger(__name__)
-ENGINES = Registry("engine", "moebench.engines", {
-    "moebench": "harness.engines.moebench:MoebenchAdapter",
-    "hf": "harness.engines.hf:HFAdapter",
-    "llamacpp": "harness.engines.llamacpp:LlamaCppAdapter",
-})
 
 __all__ = ["ENGINES", "EngineAdapter", "EngineCache", "Produced", "argmax", "engine_key", "session_tokens_of"]
 

@@ -27,6 +27,9 @@ from engine.lazy import lazy_module
 
 if TYPE_CHECKING:
     import torch
+
+    from engine.engine import Engine
+    from harness.config.schema import RunSpec
 else:                  # an adapter's class and options load without torch (moebench --help, plan)
     torch = lazy_module("torch", globals())
 
@@ -60,7 +63,29 @@ class EngineAdapter(ABC):
     resolved_capacity: int | None = None
     has_expert_cache: bool = False     # whether phases start from a cold or warm expert cache
     instrument: Instrument = NULL
+    # our engine (engine.Engine) where the adapter runs one: what `per_position_logits`, `routing_hooks` and
+    # `resident_twin` read; None for an engine that runs elsewhere
+    engine: Engine | None = None
+
+    # --- what it can do: capabilities core code asks (harness.config, harness.plan, the passes, the cost
+    # model, the results store), never its name
     uses_placement: ClassVar[bool] = True   # moebench's placement/cache/prefetch factors apply to it
+    kv_treatments: ClassVar[bool] = False   # it stores its KV as kv.dtype says (a lossy treatment, labelled)
+    per_position_logits: ClassVar[bool] = False   # full-vocabulary logits at every position of a micro-batch
+                                                  # (`engine.prefill(all_logits=True)`: the quality pass)
+    routing_hooks: ClassVar[bool] = False   # its routing is recorded per pass (`engine.model.step_log`: the trace pass)
+    resident_twin: ClassVar[bool] = False   # `resident_adapter(spec)`: the same job, every expert resident (ablation)
+    memory_plan: ClassVar[bool] = False     # it plans device memory with engine.planner before loading (so a job's
+                                            # plan, under its kv.dtype, is checked before any weight is read)
+    cost_model: ClassVar[bool] = False      # the cost model and the roofline predict its time (harness.costmodel)
+    # its knobs' row columns (what `knobs()` returns beside the factors): configuration a results table groups
+    # by (harness.results.CONFIG_COLUMNS)
+    knob_columns: ClassVar[tuple[str, ...]] = ()
+    # config column -> the value its rows held before that column existed (a results file older than the column
+    # reads it for this engine's rows: harness.results.reader)
+    columns_before: ClassVar[dict[str, str]] = {}
+    # `moebench <words>` -> "module:function(argv)": its sub-commands (building a server, importing its reports)
+    commands: ClassVar[dict[str, str]] = {}
     allocates_here: ClassVar[bool] = True    # its device memory is this process's allocator's (not a server's)
     threads_at_load: ClassVar[bool] = False  # its thread count is fixed when it loads (a server's -t): a job
                                              # at another run.threads needs another engine, never this one
@@ -96,9 +121,25 @@ class EngineAdapter(ABC):
         return None
 
     @classmethod
+    def check(cls, spec: RunSpec) -> None:
+        """This engine's own checks of a job, before any weight is read (harness.config.validate
+        reports a ValueError's one line as the config error). The default: the model can store its
+        KV as kv.dtype says (engine.kvquant: its state kinds and head_dim)."""
+        from engine.kvquant import KVFormatError
+        try:
+            spec.model_config.architecture().state_terms(4, spec.kv_dtype)
+        except KVFormatError as exc:
+            raise ValueError(f"kv.dtype: {exc}") from None
+
+    @classmethod
     @abstractmethod
-    def build(cls, spec: Any, options: Any, **kw: Any) -> "EngineAdapter":
+    def build(cls, spec: RunSpec, options: Any, **kw: Any) -> "EngineAdapter":
         """The adapter for a validated RunSpec and this engine's parsed Options."""
+
+    def resident_adapter(self, spec: RunSpec) -> "EngineAdapter":
+        """Where `resident_twin`: the same job on the same device with every expert resident (the
+        ablation's other side)."""
+        raise NotImplementedError(f"engine={self.name} has no resident twin")
 
     @abstractmethod
     def new_session(self, batch: int) -> Any: ...

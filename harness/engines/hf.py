@@ -17,14 +17,19 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from engine.dtypes import DTYPES, dtype_name
-from engine.export import export_preset
+from engine.lazy import lazy_module
 from harness.engines.base import EngineAdapter, Produced, argmax, refuse_truncation
 from harness.remote_code import refuse_checkpoint_code
+
+if TYPE_CHECKING:
+    import torch
+
+    from harness.config.schema import RunSpec
+else:                  # its declarations (capabilities, options) load without torch; building it loads torch
+    torch = lazy_module("torch", globals())
 
 
 class HFAdapter(EngineAdapter):
@@ -32,8 +37,10 @@ class HFAdapter(EngineAdapter):
     uses_placement = False            # transformers runs its own way; moebench's placement/cache do not apply
     checkpoint_loader = "transformers' from_pretrained"
 
-    def __init__(self, spec: Any) -> None:
+    def __init__(self, spec: RunSpec) -> None:
         import transformers
+
+        from engine.export import export_preset
 
         refuse_truncation(spec, self.name)
         self.ubatch = spec.workload.ubatch
@@ -65,7 +72,7 @@ class HFAdapter(EngineAdapter):
         self.compute_dtype = dtype_name(self.model.dtype)
 
     @classmethod
-    def build(cls, spec: Any, options: Any, **kw: Any) -> "HFAdapter":   # progress etc. do not apply
+    def build(cls, spec: RunSpec, options: Any, **kw: Any) -> "HFAdapter":   # progress etc. do not apply
         return cls(spec)
 
     def budget_gap(self) -> str | None:
@@ -77,10 +84,10 @@ class HFAdapter(EngineAdapter):
         from transformers import DynamicCache
         return {"past": DynamicCache(config=self.model.config)}
 
-    @torch.inference_mode()
     def _forward(self, sess, ids: torch.Tensor) -> torch.Tensor:
         # the same work as ours: logits of the last position only, never [B, T, V]
-        out = self.model(ids.to(self.device), past_key_values=sess["past"], use_cache=True, logits_to_keep=1)
+        with torch.inference_mode():
+            out = self.model(ids.to(self.device), past_key_values=sess["past"], use_cache=True, logits_to_keep=1)
         return out.logits[:, -1]
 
     def prefill(self, sess, rows) -> Produced:

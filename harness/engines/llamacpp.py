@@ -39,13 +39,16 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.engines.base import EngineAdapter, Produced, refuse_truncation
 from harness.llamacpp.convert import LOADER as CONVERTER
-from harness.llamacpp.flags import OWN_TYPES
+from harness.llamacpp.flags import BENCH_ONLY_KNOBS, KNOB_COLUMNS, OWN_TYPES
 from harness.llamacpp.responses import logprob_of
 from harness.machine import job_threads
+
+if TYPE_CHECKING:
+    from harness.config.schema import RunSpec
 
 log = logging.getLogger(__name__)
 CONFIGS = ("exact", "defaults")      # exact: KV in the model's dtype, flash attention off (reproduces the reference)
@@ -129,6 +132,17 @@ class LlamaCppAdapter(EngineAdapter):
     threads_at_load = True            # the server's -t
     allocates_here = False            # the server holds its device memory: this process's peaks are not its
     checkpoint_loader = CONVERTER
+    kv_treatments = True              # kv.dtype as -ctk/-ctv
+    # its configuration, GGUF type and knobs as row columns, and the knobs a llama-bench import keeps
+    knob_columns = ("llamacpp_config", "gguf_type", *KNOB_COLUMNS.values(), *BENCH_ONLY_KNOBS)
+    commands = {"setup llamacpp": "harness.llamacpp.build:main",           # build the pinned llama.cpp once
+                "import llama-bench": "harness.llamacpp.bench_import:main"}  # llama-bench output -> tidy rows
+
+    @classmethod
+    def check(cls, spec: RunSpec) -> None:
+        """kv.dtype as -ctk/-ctv, checked with the engine.* knobs; a GGUF type for the model's dtype."""
+        spec.engine_options.flags(None, None, None, spec.kv_dtype)      # FlagError: a ValueError
+        spec.engine_options.weights_for(spec.dtype)
 
     def __init__(self, spec: Any, options: LlamaCppOptions) -> None:
         from harness.engines import session_tokens_of

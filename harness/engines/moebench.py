@@ -11,16 +11,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.hooks import NULL, Instrument
 from engine.kvquant import DEFAULT_KV_DTYPE
 from harness.engines.base import EngineAdapter, Produced
 
+if TYPE_CHECKING:
+    from harness.config.schema import RunSpec
+
 
 class MoebenchAdapter(EngineAdapter):
     name = "moebench"
     checks_finite = True              # every pass checked in the engine, read with its token (Engine.greedy)
+    kv_treatments = per_position_logits = routing_hooks = resident_twin = memory_plan = cost_model = True
+    # moebench ran exact experts only until experts.quant, and kept its KV in the model's dtype until kv.dtype
+    columns_before = {"expert_quant": "none", "kv_dtype": "model"}
 
     def __init__(self, spec: Any, placement: str | None = None, device: str | None = None,
                  prefetch_options: dict[str, Any] | None = None, progress: Any = None, exact: bool = False,
@@ -59,9 +65,13 @@ class MoebenchAdapter(EngineAdapter):
         self.lossy = self.engine.lossy
 
     @classmethod
-    def build(cls, spec: Any, options: Any, **kw: Any) -> "MoebenchAdapter":
+    def build(cls, spec: RunSpec, options: Any, **kw: Any) -> "MoebenchAdapter":
         """The job's measured engine (the quality pass, harness.passes.quality, runs on it)."""
         return cls(spec, quality=spec.all_logits, **kw)
+
+    def resident_adapter(self, spec: RunSpec) -> "MoebenchAdapter":
+        """The same model on the job's device, budget, experts.quant and kv.dtype, every expert resident."""
+        return MoebenchAdapter(spec, placement="resident")
 
     def new_session(self, batch: int):
         return self.engine.new_session(batch)

@@ -34,8 +34,9 @@ class AblationPass(Pass):
         spec = ctx.spec
         if not spec.run.ablation:
             return "run.ablation=false"
-        if spec.engine != "moebench":
-            return f"engine={spec.engine}: the resident side is moebench's engine, which would not pair with it"
+        if not ctx.adapter.resident_twin:
+            return (f"engine={spec.engine}: it has no resident twin (the same engine, every expert resident) to "
+                    "pair with")
         if spec.placement == "resident" and not spec.run.ablation_aa:
             return "placement=resident is the resident side itself (run.ablation_aa=true pairs it as the A/A check)"
         return None
@@ -78,14 +79,13 @@ def plan_ablation(spec: RunSpec, eng: EngineAdapter) -> Ablation:
 def _pair(ctx: RunContext, ab: Ablation) -> Ablation:
     """The resident side's repeats, paired with the placement's (`ab.mode`)."""
     from harness.ablation import pair_order
-    from harness.engines.moebench import MoebenchAdapter
     from harness.scenario import run_repeat
     spec, eng, sample, warm = ctx.spec, ctx.adapter, ctx.sample, ctx.warm
     gen, n = spec.workload.gen_tokens, spec.run.repeats
     if ab.mode == "sequential":     # the measured engine leaves the device before the resident one arrives
         ctx.free_engine("for the ablation's resident side (both engines together exceed the device budget)")
         ab.placement = ctx.measured
-    resident = MoebenchAdapter(spec, placement="resident")
+    resident = eng.resident_adapter(spec)
     repeat_of = {"placement": lambda: run_repeat(eng, sample, gen, keep_logits=False, warm_with=warm),
                  "resident": lambda: run_repeat(resident, sample, gen, keep_logits=False)}
     try:

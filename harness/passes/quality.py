@@ -25,7 +25,7 @@ class QualityPass(Pass):
             return "no exact reference (run.check_reference=false)"
         if ctx.reference is None or ctx.reference.quality is None:
             return "the exact reference holds no quality pass"
-        if getattr(ctx.adapter, "engine", None) is None or spec.engine != "moebench":
+        if not ctx.adapter.per_position_logits:
             return f"engine={spec.engine} gives no full-vocabulary logits per position"
         return None
 

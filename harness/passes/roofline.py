@@ -28,8 +28,9 @@ class RooflinePass(Pass):
     uses_engine = False                  # reads the measured repeats and the resolved capacity only
 
     def skip_reason(self, ctx: RunContext) -> str | None:
-        if ctx.spec.engine != "moebench":
-            return f"engine={ctx.spec.engine}: the bound models moebench's own engine (its placements and cache)"
+        if not ctx.adapter.cost_model:
+            return (f"engine={ctx.spec.engine}: the bound models an engine the cost model predicts (its placements "
+                    "and cache), which this one is not")
         return None
 
     def run(self, ctx: RunContext) -> None:

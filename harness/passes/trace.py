@@ -22,7 +22,7 @@ class TracePass(Pass):
     def skip_reason(self, ctx: RunContext) -> str | None:
         if not ctx.spec.run.record_trace:
             return "run.record_trace=false"
-        if getattr(ctx.adapter, "engine", None) is None:
+        if not ctx.adapter.routing_hooks:
             return f"engine={ctx.spec.engine} exposes no routing"
         return None
 

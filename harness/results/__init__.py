@@ -24,7 +24,9 @@ Decisions recorded here so that readers can rely on them:
   * what "complete" means: see `harness.results.store`; how a job present in several files is
     read once: `harness.results.reader`.
 """
-from harness.results.schema import (CONFIG_COLUMNS, DEVICE_COLUMNS, DONE_FILE, ERROR_METRIC, FACTOR_COLUMNS, MANIFEST_FILE,
+from typing import Any
+
+from harness.results.schema import (DEVICE_COLUMNS, DONE_FILE, ERROR_METRIC, FACTOR_COLUMNS, MANIFEST_FILE,
                                     REQUIRED_COLUMNS, ROW_COLUMNS, ROWS_FILE, SCHEMA_VERSION, SOURCES, STATUSES,
                                     STEPS_FILE, SUMMARY_FILE, SWEEP_STEPS, SWEEP_TABLE, ResultsError, Row,
                                     failed_row, frame_to_table, make_rows, rows_to_table)
@@ -35,6 +37,15 @@ from harness.results.store import (atomic_write_bytes, atomic_write_text, inspec
 from harness.results.sweep_table import sweep_frame, write_sweep
 from harness.results.summary import SUMMARY_KEYS, spread_table, summarize
 from harness.contract import FAILED_PHASE, METRIC_UNITS, PHASES
+
+
+def __getattr__(name: str) -> Any:
+    """CONFIG_COLUMNS, made on first use: it asks the engine registry for the engines' knob columns."""
+    if name == "CONFIG_COLUMNS":
+        from harness.results import schema
+        value = globals()["CONFIG_COLUMNS"] = schema.CONFIG_COLUMNS
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "CONFIG_COLUMNS", "DEVICE_COLUMNS", "DONE_FILE", "ERROR_METRIC", "FACTOR_COLUMNS", "FAILED_PHASE", "MANIFEST_FILE",

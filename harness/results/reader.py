@@ -30,7 +30,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from harness.results.schema import (BOOL_COLUMNS, INT_COLUMNS, META_KEY, NOT_NULL_COLUMNS, COLUMN_TYPES, ADDED_COLUMNS,
+from harness.results.schema import (BOOL_COLUMNS, INT_COLUMNS, META_KEY, NOT_NULL_COLUMNS, COLUMN_TYPES, added_column_values,
                                     DONE_FILE, REQUIRED_COLUMNS, ROWS_FILE, SCHEMA_VERSION, STATUSES, STEPS_FILE,
                                     SWEEP_STEPS, SWEEP_TABLE, ResultsError)
 from harness.results.store import STEP_COLUMNS, done_record, file_mismatch, is_temp_file, read_done
@@ -127,7 +127,7 @@ def _read_one(file: Path) -> tuple[pd.DataFrame | None, str | None]:
         why = file_mismatch(file, done["files"][ROWS_FILE], data)      # readable, but not what the job wrote
         if why:
             return None, why
-    for name, before in ADDED_COLUMNS.items():
+    for name, before in added_column_values().items():
         if name not in table.schema.names:
             table = table.append_column(pa.field(name, pa.string()), _legacy_column(table, before))
     why = _schema_problems(table.schema)

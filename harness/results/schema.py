@@ -19,7 +19,6 @@ import pandas as pd
 import pyarrow as pa
 
 from harness.contract import FAILED_PHASE, METRIC_UNITS, PHASES
-from harness.llamacpp.flags import BENCH_ONLY_KNOBS, KNOB_COLUMNS
 
 
 log = logging.getLogger(__name__)
@@ -29,22 +28,17 @@ SCHEMA_VERSION = 1
 ROW_COLUMNS = ["sweep_id", "job_id", "repeat", "phase", "metric", "value", "unit", "source", "status"]
 FACTOR_COLUMNS = ["engine", "model", "placement", "cache_capacity", "cache_policy", "prefetch",
                   "workload", "context_tokens", "gen_tokens", "batch", "dtype", "expert_quant", "kv_dtype"]
-# factor columns added after schema v1 was first written, with what each engine always did before
-# the column existed: a file without one reads that value for those engines' rows and null for any
-# other (moebench ran exact experts only until experts.quant, and kept its KV in the model's dtype
-# until kv.dtype; other engines' weights and caches are their knobs), so old baselines stay
-# comparable with new runs of the same configuration
-ADDED_COLUMNS: dict[str, dict[str, str]] = {"expert_quant": {"moebench": "none"}, "kv_dtype": {"moebench": "model"}}
+# factor columns added after schema v1 was first written: a file without one reads, for each engine's
+# rows, what that engine declares its rows held before the column existed (its adapter's
+# `columns_before`: our engine ran exact experts only until experts.quant and kept its KV in the
+# model's dtype until kv.dtype; other engines' weights and caches are their knobs) and null for any
+# other, so old baselines stay comparable with new runs of the same configuration
+ADDED_COLUMNS = ("expert_quant", "kv_dtype")
 DEVICE_COLUMNS = ["device_kind", "device_name", "emulated"]
-# every row column that tells one configuration from another: the factors, then what a job adds
-# beside them (a cache given in bytes -- cache_capacity "bytes" -- placement options, the
-# micro-batch, the token source, the expert-cache start, the thread count, llama.cpp's
-# configuration, GGUF type and knobs, and the knobs a llama-bench import keeps). What tables,
-# comparisons and plots group by, so no two settings pool into one number.
-CONFIG_COLUMNS = list(dict.fromkeys([
-    *FACTOR_COLUMNS, "cache_capacity_bytes", "placement_options", "ubatch", "token_source", "expert_cache_mode",
-    "threads",
-    "llamacpp_config", "gguf_type", *KNOB_COLUMNS.values(), *BENCH_ONLY_KNOBS]))
+# the columns that tell one configuration from another beside the factors: a cache given in bytes
+# (cache_capacity "bytes"), placement options, the micro-batch, the token source, the expert-cache
+# start, the thread count; then every registered engine's knob columns (CONFIG_COLUMNS)
+JOB_COLUMNS = ("cache_capacity_bytes", "placement_options", "ubatch", "token_source", "expert_cache_mode", "threads")
 REQUIRED_COLUMNS = ROW_COLUMNS + FACTOR_COLUMNS + DEVICE_COLUMNS
 
 STATUSES = ("ok", "failed")
@@ -76,6 +70,30 @@ COLUMN_TYPES: dict[str, pa.DataType] = {
 NOT_NULL_COLUMNS = ("sweep_id", "job_id", "phase", "metric", "source", "status")
 
 Row = dict[str, Any]
+
+
+def added_column_values() -> dict[str, dict[str, str]]:
+    """ADDED_COLUMNS -> {engine: the value its rows held before the column existed}, as the
+    registered engine adapters declare it (harness.engines.registry)."""
+    from harness.engines.registry import columns_before
+    before = columns_before()
+    return {column: before.get(column, {}) for column in ADDED_COLUMNS}
+
+
+def config_columns() -> list[str]:
+    """Every row column that tells one configuration from another: the factors, what a job adds
+    beside them (JOB_COLUMNS), and every registered engine's knob columns (llama.cpp's -ngl, its
+    GGUF type ...). What tables, comparisons and plots group by, so no two settings pool into one
+    number. `CONFIG_COLUMNS` is this list, made on first use (it asks the engine registry)."""
+    from harness.engines.registry import knob_columns
+    return list(dict.fromkeys([*FACTOR_COLUMNS, *JOB_COLUMNS, *knob_columns()]))
+
+
+def __getattr__(name: str) -> Any:
+    if name == "CONFIG_COLUMNS":
+        value = globals()["CONFIG_COLUMNS"] = config_columns()
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class ResultsError(ValueError):

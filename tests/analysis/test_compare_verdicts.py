@@ -128,6 +128,20 @@ def test_a_2x_slowdown_with_one_repeat_is_inconclusive(runs, tmp_path) -> None:
     assert code == 4 and "fewer than 2 samples on a side: nothing could be significant" in report, out
 
 
+def test_one_repeat_a_side_and_no_checks_is_inconclusive(runs, tmp_path) -> None:
+    """No checks, one repeat a side, even a 2x slowdown: no pair could be tested, so the verdict is
+    INCONCLUSIVE with the reason, never PASS; with 2 repeats a side and no checks it is a PASS."""
+    new = rewritten(runs["one"], tmp_path / "new" / "sweeps" / "one", slower(2.0))
+    for other in (runs["one"], new):
+        code, out, report, t = compare(runs["one"], other, tmp=tmp_path)
+        assert code == 4 and "**INCONCLUSIVE**" in report and "**PASS**" not in report, out
+        assert len(t) and set(t["test"]) == {"too few"}
+        why = f"every compared pair ({len(t)}) has fewer than 2 samples on a side: nothing could be significant"
+        assert why in report and f"INCONCLUSIVE (exit 4): {why}" in out
+    code, out, report, _ = compare(runs["ckpt"], runs["copy"], tmp=tmp_path)
+    assert code == 0 and "**PASS**" in report, out
+
+
 def test_a_real_regression_with_enough_repeats_fails(runs, tmp_path) -> None:
     new = rewritten(runs["five"], tmp_path / "new" / "sweeps" / "five", slower(2.0))
     code, out, report, t = compare(runs["five"], new, *CHECK, tmp=tmp_path)
