@@ -16,10 +16,18 @@ File format (`np.savez`, read with `allow_pickle=False`), N=tokens, L=MoE layers
                                   Without it every token is its own step (decode-like replay).
     sequence  int32   [N]         optional extension: batch row (sequence) each token belongs to, so
                                   "previous token" statistics compare tokens of the same sequence
+    counts    int64   [L, E]      optional extension, a *count-only* trace (meta count_only: true): how
+                                  many tokens routed to each expert, per layer, with no token order (an
+                                  imported SGLang `stat` dump); experts is then empty, [0, L, k]
     meta      str (0-d)           JSON object: at least n_experts, expert_bytes; recorded traces add
                                   model, family, num_layers, moe_layers, top_k, hidden_size, dtype, and
                                   expert_bytes_vary when experts store different bytes (a mixed
                                   treatment: expert_bytes is then the slot size, no expert's own)
+
+A count-only trace serves popularity analyses only (`expert_counts`: static's hot-expert profile,
+the simulator's popularity table); everything that needs the order tokens were routed in
+(`lookup_arrays`, and so every replay, curve, prefetch oracle and routing statistic) refuses it
+in one line (`require_order`) rather than inventing an order.
 
 The engine looks up, per forward pass and MoE layer, the *sorted unique* experts used by
 that pass's tokens, once each (engine.placements.base `combine`). `lookup_sequences` rebuilds
@@ -51,10 +59,10 @@ from engine.hooks import RoutingHook
 log = logging.getLogger(__name__)
 
 __all__ = ["RoutingTrace", "TraceRecorder", "save_trace", "load_trace", "lookup_sequences",
-           "lookup_arrays", "expert_counts", "REQUIRED_META"]
+           "lookup_arrays", "expert_counts", "require_order", "REQUIRED_META"]
 
 REQUIRED_META = ("n_experts", "expert_bytes")
-ARRAYS = ("experts", "weights", "step", "sequence")
+ARRAYS = ("experts", "weights", "step", "sequence", "counts")
 
 
 @dataclass
@@ -70,6 +78,7 @@ class RoutingTrace:
     weights: np.ndarray | None = None        # float32 [N, L, k]
     step: np.ndarray | None = None           # int32 [N], non-decreasing
     sequence: np.ndarray | None = None       # int32 [N]
+    counts: np.ndarray | None = None         # int64 [L, E]: a count-only trace (no tokens, no order)
     source: str = field(default="trace", compare=False, repr=False)   # for error messages
 
     # --- shape ---------------------------------------------------------------------------
@@ -92,6 +101,11 @@ class RoutingTrace:
     @property
     def expert_bytes(self) -> int:
         return int(self.meta["expert_bytes"])
+
+    @property
+    def count_only(self) -> bool:
+        """Whether this trace holds per-layer expert counts and no token order (module docstring)."""
+        return self.counts is not None
 
     @property
     def moe_layers(self) -> list[int]:
@@ -185,7 +199,25 @@ class RoutingTrace:
             if name == "sequence" and a.size and a.min() < 0:
                 raise ValueError(f"{where}sequence ids must be >= 0, got {int(a.min())}")
             setattr(self, name, a.astype(np.int32, copy=False))
+        self._validate_counts(where, ex.shape)
         return self
+
+    def _validate_counts(self, where: str, shape: tuple[int, ...]) -> None:
+        marked = self.meta.get("count_only") is True
+        if (self.counts is None) != (not marked):
+            raise ValueError(f"{where}meta count_only={self.meta.get('count_only')!r} but the counts array is "
+                             f"{'missing' if self.counts is None else 'present'}; a count-only trace has both "
+                             "(count_only: true and int64 counts [layers, n_experts]), an ordered trace neither")
+        if self.counts is None:
+            return
+        c, E = np.asarray(self.counts), int(self.meta["n_experts"])
+        if not np.issubdtype(c.dtype, np.integer) or c.shape != (shape[1], E) or (c.size and c.min() < 0):
+            raise ValueError(f"{where}counts must be integers >= 0 of shape ({shape[1]}, {E}) [layers, n_experts]; "
+                             f"got dtype {c.dtype}, shape {tuple(c.shape)}")
+        if shape[0] != 0 or any(a is not None for a in (self.weights, self.step, self.sequence)):
+            raise ValueError(f"{where}a count-only trace holds no tokens: experts must be empty ([0, layers, k]) "
+                             f"and weights/step/sequence absent; given experts shape {tuple(shape)}")
+        self.counts = c.astype(np.int64, copy=False)
 
     def _validate_meta(self, where: str, shape: tuple[int, ...]) -> None:
         meta = self.meta
@@ -221,7 +253,7 @@ def save_trace(path: str | Path, trace: RoutingTrace, compress: bool = True) -> 
     """Validate `trace` and write it as an `.npz` (see the module docstring). Returns the path."""
     trace.validate()
     arrays: dict[str, np.ndarray] = {"experts": trace.experts, "meta": np.array(json.dumps(trace.meta))}
-    for name in ("weights", "step", "sequence"):
+    for name in ("weights", "step", "sequence", "counts"):
         a = getattr(trace, name)
         if a is not None:
             arrays[name] = a
@@ -257,7 +289,7 @@ def _read_arrays(path: Path, z: "np.lib.npyio.NpzFile") -> RoutingTrace:
         missing = [n for n in ("experts", "meta") if n not in names]
         present = ", ".join(sorted(names)) or "none"
         raise ValueError(f"{path}: missing array(s) {', '.join(missing)}; a trace needs experts and meta "
-                         f"(optional: weights, step, sequence); arrays present: {present}")
+                         f"(optional: weights, step, sequence, counts); arrays present: {present}")
     extra = names - set(ARRAYS) - {"meta"}
     if extra:
         log.warning("%s: ignoring unknown arrays %s", path, sorted(extra))
@@ -275,6 +307,7 @@ def _read_arrays(path: Path, z: "np.lib.npyio.NpzFile") -> RoutingTrace:
                       weights=_member(path, z, "weights") if "weights" in names else None,
                       step=_member(path, z, "step") if "step" in names else None,
                       sequence=_member(path, z, "sequence") if "sequence" in names else None,
+                      counts=_member(path, z, "counts") if "counts" in names else None,
                       source=str(path))
     return tr.validate()
 
@@ -320,11 +353,21 @@ def popularity_table(path: str | Path, cfg: Any) -> dict[int, list[float]]:
 
 
 # --- derived views -------------------------------------------------------------------------
+def require_order(trace: RoutingTrace, what: str) -> None:
+    """ValueError, one line, when `trace` is count-only: `what` needs the order tokens were routed in."""
+    if trace.count_only:
+        raise ValueError(f"{trace.source}: a count-only trace (expert counts per layer, no token order) cannot "
+                         f"drive {what}, which needs the order tokens were routed in; it supports popularity "
+                         "analyses only (static's hot-expert profile, moebench-sim --popularity); import an "
+                         "ordered trace for this")
+
+
 def lookup_arrays(trace: RoutingTrace) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per trace layer: (ids int64 [M], step int64 [M]) -- the engine's lookup order.
 
     Per step (dense index, see `RoutingTrace.step_ids`) the sorted unique experts of that
-    step's tokens; steps in order. M = lookups of that layer."""
+    step's tokens; steps in order. M = lookups of that layer. A count-only trace is refused."""
+    require_order(trace, "a cache replay (lookups in order)")
     E, k = trace.n_experts, trace.top_k
     out = []
     if trace.step is None:                   # one token per step: its k distinct ids, sorted
@@ -350,7 +393,10 @@ def lookup_sequences(trace: RoutingTrace, model_layers: bool = False) -> dict[in
 
 
 def expert_counts(trace: RoutingTrace) -> np.ndarray:
-    """int64 [L, E]: how many tokens routed to each expert, per trace layer (static's popularity)."""
+    """int64 [L, E]: how many tokens routed to each expert, per trace layer (static's popularity);
+    a count-only trace's own counts."""
+    if trace.counts is not None:
+        return np.asarray(trace.counts, dtype=np.int64)
     L, E = trace.n_layers, trace.n_experts
     flat = trace.experts.astype(np.int64) + (np.arange(L, dtype=np.int64) * E)[None, :, None]   # [N, L, k]
     return np.bincount(flat.reshape(-1), minlength=L * E).reshape(L, E)

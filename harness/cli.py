@@ -9,6 +9,7 @@
     moebench setup llamacpp                    # engine=llamacpp: build the pinned llama.cpp once (cached)
     moebench import llama-bench FILE.jsonl     # llama-bench's own results as tidy rows
     moebench calibrate --out conf/hardware/this-machine.yaml   # the cost model's profile of this machine
+    moebench trace import --from vllm FILE.jsonl --model NAME --out t.npz   # another engine's routing as a trace
 
 A sweep's directory is `<run.out>/sweeps/<run.sweep_id>`; without run.sweep_id it is a hash of
 the command line's measurement overrides, so re-running the same command resumes the sweep:
@@ -353,6 +354,7 @@ COMMANDS = CommandTable({
     "fit": "harness.plan:fit_main",                # the largest context / capacity, fewest CPU layers
     "table": "harness.table:main",                 # one row per configuration of a results dir
     "calibrate": "harness.costmodel.calibrate:main",   # measure this machine, write a hardware profile
+    "trace": "harness.traces.cli:main",            # trace import: other engines' routing -> a routing trace
 })
 
 

@@ -53,7 +53,7 @@ from engine.placements import traits as placement_traits
 from engine.planner import check_capacity
 from engine.policies import make_policy
 from engine.policies.simulate import simulate
-from engine.trace import RoutingTrace
+from engine.trace import RoutingTrace, require_order
 from harness.contract import MEASURED_PHASES
 
 PHASES = MEASURED_PHASES
@@ -137,6 +137,7 @@ class Routing:
     @classmethod
     def from_trace(cls, trace: RoutingTrace) -> "Routing":
         trace.validate()
+        require_order(trace, "the cost model (experts per token, in order)")
         if trace.n_tokens == 0:
             raise ValueError("routing trace has no tokens")
         return cls("trace", trace=trace)

@@ -7,9 +7,13 @@ Does not own: the replay, statistics or generation (harness.sim.replay / stats /
     moebench-sim TRACE.npz --curve --stats --out sim.parquet
     moebench-sim --synthetic mixtral-like --tokens 10000 --capacity 2,4 --prefetch oracle
     moebench-sim --synthetic olmoe-like --tokens 20000 --save-trace olmoe.npz --stats
+    moebench-sim counts.npz --popularity --capacity 2,4     # the hot-expert table; count-only traces too
 
-Without --capacity, --curve or --stats it replays at capacities n_experts/4 and n_experts/2 (at least
-top_k: the engine refuses a smaller cache).
+Without --capacity, --curve, --stats or --popularity it replays at capacities n_experts/4 and
+n_experts/2 (at least top_k: the engine refuses a smaller cache). --popularity prints the share of
+routings to each layer's c most popular experts (harness.sim.stats.popularity) instead of a replay
+(capacities default as above); it is the one analysis a count-only trace (an imported SGLang `stat`
+dump: counts, no token order) supports -- replays, curves and --stats refuse it in one line.
 --out (.parquet or .csv) gets the tidy replay (+ curve) rows with a `kind` column
 ("replay" | "curve"); with --stats too, the stats table goes to `<out stem>.stats<suffix>`.
 Parquet cannot hold a column mixing ints and "all", so `layer` is written as text there.
@@ -27,7 +31,7 @@ import pandas as pd
 
 from engine.trace import RoutingTrace, load_trace, save_trace
 from harness.sim.replay import PREFETCH, lru_curve, replay
-from harness.sim.stats import format_stats, trace_stats
+from harness.sim.stats import format_stats, popularity, trace_stats
 from harness.sim.synthetic import PRESETS, generate_preset
 
 DEFAULT_POLICIES = "lru,lfu,fifo,static,belady"
@@ -46,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefetch", default="none", help=f"prefetch accounting: {', '.join(PREFETCH)}")
     p.add_argument("--curve", action="store_true", help="LRU hit rate at every capacity (stack distances)")
     p.add_argument("--stats", action="store_true", help="routing statistics per layer")
+    p.add_argument("--popularity", action="store_true",
+                   help="share of routings to each layer's c most popular experts (count-only traces too)")
     p.add_argument("--per-layer", action="store_true", help="print per-layer rows, not just the totals")
     p.add_argument("--reference", action="store_true",
                    help="run belady through the engine's class instead of the fast kernel (slow; same counts)")
@@ -74,7 +80,7 @@ def _load(args: argparse.Namespace) -> RoutingTrace:
     if args.save_trace:
         raise ValueError("--save-trace is for --synthetic traces; the input trace is already a file")
     tr = load_trace(args.trace)
-    if tr.n_tokens == 0:              # every hit rate would be 0/0: no row, an error
+    if tr.n_tokens == 0 and not tr.count_only:   # every hit rate would be 0/0: no row, an error
         raise ValueError(f"{args.trace}: the trace holds 0 tokens, so nothing can be replayed; allowed: a trace of "
                          ">= 1 token")
     return tr
@@ -101,20 +107,39 @@ def _show(df: pd.DataFrame, title: str, per_layer: bool) -> None:
     print(t.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
 
 
+def _describe(tr: RoutingTrace) -> str:
+    if tr.count_only:
+        return (f"trace: count-only ({int(tr.counts.sum())} routings over {tr.n_layers} layers of {tr.n_experts} "
+                f"experts, no token order), {tr.expert_bytes} B per expert")
+    return (f"trace: {tr.n_tokens} tokens x {tr.n_layers} layers x top-{tr.top_k} of {tr.n_experts} experts, "
+            f"{tr.expert_bytes} B per expert{'' if tr.step is None else f', {int(tr.step_ids()[-1]) + 1} steps'}")
+
+
+def _popularity(tr: RoutingTrace, caps: list[int], per_layer: bool) -> pd.DataFrame:
+    df = popularity(tr, caps)
+    rows = df if per_layer else df[df["layer"] == "all"]
+    print("== popularity: share of routings to each layer's c most popular experts")
+    print(rows.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    return df
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         tr = _load(args)
-        print(f"trace: {tr.n_tokens} tokens x {tr.n_layers} layers x top-{tr.top_k} of {tr.n_experts} experts, "
-              f"{tr.expert_bytes} B per expert{'' if tr.step is None else f', {int(tr.step_ids()[-1]) + 1} steps'}")
+        print(_describe(tr))
         tables = []
         stats = trace_stats(tr) if args.stats else None
         if stats is not None:
             print("== routing statistics")
             print(format_stats(stats))
         caps = _ints(args.capacity, "--capacity") if args.capacity else None
-        if caps is None and not (args.curve or args.stats):
-            caps = sorted({max(tr.top_k, tr.n_experts // 4), max(tr.top_k, tr.n_experts // 2)})
+        default_caps = sorted({max(tr.top_k, tr.n_experts // 4), max(tr.top_k, tr.n_experts // 2)})
+        if args.popularity:
+            tables.append(_popularity(tr, caps or default_caps, args.per_layer).assign(kind="popularity"))
+            caps = None                                   # the popularity table instead of a replay
+        elif caps is None and not (args.curve or args.stats):
+            caps = default_caps
         if caps:
             policies = [p.strip() for p in args.policy.split(",") if p.strip()]
             df = replay(tr, policies, caps, prefetch=args.prefetch, fast=not args.reference)

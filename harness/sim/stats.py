@@ -1,7 +1,8 @@
 """Routing statistics of a trace: popularity skew, temporal reuse and entropy, per layer.
 
-Owns: `trace_stats` (one tidy row per trace layer) and `format_stats` (a CLI-printable
-report). Does not own: reading traces (`engine.trace`) or generating them
+Owns: `trace_stats` (one tidy row per trace layer), `format_stats` (a CLI-printable
+report) and `popularity` (the hot-expert table, the one analysis a count-only trace supports).
+Does not own: reading traces (`engine.trace`) or generating them
 (`harness.sim.synthetic`, whose presets are calibrated against these numbers).
 
 Definitions (N tokens, E experts, k = top-k; S_t = the set of token t's experts in a layer):
@@ -24,7 +25,13 @@ Definitions (N tokens, E experts, k = top-k; S_t = the set of token t's experts 
 * `entropy_bits` = Shannon entropy of the per-expert assignment shares; `max_entropy_bits`
   = log2(E), the uniform maximum; `entropy_ratio` = their quotient.
 
+* `popularity` (per layer and capacity c): `top_c_share` = the share of all routings that go
+  to the c most popular experts of the layer -- the hit rate of pinning exactly those experts
+  for the whole trace (the misses that first fill the slots not counted): static's bound, and
+  a figure that needs counts only, no token order.
+
     df = trace_stats(load_trace("run.npz")); print(format_stats(df))
+    pop = popularity(load_trace("sglang_stat.npz"), [2, 4])      # count-only traces too
 """
 from __future__ import annotations
 
@@ -33,9 +40,9 @@ from math import comb, log2
 import numpy as np
 import pandas as pd
 
-from engine.trace import RoutingTrace, expert_counts
+from engine.trace import RoutingTrace, expert_counts, require_order
 
-__all__ = ["trace_stats", "format_stats", "previous_token", "STAT_COLUMNS"]
+__all__ = ["trace_stats", "format_stats", "previous_token", "popularity", "STAT_COLUMNS", "POPULARITY_COLUMNS"]
 
 STAT_COLUMNS = ("layer", "tokens", "n_experts", "top_k", "top_rate", "uniform_rate", "top_share", "max_min",
                 "gini", "entropy_bits", "max_entropy_bits", "entropy_ratio", "reuse_rate", "reuse_random",
@@ -56,6 +63,7 @@ def previous_token(trace: RoutingTrace) -> tuple[np.ndarray, np.ndarray]:
 def trace_stats(trace: RoutingTrace) -> pd.DataFrame:
     """One row per trace layer with the columns of STAT_COLUMNS (see the module docstring)."""
     trace.validate()
+    require_order(trace, "routing statistics (reuse between consecutive tokens)")
     N, L, k, E = trace.n_tokens, trace.n_layers, trace.top_k, trace.n_experts
     counts = expert_counts(trace).astype(np.float64)                   # [L, E]
     cur, prev = previous_token(trace)                                  # [P], [P]
@@ -87,6 +95,29 @@ def trace_stats(trace: RoutingTrace) -> pd.DataFrame:
             "any_overlap_random": 1 - comb(E - k, k) / comb(E, k),
         })
     return pd.DataFrame(rows, columns=list(STAT_COLUMNS))
+
+
+POPULARITY_COLUMNS = ("layer", "capacity", "routings", "top_c_share")
+
+
+def popularity(trace: RoutingTrace, capacities: list[int]) -> pd.DataFrame:
+    """Per layer (and "all") and capacity c: the share of routings to the layer's c most popular
+    experts (module docstring). Counts only, so a count-only trace is accepted."""
+    trace.validate()
+    counts = np.sort(expert_counts(trace), axis=1)[:, ::-1]                  # [L, E], most popular first
+    top = np.cumsum(counts, axis=1)                                          # [L, E]: top-c totals at c-1
+    total = counts.sum(axis=1)                                               # [L]
+    rows = []
+    for c in capacities:
+        if not 1 <= c <= trace.n_experts:
+            raise ValueError(f"capacity {c} is outside [1, n_experts={trace.n_experts}]")
+        for l, layer in enumerate(trace.moe_layers):
+            rows.append({"layer": layer, "capacity": c, "routings": int(total[l]),
+                         "top_c_share": top[l, c - 1] / total[l] if total[l] else np.nan})
+        all_total = int(total.sum())
+        rows.append({"layer": "all", "capacity": c, "routings": all_total,
+                     "top_c_share": top[:, c - 1].sum() / all_total if all_total else np.nan})
+    return pd.DataFrame(rows, columns=list(POPULARITY_COLUMNS)).astype({"layer": object})
 
 
 def gini(counts: np.ndarray) -> float:

@@ -121,3 +121,23 @@ def test_expert_counts() -> None:
     counts = expert_counts(small().validate())
     assert counts.shape == (2, 8) and counts.sum() == 16
     assert counts[0].tolist() == [3, 2, 1, 0, 0, 1, 1, 0]
+
+
+def test_count_only_traces_round_trip_and_are_checked(tmp_path: Path) -> None:
+    """A count-only trace: counts [L, E] with meta count_only, no tokens; anything else is refused."""
+    meta = {"n_experts": 4, "expert_bytes": 8, "count_only": True}
+    counts = np.array([[3, 0, 1, 2], [0, 5, 0, 1]])
+    tr = RoutingTrace(experts=np.zeros((0, 2, 2), np.int32), meta=dict(meta), counts=counts)
+    back = load_trace(save_trace(tmp_path / "c.npz", tr))
+    assert back.count_only and back.counts.dtype == np.int64 and expert_counts(back).tolist() == counts.tolist()
+    cases = [
+        ({"counts": counts, "meta": {**meta, "count_only": False}}, "count_only=False but the counts array is present"),
+        ({"meta": dict(meta)}, "count_only=True but the counts array is missing"),
+        ({"counts": counts[:, :3], "meta": dict(meta)}, r"counts must be integers >= 0 of shape \(2, 4\).*\(2, 3\)"),
+        ({"counts": -counts, "meta": dict(meta)}, "counts must be integers >= 0"),
+        ({"counts": counts, "meta": dict(meta), "experts": np.array([[[0, 1], [2, 3]]], np.int32)}, "holds no tokens"),
+    ]
+    for fields, match in cases:
+        fields = {"experts": np.zeros((0, 2, 2), np.int32), **fields}
+        with pytest.raises(ValueError, match=match):
+            RoutingTrace(**fields).validate()
