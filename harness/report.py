@@ -10,9 +10,9 @@ Does not own: numbers (it reads a table and `harness.results.spread_table`).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 from rich.console import Console
@@ -55,13 +55,21 @@ IQR_MIN_N = 4
 
 
 PROGRESS_LOG_EVERY_S = 5.0     # in a log (not a terminal), long-work progress at most this often
+LOG_WIDTH = 160                # a log's width (not a terminal): wide enough for the tables
+
+
+def terminal_console() -> Console:
+    """stderr at the terminal's width (COLUMNS, else the terminal's size), so live lines fit it;
+    in a log (not a terminal) LOG_WIDTH wide."""
+    console = Console(stderr=True)
+    return console if console.is_terminal else Console(stderr=True, width=LOG_WIDTH)
 
 
 class Reporter:
     def __init__(self, quiet: bool = False, sweep: SweepProgress | None = None) -> None:
         self.quiet = quiet
         self.sweep = sweep               # the sweep's progress display, where the job's steps show
-        self.console = Console(stderr=True, width=160)
+        self.console = terminal_console()
         self._step = ""                  # the current step's label
         self._status = None              # its live status line, on a terminal
         self._last_log = 0.0
@@ -89,7 +97,7 @@ class Reporter:
                 self.console.print(Text(f"  {label}"), soft_wrap=True)
                 yield
             else:
-                with self.console.status(Text(label)) as status:
+                with self.console.status(_line(label)) as status:
                     self._status = status
                     yield
         finally:
@@ -106,7 +114,7 @@ class Reporter:
             if self.sweep is not None:
                 self.sweep.step(text)
             else:
-                self._status.update(Text(text))
+                self._status.update(_line(text))
             return
         now = time.perf_counter()
         if done == total or now - self._last_log >= PROGRESS_LOG_EVERY_S:
@@ -232,25 +240,26 @@ def _check_line(check: "JobCheck | None", flags: "JobFlags | None") -> str:
 class SweepProgress:
     """`job k/N` of a sweep with the job's factors, elapsed time and an estimate of the time left.
 
-    On a terminal: a rich progress bar (k/N, elapsed, remaining from the mean time of the jobs done
-    so far) with the current job's factors, and a second line for the job's current step (warm-up,
-    repeat r/R, a pass, a long load). In a log (not a terminal): one plain line per job and step,
-    with the same elapsed/left figures. Quiet: nothing. A `Reporter` given it reports its steps into it."""
+    On a terminal: two live lines, redrawn a few times a second at the terminal's width (COLUMNS,
+    else its size) -- `job k/N`, elapsed, the time left counting down, a bar where there is room and
+    the current job's factors, then the job's current step (warm-up, repeat r/R, a pass, a long
+    load). A narrow terminal shortens the factors and the step, never the times. In a log (not a
+    terminal): one plain line per job and step, with the same elapsed/left figures. Quiet: nothing.
+    A `Reporter` given it reports its steps into it. `clock`: seconds, monotonic (tests pass theirs)."""
 
-    def __init__(self, total: int, quiet: bool = False, console: Console | None = None) -> None:
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                                   TimeRemainingColumn)
+    def __init__(self, total: int, quiet: bool = False, console: Console | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.total, self.quiet, self.done = total, quiet, 0
-        self.console = console or Console(stderr=True, width=160)
-        self.t0 = time.perf_counter()
+        self.console = console or terminal_console()
+        self.clock = clock
+        self.t0 = clock()
+        self.finished_s = 0.0            # elapsed when the last job finished
+        self.what, self.step_label = "", ""
         self.live = not quiet and self.console.is_terminal
-        self.progress = None
+        self.progress = None             # the live display (rich.live.Live) on a terminal
         if self.live:
-            self.progress = Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                     TextColumn("left"), TimeRemainingColumn(), TextColumn("{task.description}"),
-                                     console=self.console)
-            self.task = self.progress.add_task("", total=total)
-            self.step_task = self.progress.add_task("", total=None)
+            from rich.live import Live
+            self.progress = Live(_ProgressLines(self), console=self.console, refresh_per_second=4)
             self.progress.start()
 
     @staticmethod
@@ -258,32 +267,85 @@ class SweepProgress:
         s = int(round(s))
         return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
+    def left_s(self) -> float | None:
+        """Seconds left: the mean time of the jobs done so far for each job still to run, less what
+        the current one has run (never below the jobs after it) -- so it counts down between jobs
+        and steps; None before any job finished."""
+        if self.done == 0:
+            return None
+        per_job = self.finished_s / self.done
+        running = self.clock() - self.t0 - self.finished_s
+        return max(per_job - running, 0.0) + per_job * max(self.total - self.done - 1, 0)
+
+    def times(self, compact: bool = False) -> str:
+        """`job k/N (0:01:02 elapsed, ~0:03:00 left)`, or `k/N 0:01:02 ~0:03:00` where room is short."""
+        elapsed, left = self._clock(self.clock() - self.t0), self.left_s()
+        left_text = "?" if left is None else self._clock(left)
+        k = min(self.done + 1, self.total)
+        if compact:
+            return f"{k}/{self.total} {elapsed} ~{left_text}"
+        return f"job {k}/{self.total} ({elapsed} elapsed, ~{left_text} left)"
+
     def line(self, what: str) -> str:
-        elapsed = time.perf_counter() - self.t0
-        left = "?" if self.done == 0 else self._clock(elapsed / self.done * (self.total - self.done))
-        return f"job {self.done + 1}/{self.total} ({self._clock(elapsed)} elapsed, ~{left} left): {what}"
+        return f"{self.times()}: {what}"
+
+    def status_lines(self, width: int) -> list[str]:
+        """The live lines at `width` columns: the times whole, then as much of the rest as fits."""
+        head = self.times()
+        if len(head) + 2 > width:
+            head = self.times(compact=True)
+        rest = width - len(head)
+        bar_w = min(20, rest // 4) if rest >= 60 else 0         # a bar only where the factors keep most room
+        bar = ""
+        if bar_w:
+            full = bar_w * self.done // max(self.total, 1)
+            bar = " " + "━" * full + "─" * (bar_w - full)
+        lines = [head + bar + _fit(f": {self.what}" if self.what else "", width - len(head) - len(bar))]
+        if self.step_label:
+            lines.append(_fit(f"  {self.step_label}", width))
+        return lines
 
     def start(self, what: str) -> None:
-        if self.quiet:
+        self.what, self.step_label = what, ""
+        if self.quiet or self.progress is not None:
             return
-        if self.progress is not None:
-            self.progress.update(self.task, description=f"job {self.done + 1}/{self.total}: {what}")
-        else:
-            self.console.print(Text(self.line(what)), soft_wrap=True)
+        self.console.print(Text(self.line(what)), soft_wrap=True)
 
     def step(self, label: str) -> None:
-        if self.progress is not None:
-            self.progress.update(self.step_task, description=f"  {label}")
-        elif not self.quiet:
+        self.step_label = label
+        if self.progress is None and not self.quiet:
             self.console.print(Text(f"  {label}"), soft_wrap=True)
 
     def finish(self) -> None:
         self.done += 1
-        if self.progress is not None:
-            self.progress.update(self.task, completed=self.done)
-            self.progress.update(self.step_task, description="")
+        self.finished_s = self.clock() - self.t0
+        self.what = self.step_label = ""
 
     def close(self) -> None:
         if self.progress is not None:
             self.progress.stop()
             self.progress = None
+
+
+def _line(text: str) -> Text:
+    """A live status line: one line however narrow the terminal, cut with an ellipsis."""
+    return Text(text, no_wrap=True, overflow="ellipsis")
+
+
+def _fit(text: str, width: int) -> str:
+    """`text` in `width` columns: cut with an ellipsis when longer, nothing when there is no room."""
+    if width <= 1:
+        return ""
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+class _ProgressLines:
+    """The live display's renderable: SweepProgress.status_lines at the width rich lays it out in,
+    recomputed at every refresh (so the time left counts down while a step runs)."""
+
+    def __init__(self, progress: SweepProgress) -> None:
+        self.sweep = progress
+
+    def __rich_console__(self, console: Console, options: Any) -> Iterator[Text]:
+        for line in self.sweep.status_lines(options.max_width):
+            yield Text(line, no_wrap=True, overflow="crop")

@@ -27,7 +27,7 @@ import pandas as pd
 
 from harness import outliers
 from harness.checks import job_checks
-from harness.contract import repeat_rows
+from harness.contract import QUALITY_PHASE, repeat_rows
 from harness.order import natural_key
 from harness.results import CONFIG_COLUMNS
 
@@ -42,6 +42,9 @@ class Column:
     source: str                 # never mixed (DESIGN.md §5): speeds as the client saw them, counters from the engine
     scale: float = 1.0
     fmt: str = ".3f"
+    # the rows it reads: the measured repeats' (`none`, flagged ones excluded) or a pass's own
+    # (`quality`: one measurement per job, shown where a job has one)
+    profiler: str = "none"
 
 
 COLUMNS = (Column("pp tok/s", "prefill_fresh", "tok_per_s", "client", fmt=".1f"),
@@ -54,12 +57,18 @@ COLUMNS = (Column("pp tok/s", "prefill_fresh", "tok_per_s", "client", fmt=".1f")
            Column("decode h2d MiB", "decode", "h2d_bytes", "engine", 2**20, fmt=".2f"),
            Column("max|Δlogit|", "decode", "max_abs_logit_diff", "engine", fmt=".1e"),
            Column("max|Δlogprob|", "decode", "max_abs_logprob_diff", "engine", fmt=".1e"),   # top-k only (llama.cpp)
-           Column("token agr.", "decode", "token_agreement", "engine"))
+           Column("token agr.", "decode", "token_agreement", "engine"),
+           # the quality pass against the exact reference (0 and 1 for an exact run; null with its
+           # reason where the pass did not run or the engine gives no per-position logits)
+           Column("KL mean", QUALITY_PHASE, "kl_div_mean", "engine", fmt=".2e", profiler=QUALITY_PHASE),
+           Column("top-1 agr.", QUALITY_PHASE, "top1_agreement", "engine", profiler=QUALITY_PHASE))
 
-# per job beside the metric columns: the reference check (harness.checks) and the flagged repeats
-# (harness.outliers); "check" and "flagged repeats" are shown, the rest are for csv/json readers
-CHECK, FLAGGED = "check", "flagged repeats"
-JOB_COLUMNS = (CHECK, "check failed", "check judged", "check reason", FLAGGED, "flagged n")
+# per job beside the metric columns: the expert-cache slots per layer its engine resolved (what
+# cache.capacity=auto or cache.capacity_bytes came to; rows' `resolved_capacity`), the reference
+# check (harness.checks) and the flagged repeats (harness.outliers); "cache slots", "check" and
+# "flagged repeats" are shown, the rest are for csv/json readers
+SLOTS, CHECK, FLAGGED = "cache slots", "check", "flagged repeats"
+JOB_COLUMNS = (SLOTS, CHECK, "check failed", "check judged", "check reason", FLAGGED, "flagged n")
 
 
 JOB = ["sweep_id", "job_id"]     # a job's identity: job ids repeat across sweeps (every single run is "run")
@@ -83,10 +92,18 @@ def _varying(df: pd.DataFrame) -> list[str]:
 def sweep_table(df: pd.DataFrame, columns: Sequence[Column] = COLUMNS) -> pd.DataFrame:
     """One row per job: the varying factors, then per column `<label>` (median), `<label> ±`
     (half the min-max range over repeats), `<label> n` and `<label> source` -- over the repeats no
-    flag excludes --, the job's `JOB_COLUMNS`; failed jobs get `status`/`error`."""
+    flag excludes, or a pass's own rows --, the job's `JOB_COLUMNS`; failed jobs get
+    `status`/`error`. A pass's columns (the quality pass's) and the cache slots are there when some
+    job has them: results of runs without the pass keep the columns they always had."""
     factors = _varying(df)
     values = _per_job(df, [c for c in factors if c != "sweep_id"])
-    speed = outliers.kept(repeat_rows(df))                                  # the measured repeats
+    rows_of = {"none": outliers.kept(repeat_rows(df))}                     # the measured repeats
+    for profiler in {c.profiler for c in columns} - {"none"}:
+        mask = (df["status"] == "ok") & df["value"].notna() & (df["profiler"] == profiler) if "profiler" in df else None
+        rows_of[profiler] = df[mask] if mask is not None else df.iloc[:0]
+    columns = [c for c in columns if c.profiler == "none" or
+               ((rows_of[c.profiler]["metric"] == c.metric) & (rows_of[c.profiler]["phase"] == c.phase)).any()]
+    slots = _per_job(df, ["resolved_capacity"])["resolved_capacity"] if _has(df, "resolved_capacity") else None
     checks, flags = job_checks(df), outliers.job_flags(df)
     out = []
     for job_key, job in df.groupby(JOB, sort=False):
@@ -94,8 +111,11 @@ def sweep_table(df: pd.DataFrame, columns: Sequence[Column] = COLUMNS) -> pd.Dat
         failed = job[job["status"] == "failed"]
         row["status"] = "failed" if len(failed) else "ok"
         row["error"] = str(failed.iloc[0].get("error", "")).splitlines()[0] if len(failed) else None
-        mine = speed[(speed["sweep_id"] == job_key[0]) & (speed["job_id"] == job_key[1])]
+        if slots is not None:
+            row[SLOTS] = None if pd.isna(slots.loc[job_key]) else int(float(slots.loc[job_key]))
         for col in columns:
+            rows = rows_of[col.profiler]
+            mine = rows[(rows["sweep_id"] == job_key[0]) & (rows["job_id"] == job_key[1])]
             here = mine[(mine["phase"] == col.phase) & (mine["metric"] == col.metric)]
             # the column's source; a job that has only another (llama-bench imports: the engine's
             # own timings) shows that one, labelled -- one source per cell, never mixed
@@ -122,7 +142,8 @@ def sweep_table(df: pd.DataFrame, columns: Sequence[Column] = COLUMNS) -> pd.Dat
         return tuple(rank(c, r[c]) for c in factors)
 
     out.sort(key=key)
-    return pd.DataFrame(out).astype({"check failed": "Int64", "check judged": "Int64", "flagged n": "Int64"})
+    types = {"check failed": "Int64", "check judged": "Int64", "flagged n": "Int64"}
+    return pd.DataFrame(out).astype({**types, **({SLOTS: "Int64"} if slots is not None else {})})
 
 
 def _missing(v: float | None) -> bool:
@@ -142,12 +163,15 @@ def display_rows(t: pd.DataFrame, columns: Sequence[Column] = COLUMNS) -> tuple[
     factors = [c for c in t.columns if c not in ("status", "error", *JOB_COLUMNS) and not any(
         c == col.label or c.startswith(col.label + " ") for col in columns)]
     shown = [col for col in columns if col.label in t and t[col.label].notna().any()]
-    # the check where any job carries one, the flags where any job has measured repeats
+    # beside the factors the slots where any job's engine resolved some; after the metrics the
+    # check where any job carries one, the flags where any job has measured repeats
+    slots = [SLOTS] if _has(t, SLOTS) else []
     per_job = [c for c, shows in ((CHECK, _has(t, "check judged")), (FLAGGED, _has(t, FLAGGED))) if shows]
-    header = [*factors, *(col.label for col in shown), *per_job] + (["error"] if (t["status"] == "failed").any() else [])
+    header = [*factors, *slots, *(col.label for col in shown), *per_job] + \
+        (["error"] if (t["status"] == "failed").any() else [])
     rows = []
     for _, r in t.iterrows():
-        cells = ["—" if pd.isna(r[c]) else str(r[c]) for c in factors]
+        cells = ["—" if pd.isna(r[c]) else str(r[c]) for c in [*factors, *slots]]
         cells += [_cell(r[col.label], r[f"{col.label} ±"], col.fmt)
                   + ("" if r[f"{col.label} source"] in (None, col.source) or pd.isna(r[f"{col.label} source"])
                      else f" ({r[f'{col.label} source']})") for col in shown]
