@@ -167,7 +167,7 @@ class ModelConfig:
             return cls.from_hf_dict(d, name=Path(path).name, source=str(p))
         except KeyError as exc:
             raise ValueError(f"{p}: missing key {exc} that the {d.get('model_type')!r} family needs") from None
-        except TypeError as exc:     # a value of a type check_hf_numbers does not know the key of
+        except (TypeError, AttributeError) as exc:  # a value of a type the checks above do not know the key of
             raise ValueError(f"{p}: a value has a type the {d.get('model_type')!r} family cannot read "
                              f"({exc})") from None
 
@@ -255,6 +255,25 @@ def check_hf_numbers(d: Mapping[str, Any], source: str = "config.json") -> None:
         if not ok:
             raise ValueError(f"{source}: {key} must be {allowed}{'' if positive else ' or null'}, "
                              f"got {json.dumps(value)}")
+    check_hf_objects(d, source)
+
+
+# object keys of config.json's older Hub form, which no family's `hf_config` writes (so
+# `hf_number_keys` cannot find them) but whose parsers read inside them
+HF_OLD_OBJECTS = ("rope_scaling",)
+
+
+def check_hf_objects(d: Mapping[str, Any], source: str = "config.json") -> None:
+    """Every key the families read numbers inside (`rope_parameters` of `rope_parameters.rope_theta`,
+    and `HF_OLD_OBJECTS`) holds a JSON object or null, never a string or number a parser would
+    call `.get` on. ValueError naming `source`, the key and the value."""
+    outer = {k.rsplit(".", i)[0] for k in hf_number_keys() for i in range(1, k.count(".") + 1)}
+    for key in sorted(outer | set(HF_OLD_OBJECTS), key=lambda k: (k.count("."), k)):   # outer keys first
+        value: Any = d
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, Mapping) else None
+        if value is not None and not isinstance(value, Mapping):
+            raise ValueError(f"{source}: {key} must be a JSON object or null, got {json.dumps(value)}")
 
 
 # --- families ------------------------------------------------------------------------

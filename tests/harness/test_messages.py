@@ -39,6 +39,7 @@ def one_line(proc, text: str) -> str:
 @pytest.mark.parametrize("key, value, says", [
     ("hidden_size", "sixty-four", 'hidden_size must be an integer >= 1, got "sixty-four"'),
     ("num_local_experts", -8, "num_local_experts must be an integer >= 1, got -8"),
+    ("rope_parameters", "x", 'rope_parameters must be a JSON object or null, got "x"'),
 ])
 def test_a_bad_number_in_config_json_names_the_key(tmp_path, tiny_mixtral_dir, key, value, says):
     ckpt = shutil.copytree(tiny_mixtral_dir, tmp_path / "ckpt")
@@ -59,6 +60,10 @@ def test_a_bad_number_in_config_json_names_the_key(tmp_path, tiny_mixtral_dir, k
     ({"rope_parameters": {"rope_type": "default", "rope_theta": "1e6"}},
      'rope_parameters.rope_theta must be a finite number >= 0 or null, got "1e6"'),
     ({"num_experts_per_tok": 9}, r"num_experts_per_tok must be in [1, num_local_experts=8], got 9"),
+    ({"rope_parameters": 3}, "rope_parameters must be a JSON object or null, got 3"),
+    ({"rope_parameters": {"rope_type": "default", "full_attention": "y"}},
+     'rope_parameters.full_attention must be a JSON object or null, got "y"'),
+    ({"rope_scaling": "linear"}, 'rope_scaling must be a JSON object or null, got "linear"'),
 ])
 def test_every_number_key_is_checked_the_same_way(tiny_mixtral_dir, change, says):
     cfg = json.loads((tiny_mixtral_dir / "config.json").read_text())
