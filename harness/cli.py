@@ -84,10 +84,13 @@ def build_app(session: RunSession) -> Callable[[], None]:
 
 
 def _job(cfg: DictConfig, session: RunSession) -> None:
+    from harness.plugin_keys import drop_not_applicable, not_applicable_line
     from harness.report import Reporter
     from harness.runner import run
     ctx = _job_context(session)
     quiet = bool(cfg.run.quiet)
+    if dropped := drop_not_applicable(cfg, ctx.overrides or []):    # a sweep's option its plugin lacks
+        Reporter(quiet).info(not_applicable_line(cfg, dropped))
     session.quiet = session.quiet or quiet
     progress = session.progress               # None in a launcher's worker process
     if progress is not None:
@@ -288,6 +291,10 @@ def _hydra_failed(exc: Exception, argv: list[str], sweep_dir: Path | None, sessi
 
     if not isinstance(exc, OSError) or isinstance(exc, HydraException):   # a missing config is an IOError too
         if isinstance(exc, CompactHydraException) and os.environ.get(_FULL_ERROR) is None:
+            from harness.hydra_errors import one_line
+            if (line := one_line(exc, split_args(argv)[1])) is not None:     # a bad override: key, type, value
+                print(f"moebench: {line}", file=sys.stderr)
+                return 1
             print(exc, file=sys.stderr)
             if isinstance(exc.__cause__, OmegaConfBaseException):
                 print(exc.__cause__, file=sys.stderr)
@@ -420,6 +427,11 @@ def main() -> None:
         if rerun.needs_new_process():    # torch's thread runtimes read the environment once, at import
             rerun.exec()
         argv = rerun.argv
+    try:
+        argv = _scoped(argv)
+    except ValueError as exc:                    # harness.plugin_keys.OptionScopeError
+        print(f"moebench: {exc}", file=sys.stderr)
+        sys.exit(1)
     if _asks_help(argv):                         # no run, no session (Hydra's own: --hydra-help)
         sys.exit(_help(argv))
     handle_signals()
@@ -430,6 +442,37 @@ def main() -> None:
     finally:
         session.close()                          # the cached engine (a llama.cpp server) goes now
     sys.exit(code)
+
+
+def _scoped(argv: list[str]) -> list[str]:
+    """argv with a sweep's plugin options made to apply where they exist (harness.plugin_keys:
+    `-m placement=resident,hybrid placement.n_cpu_layers=2`); raises its one-line error where one
+    applies to no chosen plugin."""
+    from harness.plugin_keys import scope_options
+    flags, overrides = split_args(argv)
+    scoped = scope_options(overrides, _is_multirun(argv))
+    return argv if scoped == overrides else [*flags, *scoped]
+
+
+def _check_sweep(argv: list[str]) -> None:
+    """A sweep Hydra would reject while composing its jobs -- an unknown group option, a key or a
+    value its schema refuses, in any job -- is refused before its dir is made or locked (nothing is
+    left under the results root): each job's config is composed first, as Hydra will compose it.
+    Raises SweepError with the one line. A sweep composed from another config source (-cp, -cn)
+    is left to Hydra."""
+    from harness.config import BAD_CONFIG, config_error_line
+    from harness.plan import composer, expand
+    flags, overrides = split_args(argv)
+    if CONFIG_SOURCE_FLAGS & set(flags):
+        return
+    try:
+        jobs = expand(overrides)
+        with composer(hydra=True) as compose:
+            for job in jobs:
+                compose(job)
+    except BAD_CONFIG as exc:
+        raise SweepError(f"the sweep does not compose, so nothing ran or was written: {config_error_line(exc)}") \
+            from None
 
 
 def _single_or_sweep(argv: list[str], session: RunSession) -> int:
@@ -443,6 +486,7 @@ def _single_or_sweep(argv: list[str], session: RunSession) -> int:
     sweep_dir = None
     try:
         sweep_dir = sweep_dir_of(argv)
+        _check_sweep(argv)
         with SweepLock(sweep_dir):
             if claim_sweep(sweep_dir, sweep_overrides(argv), _override(argv, "run.resume") or "auto",
                            ["moebench", *argv]) in ("resume", "add"):

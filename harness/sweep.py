@@ -247,10 +247,17 @@ def _sweep_values(argv: Sequence[str]) -> list[tuple[str, list[str]]]:
     """(key, its values sorted) per task override, parsed by Hydra's own override parser (so a
     sweep's choices and ranges are expanded), Hydra's own keys and the cosmetic keys left out."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    from harness.hydra_errors import one_line
 
     raw = [a for a in argv if not a.startswith("-") and "=" in a]
+    try:
+        parsed = OverridesParser.create().parse_overrides(raw)
+    except OverrideParseException as exc:      # one line naming the override, not Hydra's traceback
+        raise SweepError(one_line(exc, raw) or str(exc)) from None
     out = []
-    for o in OverridesParser.create().parse_overrides(raw):
+    for o in parsed:
         key = o.key_or_group
         if key.startswith("hydra.") or key.startswith("hydra/") or key in COSMETIC_KEYS:
             continue

@@ -73,6 +73,25 @@ def test_every_number_key_is_checked_the_same_way(tiny_mixtral_dir, change, says
     assert ModelConfig.from_hf_dict(cfg).n_experts == 8       # the checkpoint as saved passes
 
 
+# ------------------------------------------------------------------------- overrides Hydra rejects
+
+@pytest.mark.parametrize("args, says", [
+    (["-m", "placement=[resident"], "cannot parse the override 'placement=[resident': no viable alternative"),
+    (["placement=[resident"], "cannot parse the override 'placement=[resident': no viable alternative"),
+    (["engine=llamacpp", "engine.stall_timeout_s=abc"], "engine.stall_timeout_s: allowed a number (float), got 'abc'"),
+    (["-m", "engine=llamacpp", "engine.stall_timeout_s=abc"],
+     "engine.stall_timeout_s: allowed a number (float), got 'abc'"),
+    (["run.repeats=two"], "run.repeats: allowed an integer, got 'two'"),
+], ids=["sweep-parse", "run-parse", "run-type", "sweep-type", "int-type"])
+def test_an_override_hydra_rejects_is_one_line(tmp_path, args, says):
+    """A malformed override, or one whose value is not its key's type: one line naming the override
+    or key, what is allowed and what was given; no traceback, no run."""
+    proc = cli([*args, "run.quiet=true"], tmp_path)
+    assert proc.returncode == 1
+    assert (proc.stdout + proc.stderr).strip() == f"moebench: {one_line(proc, says).removeprefix('moebench: ')}"
+    assert not list(tmp_path.rglob("rows.parquet"))
+
+
 # ------------------------------------------------------------------------- a llama-server that fails
 
 @pytest.mark.slow
