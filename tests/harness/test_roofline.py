@@ -95,8 +95,9 @@ def calibrated(tmp_path, monkeypatch):
 
 
 def test_the_read_bandwidth_is_a_stream_read_at_the_threads_and_at_all_cores():
-    """Independent of any engine's kernel: torch.sum over a buffer of at least 4x the last-level
-    cache, at the asked threads and at every core, with the method written out."""
+    """Independent of any engine's kernel: the best of torch.sum and the BLAS GEMV over a buffer of
+    at least 4x the last-level cache, at the asked threads and at every core, with the method and
+    each reader's figure written out."""
     from harness.costmodel.calibrate import last_level_cache_bytes
     from harness.machine import available_cores
     from harness.read_bandwidth import read_bandwidth
@@ -107,6 +108,8 @@ def test_the_read_bandwidth_is_a_stream_read_at_the_threads_and_at_all_cores():
     assert rb.buffer_mib << 20 >= 4 * (last_level_cache_bytes() or 0) and rb.buffer_mib >= 256
     assert "torch.sum" in rb.method and f"{rb.buffer_mib} MiB" in rb.method and "1 thread(s)" in rb.method
     assert f"all {rb.all_cores} cores" in rb.method
+    assert [name for name, _ in rb.readers] == ["torch.sum", "torch.mv"] and rb.gbps == max(v for _, v in rb.readers)
+    assert rb.all_cores_gbps == max(v for _, v in rb.all_cores_readers)
 
 
 def test_the_bound_reads_at_the_machines_read_bandwidth(calibrated, monkeypatch):
@@ -126,7 +129,7 @@ def test_the_bound_reads_at_the_machines_read_bandwidth(calibrated, monkeypatch)
     assert fast.phases["decode"] > 1.5 * slow.phases["decode"] > 1.5 * profile_only.phases["decode"]
     cols = fast.columns()
     assert cols["roofline_read_gbps"] == 20.0 and cols["roofline_read_gbps_all_cores"] == 40.0
-    assert cols["roofline_read_method"].startswith("STREAM-class read: torch.sum over 256 MiB")
+    assert cols["roofline_read_method"].startswith("STREAM-class read: the best of torch.sum, torch.mv over 256 MiB")
 
 
 def test_given_hardware_figures_are_the_bounds_as_given(monkeypatch):
