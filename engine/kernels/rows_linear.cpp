@@ -1,9 +1,9 @@
 // Small-batch linear layers on the CPU at memory speed, on every intra-op thread.
 //
 // Owns: y[n, O] = x[n, K] @ w[O, K]^T for the few rows a decode step gives a weight (n <= max_rows),
-// the weight rows split into contiguous ranges across torch's intra-op threads (at::parallel_for,
-// so torch.set_num_threads governs it), each output an AVX2/FMA dot product whose order of additions
-// is fixed: it does not depend on n, on the thread count or on where a range starts -- a row's
+// the weight rows claimed in chunks by torch's intra-op threads (at::parallel_for, so
+// torch.set_num_threads governs it), each output an AVX2/FMA dot product whose order of additions
+// is fixed: it does not depend on n, on the thread count or on which thread ran it -- a row's
 // output is the same bits at batch 1 and batch 8, at one thread and at two. Weights fp32 or bf16
 // (bf16 widened in registers: a shift, exact), activations and accumulation fp32. Beyond max_rows
 // it is at::mm (the BLAS GEMM, which threads itself), so one call site covers every batch.
@@ -21,12 +21,14 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 
 namespace {
 
-constexpr int64_t XB = 4;            // x rows that share one pass over a weight row (8 accumulators)
+constexpr int64_t CHUNK_ROWS = 64;       // weight rows a thread claims at a time (a multiple of every block's rows)
 constexpr int64_t TASK_ELEMS = 1 << 16;  // weights per parallel task at least: below it a thread costs more than it saves
 
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
@@ -44,44 +46,72 @@ inline float hsum(__m256 v) {                                  // a fixed tree: 
   return _mm_cvtss_f32(s);
 }
 
-// out[j * ldo] = dot(w[0:K], x[j * K : j * K + K]) for j < NB. Every (w, x_j) pair runs the same
-// instructions in the same order whatever NB is: two 8-lane accumulators over 16-wide steps, summed,
-// reduced by hsum, then the tail one fma at a time.
-template <typename W, int64_t NB>
-inline void dot_rows(const W* w, const float* x, int64_t K, float* out, int64_t ldo) {
-  __m256 a0[NB], a1[NB];
-  for (int64_t j = 0; j < NB; ++j) a0[j] = a1[j] = _mm256_setzero_ps();
+// y[j * O + r] = dot(w + r * ldw, x + j * K) for r < R weight rows and j < NB rows of x. Every
+// (weight row, x row) pair runs the same instructions in the same order whatever R and NB are: two
+// 8-lane accumulators over 16-wide steps, summed, reduced by hsum, then the tail one fma at a time.
+// R > 1 reads R weight rows side by side: several memory streams per thread, which one core needs
+// to reach its share of the bandwidth (one stream alone reads at about 3/4 of it here).
+template <typename W, int64_t R, int64_t NB>
+inline void dot_block(const W* w, int64_t ldw, const float* x, int64_t K, float* y, int64_t O) {
+  __m256 a0[R][NB], a1[R][NB];
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t j = 0; j < NB; ++j) a0[r][j] = a1[r][j] = _mm256_setzero_ps();
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
-    const __m256 w0 = load8(w + k), w1 = load8(w + k + 8);
-    for (int64_t j = 0; j < NB; ++j) {
-      a0[j] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + j * K + k), a0[j]);
-      a1[j] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + j * K + k + 8), a1[j]);
+    for (int64_t r = 0; r < R; ++r) {
+      const __m256 w0 = load8(w + r * ldw + k), w1 = load8(w + r * ldw + k + 8);
+      for (int64_t j = 0; j < NB; ++j) {
+        a0[r][j] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + j * K + k), a0[r][j]);
+        a1[r][j] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + j * K + k + 8), a1[r][j]);
+      }
     }
   }
-  for (int64_t j = 0; j < NB; ++j) {
-    float s = hsum(_mm256_add_ps(a0[j], a1[j]));
-    for (int64_t t = k; t < K; ++t) s = std::fma(widen(w[t]), x[j * K + t], s);
-    out[j * ldo] = s;
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t j = 0; j < NB; ++j) {
+      float s = hsum(_mm256_add_ps(a0[r][j], a1[r][j]));
+      for (int64_t t = k; t < K; ++t) s = std::fma(widen(w[r * ldw + t]), x[j * K + t], s);
+      y[j * O + r] = s;
+    }
+}
+
+// Weight rows [o0, o1) against all n rows of x: blocks of 4 weight rows at batch 1, of 2 weight rows
+// x 2 rows of x above it (8 accumulators either way), single weight rows for the last few.
+template <typename W>
+void rows_range(const float* x, int64_t n, const W* w, int64_t ldw, int64_t O, int64_t K, float* y, int64_t o0,
+                int64_t o1) {
+  int64_t o = o0;
+  if (n == 1) {
+    for (; o + 4 <= o1; o += 4) dot_block<W, 4, 1>(w + o * ldw, ldw, x, K, y + o, O);
+  } else {
+    for (; o + 2 <= o1; o += 2) {
+      int64_t j = 0;
+      for (; j + 2 <= n; j += 2) dot_block<W, 2, 2>(w + o * ldw, ldw, x + j * K, K, y + j * O + o, O);
+      if (j < n) dot_block<W, 2, 1>(w + o * ldw, ldw, x + j * K, K, y + j * O + o, O);
+    }
+  }
+  for (; o < o1; ++o) {
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) dot_block<W, 1, 4>(w + o * ldw, ldw, x + j * K, K, y + j * O + o, O);
+    switch (n - j) {
+      case 3: dot_block<W, 1, 3>(w + o * ldw, ldw, x + j * K, K, y + j * O + o, O); break;
+      case 2: dot_block<W, 1, 2>(w + o * ldw, ldw, x + j * K, K, y + j * O + o, O); break;
+      case 1: dot_block<W, 1, 1>(w + o * ldw, ldw, x + j * K, K, y + j * O + o, O); break;
+      default: break;
+    }
   }
 }
 
-// y[n, O] (row stride O) from x[n, K] contiguous fp32 and weight rows w + o * ldw.
+// y[n, O] (row stride O) from x[n, K] contiguous fp32 and weight rows w + o * ldw. One task per
+// intra-op thread, each claiming CHUNK_ROWS weight rows at a time until none are left: a thread
+// that another process slows takes fewer chunks instead of holding the others at the barrier.
 template <typename W>
 void rows_kernel(const float* x, int64_t n, const W* w, int64_t ldw, int64_t O, int64_t K, float* y) {
-  const int64_t grain = std::max<int64_t>(1, TASK_ELEMS / std::max<int64_t>(1, K * n));
-  at::parallel_for(0, O, grain, [&](int64_t o0, int64_t o1) {
-    for (int64_t o = o0; o < o1; ++o) {
-      const W* wr = w + o * ldw;
-      int64_t j = 0;
-      for (; j + XB <= n; j += XB) dot_rows<W, XB>(wr, x + j * K, K, y + j * O + o, O);
-      switch (n - j) {
-        case 3: dot_rows<W, 3>(wr, x + j * K, K, y + j * O + o, O); break;
-        case 2: dot_rows<W, 2>(wr, x + j * K, K, y + j * O + o, O); break;
-        case 1: dot_rows<W, 1>(wr, x + j * K, K, y + j * O + o, O); break;
-        default: break;
-      }
-    }
+  const int64_t chunks = (O + CHUNK_ROWS - 1) / CHUNK_ROWS;
+  const int64_t tasks = std::min<int64_t>({at::get_num_threads(), chunks, std::max<int64_t>(1, O * K * n / TASK_ELEMS)});
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, tasks, 1, [&](int64_t, int64_t) {
+    for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1))
+      rows_range(x, n, w, ldw, O, K, y, c * CHUNK_ROWS, std::min(O, (c + 1) * CHUNK_ROWS));
   });
 }
 
