@@ -263,6 +263,9 @@ def save_trace(path: str | Path, trace: RoutingTrace, compress: bool = True) -> 
     return path
 
 
+ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")     # a zip's first local header; an empty zip's end record
+
+
 def load_trace(path: str | Path) -> RoutingTrace:
     """Read and validate a trace file; ValueError names the file and what is wrong."""
     path = Path(path)
@@ -271,6 +274,13 @@ def load_trace(path: str | Path) -> RoutingTrace:
     if path.stat().st_size == 0:
         raise ValueError(f"{path}: empty file, not an .npz trace (a trace is written by run.record_trace=true "
                          "or engine.trace.save_trace)")
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if not head.startswith(ZIP_MAGIC):   # else np.load reads it as a pickle and talks of "pickled data"
+        what = "a single .npy array" if head.startswith(b"\x93NUMPY") else f"its first bytes are {head!r}"
+        raise ValueError(f"{path}: not a routing trace: a trace is an .npz (zip) archive of experts and meta, "
+                         f"written by run.record_trace=true or engine.trace.save_trace, and this file is not a zip "
+                         f"archive ({what})")
     try:
         z = np.load(path, allow_pickle=False)
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:

@@ -23,6 +23,7 @@ trace or `--tokens` below 1 included: there is nothing to replay, so no row.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -86,14 +87,27 @@ def _load(args: argparse.Namespace) -> RoutingTrace:
     return tr
 
 
-def _write(df: pd.DataFrame, path: Path) -> None:
-    if path.suffix == ".parquet":
-        df = df.astype({"layer": str}) if "layer" in df else df
-        df.to_parquet(path, index=False)
-    elif path.suffix == ".csv":
-        df.to_csv(path, index=False)
-    else:
+def _check_out(path: Path) -> None:
+    """Refuse an --out that could not be written before any work: its suffix, its directory."""
+    if path.suffix not in (".parquet", ".csv"):
         raise ValueError(f"--out must end in .parquet or .csv, got {path.name!r}")
+    parent = path.parent
+    if not parent.is_dir():
+        raise ValueError(f"--out {path}: its directory {parent} does not exist; allowed: a file in an existing "
+                         "directory")
+    if not os.access(parent, os.W_OK):
+        raise ValueError(f"--out {path}: its directory {parent} is not writable")
+
+
+def _write(df: pd.DataFrame, path: Path) -> None:
+    try:
+        if path.suffix == ".parquet":
+            df = df.astype({"layer": str}) if "layer" in df else df
+            df.to_parquet(path, index=False)
+        else:
+            df.to_csv(path, index=False)
+    except OSError as err:                 # full disk, removed meanwhile: one line, not a traceback
+        raise ValueError(f"--out {path}: cannot write it ({err.strerror or err})") from err
 
 
 def _show(df: pd.DataFrame, title: str, per_layer: bool) -> None:
@@ -126,6 +140,8 @@ def _popularity(tr: RoutingTrace, caps: list[int], per_layer: bool) -> pd.DataFr
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.out:
+            _check_out(args.out)
         tr = _load(args)
         print(_describe(tr))
         tables = []

@@ -133,6 +133,33 @@ def test_sim_refuses_an_object_array_naming_the_file(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("content, says", [
+    (os.urandom(4096), "this file is not a zip archive (its first bytes are b"),
+    (b"\x93NUMPY" + bytes(120), "this file is not a zip archive (a single .npy array)"),
+], ids=["random-bytes", "npy"])
+def test_sim_says_a_garbage_file_is_not_a_routing_trace(tmp_path, content, says):
+    """Bytes that are no zip archive: not numpy's talk of pickled data, but what a trace is and why
+    this is none."""
+    path = tmp_path / "garbage.npz"
+    path.write_bytes(content)
+    proc = sim([str(path)], tmp_path)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr and "pickle" not in proc.stderr
+    assert f"{path}: not a routing trace: a trace is an .npz (zip) archive of experts and meta" in proc.stderr
+    assert says in proc.stderr
+
+
+@pytest.mark.slow
+def test_sim_refuses_an_out_it_cannot_write_before_any_work(tmp_path):
+    out = tmp_path / "nonexistent" / "x.csv"
+    proc = sim(["--synthetic", "mixtral-like", "--tokens", "16", "--out", str(out)], tmp_path)
+    assert proc.returncode == 2 and proc.stdout == "" and not out.parent.exists()
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert (f"--out {out}: its directory {out.parent} does not exist; allowed: a file in an existing directory"
+            in proc.stderr)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("args, says", [
     (["--synthetic", "mixtral-like", "--tokens", "0"],
      "--tokens must be >= 1 (the length of the synthetic trace), got 0"),
