@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from engine.planner import PlanError
 from harness import results
 from harness.config import validate
 from harness.factors import measurement_key_of
@@ -55,9 +56,9 @@ def _execute(job: Job, reporter: Reporter, session: RunSession) -> JobOutcome:
     try:
         _measure(job, reporter, session)
     except Exception as exc:  # noqa: BLE001 -- any failure becomes a failed row; the sweep goes on
-        text = f"{type(exc).__name__}: {exc}"
-        log.error("job %s failed: %s", job.ctx.job_id, text)
+        log.error("job %s failed: %s: %s", job.ctx.job_id, type(exc).__name__, exc)     # the whole message
         log.debug("%s", traceback.format_exc())
+        text = row_error(exc)
         if job.adapter is not None:      # keep what the engine left (a server's log), then never reuse it
             try:
                 job.adapter.save_artifacts(job.ctx.job_dir)
@@ -69,6 +70,17 @@ def _execute(job: Job, reporter: Reporter, session: RunSession) -> JobOutcome:
                 job.record_pass(str(name), "skipped", "not reached: the job failed")
         return JobOutcome([job.failed_row(text)], error=text, passes=job.passes)
     return JobOutcome(job.rows, job.steps, error="; ".join(job.errors) or None, passes=job.passes)
+
+
+def row_error(exc: Exception) -> str:
+    """A failed job's `error` column: `Type: message`, except that a plan that does not fit keeps
+    only its first line (what did not fit, by how much) -- its memory breakdown goes to the job's
+    log, where `moebench plan` shows it too."""
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, PlanError) and "\n" in text.strip():
+        first, rest = text.strip().split("\n", 1)
+        return f"{first} (the plan's breakdown, {len(rest.splitlines())} lines, is in the job's log)"
+    return text
 
 
 def _measure(job: Job, reporter: Reporter, session: RunSession) -> None:
