@@ -1,6 +1,6 @@
 """The measurement contract in one place (DESIGN.md §4-§7): phase names and their one order,
-metric names and units, which rows make a speed table, the session length a job needs, and
-which config keys are cosmetic.
+metric names and units, which rows make a speed table, the session length a job needs, which
+config keys are cosmetic, and where moebench caches what it derives.
 
 Owns: these decisions, as constants and tiny pure functions that every other module imports.
 Does not own: measuring (harness.scenario), storing (harness.results), or printing
@@ -11,6 +11,8 @@ Does not own: measuring (harness.scenario), storing (harness.results), or printi
 """
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -171,6 +173,14 @@ def session_tokens(context_tokens: int, gen_tokens: int, turn_tokens: int) -> in
     """KV a scenario needs: the context, the replies, and two further turns (continuation and
     restored), each the pending reply token plus `turn_tokens`."""
     return context_tokens + gen_tokens + 2 * (turn_tokens + 1)
+
+
+# --- the cache --------------------------------------------------------------------------------------
+def cache_root() -> Path:
+    """Where moebench keeps what it derives once and reuses (model identities, an engine plugin's
+    builds and converted weights): `$MOEBENCH_CACHE`, else `~/.cache/moebench` (never inside the repo)."""
+    env = os.environ.get("MOEBENCH_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "moebench"
 
 
 # --- resuming a sweep ---------------------------------------------------------------------------

@@ -105,6 +105,6 @@ def _hash(files: list[Path]) -> str:
 
 
 def _cache_dir() -> Path:
-    from harness.llamacpp.build import cache_root
+    from harness.contract import cache_root
     return cache_root() / "model-ids"
 

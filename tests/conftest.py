@@ -154,10 +154,14 @@ def pytest_runtest_makereport(item, call):
     """Every test skipped for a missing llama.cpp build reports the skip at tests/llamacpp/conftest.py,
     so `-ra` folds them into one summary line that says how to include them (pytest would name
     each test's own line: one summary line per test)."""
-    from tests.llamacpp import conftest as llamacpp
+    try:
+        from tests.llamacpp import conftest as llamacpp
+    except ImportError:             # llama.cpp's plugin package and its tests removed: nothing to fold
+        llamacpp = None
 
     report = yield
-    if report.skipped and isinstance(report.longrepr, tuple) and llamacpp.SKIP_REASON in report.longrepr[2]:
+    if llamacpp is not None and report.skipped and isinstance(report.longrepr, tuple) \
+            and llamacpp.SKIP_REASON in report.longrepr[2]:
         report.longrepr = (llamacpp.__file__, None, report.longrepr[2])
     return report
 

@@ -114,14 +114,17 @@ RULES: dict[str, dict[str, tuple[str, ...]]] = {
     "harness.costmodel": {"ours": ("engine", "harness.contract", "harness.results", "harness.sim", "harness.config",
                                    "harness.manifest", "harness.measure", "harness.engines.registry"),
                           "third": (*SCIENCE, "torch", "yaml", "cupy")},
-    # llama.cpp as infrastructure: build, convert, serve; its rows through the results schema
-    "harness.llamacpp": {"ours": ("engine.config", "engine.export", "harness.results", "harness.manifest",
-                                  "harness.remote_code"),
-                         "third": ("gguf", "sentencepiece")},
-    # engine adapters: ours, transformers, llama.cpp; the checked job (RunSpec) for their type hints
-    "harness.engines": {"ours": ("engine", "harness.contract", "harness.llamacpp", "harness.results",
-                                 "harness.machine", "harness.measure", "harness.remote_code", "harness.config.schema"),
-                        "third": ("torch", "transformers", "pynvml")},
+    # llama.cpp, one engine plugin package: its adapter (the interface, the checked job for type hints, the
+    # harness helpers an adapter uses), build, convert, serve; its rows through the results schema
+    "harness.llamacpp": {"ours": ("engine.config", "engine.export", "engine.checkpoint", "engine.finite",
+                                  "harness.contract", "harness.results", "harness.manifest", "harness.remote_code",
+                                  "harness.engines.base", "harness.config.schema", "harness.machine",
+                                  "harness.measure"),
+                         "third": ("gguf", "sentencepiece", "pynvml")},
+    # engine adapters: ours, transformers; the checked job (RunSpec) for their type hints
+    "harness.engines": {"ours": ("engine", "harness.contract", "harness.machine", "harness.remote_code",
+                                 "harness.config.schema"),
+                        "third": ("torch", "transformers")},
     # what a job measures, one pass each
     "harness.passes": {"ours": ("engine", "workloads", "harness.contract", "harness.engines", "harness.profiling",
                                 "harness.ablation", "harness.checks", "harness.config", "harness.job",
@@ -374,8 +377,8 @@ def test_the_name_scan_finds_a_name_and_an_import(tmp_path):
     """The scan itself: an engine compared by name, a family and a placement spelled, an engine
     plugin's module imported -- each found; a docstring naming them, a device kind `cpu` and a
     module outside the core pass."""
-    sources = {"harness.passes.probe": '"""Runs on engine=llamacpp, placement=fetch."""\n'
-                                       'def f(spec):\n    return spec.engine == "llamacpp" or spec.device == "cpu"\n'
+    sources = {"harness.passes.probe": '"""Runs on engine=hf, placement=fetch."""\n'
+                                       'def f(spec):\n    return spec.engine == "hf" or spec.device == "cpu"\n'
                                        'FAMILY = "mixtral"\nPLACEMENT = "stream"\n'
                                        'def g():\n    from harness.engines.hf import HFAdapter\n',
                "harness.reference_probe": 'ENGINE = "moebench"\n'}
@@ -384,6 +387,5 @@ def test_the_name_scan_finds_a_name_and_an_import(tmp_path):
         probes[name] = tmp_path / f"{name}.py"
         probes[name].write_text(source)
     found = [f for f in named_plugins({**MODULES, **probes}, plugin_names(), engine_plugin_modules()) if f[0] in probes]
-    assert sorted(found) == [("harness.passes.probe", "import harness.engines.hf"),
-                             ("harness.passes.probe", "llamacpp"), ("harness.passes.probe", "mixtral"),
-                             ("harness.passes.probe", "stream")]
+    assert sorted(found) == [("harness.passes.probe", "hf"), ("harness.passes.probe", "import harness.engines.hf"),
+                             ("harness.passes.probe", "mixtral"), ("harness.passes.probe", "stream")]

@@ -21,6 +21,7 @@ from engine.config import PRESETS, ModelConfig
 from engine.dtypes import DTYPE_NAMES
 from engine.kvquant import DEFAULT_KV_DTYPE, KV_DTYPES, is_lossy
 from harness import plugins
+from harness.contract import session_tokens
 from harness.passes import DEFAULT_PASSES
 from harness.plugins import PluginConf
 
@@ -242,6 +243,12 @@ class RunSpec:
     def dtype(self) -> str:
         """The dtype the model runs in: model.dtype, `auto` resolved to the checkpoint's."""
         return run_dtype(self.model, self.model_config)
+
+    @property
+    def session_tokens(self) -> int:
+        """The KV a job's sessions need: the context, the replies and two further turns (harness.contract)."""
+        w = self.workload
+        return session_tokens(w.context_tokens, w.gen_tokens, w.turn_tokens)
 
     @property
     def model_label(self) -> str:

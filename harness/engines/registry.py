@@ -24,7 +24,7 @@ from engine.registry import Registry
 ENGINES = Registry("engine", "moebench.engines", {
     "moebench": "harness.engines.moebench:MoebenchAdapter",
     "hf": "harness.engines.hf:HFAdapter",
-    "llamacpp": "harness.engines.llamacpp:LlamaCppAdapter",
+    "llamacpp": "harness.llamacpp.adapter:LlamaCppAdapter",       # llama.cpp's package: remove it and this line
 })
 
 __all__ = ["ENGINES", "CommandTable", "columns_before", "commands", "engines_with", "knob_columns", "predicted_engine"]

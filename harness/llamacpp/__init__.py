@@ -1,10 +1,14 @@
-"""llama.cpp as a second engine: a pinned build, GGUF conversion, llama-server lifecycle and
-client, offload knobs, and llama-bench import.
+"""llama.cpp as a second engine, one plugin package: its engine adapter, a pinned build, GGUF
+conversion, llama-server lifecycle and client, offload knobs, and llama-bench import.
 
-Owns the infrastructure only; wiring it into the harness's engine plugin family (scenario
-phases, rows per phase) lives with the harness. One module per concern:
+Everything llama.cpp is lives here: the harness reaches it through one registry line
+(`harness.engines.registry.ENGINES["llamacpp"]` -> `adapter.LlamaCppAdapter`), whose declarations
+-- capabilities, knobs (its `Options`, the `engine.*` config group), knob columns, own checks and
+sub-commands -- are all core code asks. Deleting this package and that line leaves the rest of
+moebench working (tests/test_plugin_removal.py). One module per concern:
 
-  source        the pin: the hash-checked sdist, its extracted llama.cpp tree, the cache root
+  adapter       `engine=llamacpp`: the scenario's phases as llama-server requests, its rows, its checks
+  source        the pin: the hash-checked sdist, its extracted llama.cpp tree, its place in the cache
   build         pinned llama.cpp build into the cache (`python -m harness.llamacpp.build`)
   convert       HF checkpoint dir or moebench preset -> cached GGUF of a given type
   gguf_vocab    the pass-through vocabulary for tokenizer-less checkpoints (run by convert)

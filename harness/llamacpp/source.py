@@ -2,8 +2,8 @@
 
 Owns: the pin (one `llama-cpp-python` sdist from PyPI, checked by hash), fetching it with pip,
 extracting its `vendor/llama.cpp` tree once (`source_dir`), the llama.cpp commit it vendors
-(`vendored_commit`), the cache root (`cache_root`: `$MOEBENCH_CACHE` or `~/.cache/moebench`,
-never inside the repo) and `LlamaCppBuildError`. Does not own: compiling the tree or finding
+(`vendored_commit`), its place under moebench's cache (`llamacpp_root`: `cache_root()/llama.cpp`,
+harness.contract) and `LlamaCppBuildError`. Does not own: compiling the tree or finding
 the binaries (`harness.llamacpp.build`, which re-exports these names).
 
     src = source_dir()                  # <cache>/llama.cpp/src-<v>/llama.cpp
@@ -22,6 +22,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from harness.contract import cache_root
+
 log = logging.getLogger(__name__)
 
 # The pin: one sdist, checked by hash, so every machine compiles the same tree.
@@ -32,12 +34,6 @@ SDIST_NAME = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
 
 class LlamaCppBuildError(RuntimeError):
     """The pinned llama.cpp could not be fetched, built or found."""
-
-
-def cache_root() -> Path:
-    """`$MOEBENCH_CACHE`, else `~/.cache/moebench` (never inside the repo)."""
-    env = os.environ.get("MOEBENCH_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "moebench"
 
 
 def llamacpp_root() -> Path:

@@ -25,7 +25,10 @@ Engine-side figures are llama.cpp's own per-request timings (source=engine) and 
 process's peak RSS; counters it cannot give (bytes over the link, expert-cache hits) are
 null, never 0. Greedy tokens are checked against our exact reference like every engine's, and
 where the server returns top-k logprobs, those against the reference's (`max_abs_logprob_diff`).
-Does not own: building llama.cpp, converting, or the HTTP client (harness.llamacpp).
+Declares what it can do (`kv_treatments`: kv.dtype as -ctk/-ctv), its own checks (`check`: the
+knobs against kv.dtype, a GGUF type for the model dtype), its knob columns and its sub-commands
+(`moebench setup llamacpp`, `moebench import llama-bench`); no module outside this package names it.
+Does not own: building llama.cpp, converting, the server or its HTTP client (the sibling modules).
 """
 from __future__ import annotations
 
@@ -145,7 +148,6 @@ class LlamaCppAdapter(EngineAdapter):
         spec.engine_options.weights_for(spec.dtype)
 
     def __init__(self, spec: Any, options: LlamaCppOptions) -> None:
-        from harness.engines import session_tokens_of
         from harness.llamacpp.build import find_binaries, server_backend
         from harness.llamacpp.convert import convert, convert_preset
         from harness.llamacpp.server import LlamaServer
@@ -158,7 +160,7 @@ class LlamaCppAdapter(EngineAdapter):
         self.binaries = find_binaries()        # a clear error saying how to build when missing
         threads = job_threads(spec)
         self.weights = options.weights_for(spec.dtype)
-        self.flags = options.flags(spec.workload.ubatch, session_tokens_of(spec) + 1, threads,
+        self.flags = options.flags(spec.workload.ubatch, spec.session_tokens + 1, threads,
                                    getattr(spec, "kv_dtype", "model"), spec.dtype)
         # lossy: weights or a KV cache type other than the model dtype's own, or flash attention
         # not off (its CPU path drifts from the reference: harness.llamacpp.flags)
