@@ -231,7 +231,9 @@ def _launch(argv: list[str], sweep_dir: Path | None, session: RunSession) -> int
             if sweep_dir is not None and sweep_dir.is_dir():
                 df = session.write_table(sweep_dir)
                 jobs = set() if df is None else set(df["job_id"])
-                where = f"; the table of the {len(jobs)} completed job(s) is in {sweep_dir}"
+                where = (f"; the table of the {len(jobs)} completed job(s) is in {sweep_dir}" if jobs else
+                         f"; {session.table_error}" if session.table_error else
+                         f"; no job in {sweep_dir} had finished, so it has no table")
                 if older := len(jobs - session.handled_jobs):
                     where += (f" ({older} of them not reached by this run: their results are from before it, "
                               + ("under the config it checked when it started)" if session.configs_checked else

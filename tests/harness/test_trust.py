@@ -363,6 +363,24 @@ def test_an_interrupted_replace_says_how_to_resume_without_starting_over(tmp_pat
     assert all(done_times(sweep)[j] == t for j, t in kept.items())              # resumed, not re-run
 
 
+@pytest.mark.slow
+def test_a_sweep_interrupted_before_any_job_finished_claims_no_table(tmp_path):
+    """SIGINT in the first job of a sweep: its line says no job had finished and names no table,
+    and the sweep dir holds none."""
+    proc = popen(["-m", "placement=resident,fetch", "cache.capacity=2", "workload=chat", "workload.context_tokens=2048",
+                  "workload.gen_tokens=64", "run.repeats=20", "run.sweep_id=Z", "run.quiet=true"], tmp_path)
+    wait_until(lambda: bool(list(tmp_path.glob("results/.reference/*.pt"))), proc, timeout=120)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in err, err[-3000:]
+    sweep = tmp_path / "results" / "sweeps" / "Z"
+    assert not list(sweep.glob("*/DONE")) and not (sweep / results.SWEEP_TABLE).exists()
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("moebench: interrupted by SIGINT; no job in ") and "had finished, so it has no table" in last
+    assert "the table of" not in err
+
+
 def test_ctrl_c_in_a_single_run_prints_one_line(tmp_path):
     proc = popen(["workload=chat", "workload.context_tokens=2048", "workload.gen_tokens=64", "run.repeats=20",
                   "run.quiet=true"], tmp_path)
