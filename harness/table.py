@@ -85,7 +85,10 @@ def _varying(df: pd.DataFrame) -> list[str]:
     where the rows come from several sweeps (the same config measured twice is two rows)."""
     cols = [c for c in CONFIG_COLUMNS if c in df.columns]
     per_job = _per_job(df, cols)
-    varying = [c for c in cols if per_job[c].astype(str).nunique(dropna=False) > 1] or ["placement"]
+    # a failed job's row leaves unset what it never reached: its nulls are no setting, so no difference
+    failed = df["status"].eq("failed").groupby([df[k] for k in JOB], sort=False).any().reindex(per_job.index)
+    varying = [c for c in cols if per_job[c][~(failed & per_job[c].isna())].astype(str).nunique(dropna=False) > 1]
+    varying = varying or ["placement"]
     return ["sweep_id", *varying] if df["sweep_id"].nunique() > 1 else varying
 
 
