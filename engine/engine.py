@@ -40,10 +40,10 @@ from engine.kv import Session, check_planned
 from engine.kvquant import is_lossy, kv_format
 from engine.model import MoEModel, TensorSource
 from engine.options import EngineOptions
-from engine.placements.base import PlacementContext
+from engine.placements.base import Placement, PlacementContext
 from engine.planner import MemoryPlan, plan_memory
 from engine.policies import make_policy
-from engine.prefetch.base import PrefetchContext
+from engine.prefetch.base import PrefetchContext, Prefetcher
 from engine.registry import PLACEMENTS, POLICIES, PREFETCHERS
 from engine.static_decode import StaticDecoder
 
@@ -59,7 +59,7 @@ class GenerateResult:
 
 
 class Engine:
-    def __init__(self, cfg: ModelConfig, model: MoEModel, placement: Any, device: Device, plan: MemoryPlan,
+    def __init__(self, cfg: ModelConfig, model: MoEModel, placement: Placement, device: Device, plan: MemoryPlan,
                  counters: Counters, ubatch: int, options: dict[str, Any]) -> None:
         self.cfg, self.model, self.placement, self.device = cfg, model, placement, device
         self.plan, self._counters, self.ubatch, self.options = plan, counters, ubatch, options
@@ -367,7 +367,7 @@ def _model_of(source: str | Path, o: EngineOptions) -> tuple[ModelConfig, Path |
 
 
 def _load(cfg: ModelConfig, ckpt_dir: Path | None, o: EngineOptions, dev: Device, dt: torch.dtype, plan: MemoryPlan,
-          placement_cls: Any, prefetch_cls: Any) -> tuple[MoEModel, Any, Counters]:
+          placement_cls: type[Placement], prefetch_cls: type[Prefetcher]) -> tuple[MoEModel, Placement, Counters]:
     """The model loaded with its placement set up (and its prefetcher); on any failure what was
     taken is freed, so nothing half-built stays accounted."""
     counters = Counters(cfg.num_layers)
@@ -417,7 +417,7 @@ def cfg_dtype(cfg: ModelConfig, dtype: str) -> torch.dtype:
     return torch_dtype(cfg.torch_dtype if dtype == "auto" else dtype)
 
 
-def host_ram_needed(cfg: ModelConfig, dt: torch.dtype, strategy: Any, dev: Device,
+def host_ram_needed(cfg: ModelConfig, dt: torch.dtype, strategy: Placement, dev: Device,
                     plan: MemoryPlan) -> list[tuple[str, int]]:
     """The host RAM a load takes, as (what, bytes) rows: non-expert weights (they pass through
     host RAM on CUDA and live there on the emulated device), one host expert store allocation

@@ -15,9 +15,12 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import psutil
+
+if TYPE_CHECKING:
+    from harness.config.schema import RunSpec
 
 SAMPLE_S = 0.1
 
@@ -56,7 +59,7 @@ def default_threads() -> int:
     return physical_cores_available()
 
 
-def job_threads(spec: Any) -> int:
+def job_threads(spec: RunSpec) -> int:
     """The intra-op threads a job runs with: run.threads, else `default_threads()`."""
     return spec.run.threads or default_threads()
 

@@ -89,7 +89,7 @@ def assumptions(spec: RunSpec, counted: bool) -> str:
     parts = [BASIS]
     if spec.workload.batch > 1 and not counted:
         parts.append("distinct experts per batched step from simulated uniform routing (no lookups counted)")
-    if getattr(spec.expert_quant, "mode", None) == "mixed":
+    if spec.expert_quant is not None and spec.expert_quant.mode == "mixed":
         parts.append("mixed expert formats at their mean bytes")
     return "; ".join(parts)
 

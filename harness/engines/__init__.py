@@ -24,13 +24,14 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from engine.lazy import lazy_module
-from harness.contract import session_tokens
 from harness.engines.base import EngineAdapter, Produced, argmax
 from harness.engines.registry import ENGINES
 from harness.machine import job_threads
 
 if TYPE_CHECKING:
     import torch
+
+    from harness.config.schema import RunSpec
 else:                  # the registry and its adapters' options load without torch (moebench --help, plan)
     torch = lazy_module("torch", globals())
 
@@ -39,19 +40,19 @@ log = logging.getLogger(__name__)
 __all__ = ["ENGINES", "EngineAdapter", "EngineCache", "Produced", "argmax", "engine_key", "session_tokens_of"]
 
 
-def session_tokens_of(spec: Any) -> int:
-    w = spec.workload
-    return session_tokens(w.context_tokens, w.gen_tokens, w.turn_tokens)
+def session_tokens_of(spec: RunSpec) -> int:
+    """The KV the job's sessions need (RunSpec.session_tokens)."""
+    return spec.session_tokens
 
 
-def engine_key(spec: Any) -> tuple:
+def engine_key(spec: RunSpec) -> tuple:
     m, h, w = spec.model, spec.hardware, spec.workload
     threads = job_threads(spec) if ENGINES.get(spec.engine).threads_at_load else None
     return (spec.engine, threads, repr(spec.engine_options), m.name, m.path, m.dtype, m.num_layers, m.seed, h.device,
             h.device_memory, spec.placement, tuple(sorted(spec.placement_options.items())), spec.capacity,
             spec.policy, repr(spec.policy_options), spec.prefetch, w.batch, w.ubatch, session_tokens_of(spec),
-            getattr(spec, "capacity_bytes", None), repr(getattr(spec, "expert_quant", None)),
-            getattr(spec, "kv_dtype", "model"),          # a KV treatment is another engine, never a reused one
+            spec.capacity_bytes, repr(spec.expert_quant),
+            spec.kv_dtype,                               # a KV treatment is another engine, never a reused one
             spec.all_logits)                             # its logits are in the engine's memory plan
 
 
@@ -76,7 +77,7 @@ class EngineCache:
         # temporary dir go with it (the finalizer holds the dict, never the cache)
         self._finalizer = weakref.finalize(self, _close_all, self._held)
 
-    def get(self, spec: Any, key_extra: tuple = (), **kw: Any) -> tuple[EngineAdapter, bool]:
+    def get(self, spec: RunSpec, key_extra: tuple = (), **kw: Any) -> tuple[EngineAdapter, bool]:
         """(the job's measured adapter, loaded_now). Reuses the engine already loaded for the same
         key; any other cached engine is freed first, never held beside it."""
         key = (*engine_key(spec), *key_extra)

@@ -19,9 +19,10 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from engine.hooks import NULL, Instrument
+from engine.hooks import NULL, Instrument, Progress
 from engine.registry import NoOptions
 from engine.lazy import lazy_module
 
@@ -44,7 +45,7 @@ class Produced:
     top_logprobs: list[dict[int, float] | None] | None = None
 
 
-def refuse_truncation(spec: Any, engine: str) -> None:
+def refuse_truncation(spec: RunSpec, engine: str) -> None:
     """An engine that runs a checkpoint as saved cannot drop layers: `model.num_layers` with a
     `model.path` would measure a deeper model than ours and the reference (presets are built
     truncated, so they are fine)."""
@@ -180,10 +181,10 @@ class EngineAdapter(ABC):
         what it would run differs. {} when there is nothing beside the packages."""
         return {}
 
-    def set_progress(self, progress: Any) -> None:
+    def set_progress(self, progress: Progress | None) -> None:
         """Report long work (a long prefill) to `progress(what, done, total)`; None: stop."""
 
-    def save_artifacts(self, job_dir: Any) -> None:
+    def save_artifacts(self, job_dir: Path) -> None:
         """Write what belongs to the job that just ran into its dir (e.g. a server's log)."""
 
     def reset(self) -> None:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from engine.hooks import NULL, Instrument
+from engine.hooks import NULL, Instrument, Progress
 from engine.kvquant import DEFAULT_KV_DTYPE
 from harness.engines.base import EngineAdapter, Produced
 
@@ -28,14 +28,13 @@ class MoebenchAdapter(EngineAdapter):
     # moebench ran exact experts only until experts.quant, and kept its KV in the model's dtype until kv.dtype
     columns_before = {"expert_quant": "none", "kv_dtype": "model"}
 
-    def __init__(self, spec: Any, placement: str | None = None, device: str | None = None,
-                 prefetch_options: dict[str, Any] | None = None, progress: Any = None, exact: bool = False,
+    def __init__(self, spec: RunSpec, placement: str | None = None, device: str | None = None,
+                 prefetch_options: dict[str, Any] | None = None, progress: Progress | None = None, exact: bool = False,
                  quality: bool = False) -> None:
         """exact: the exact model whatever the job's treatments (experts.quant, kv.dtype): the
         numerical reference. quality: a quality pass (harness.quality) will run on this engine, so
         its memory plan makes room for a micro-batch's logits at every position."""
         from engine import Engine, EngineOptions       # torch: loaded by the job that builds one
-        from harness.engines import session_tokens_of
 
         w = spec.workload
         src = spec.model.path or spec.model.name
@@ -45,13 +44,13 @@ class MoebenchAdapter(EngineAdapter):
         t0 = time.perf_counter()
         job = EngineOptions(
             placement=spec.placement, placement_options=dict(spec.placement_options), cache_capacity=spec.capacity,
-            cache_capacity_bytes=getattr(spec, "capacity_bytes", None), cache_policy=spec.policy or "lru",
+            cache_capacity_bytes=spec.capacity_bytes, cache_policy=spec.policy or "lru",
             policy_options=spec.policy_options, prefetch=spec.prefetch, prefetch_options=prefetch_options,
             device=device or spec.hardware.device, device_memory=None if device == "cpu" else spec.hardware.device_memory,
             dtype=spec.model.dtype, model_overrides=overrides, seed=spec.model.seed, ubatch=w.ubatch,
-            max_context=session_tokens_of(spec), batch=w.batch,
-            kv_dtype=DEFAULT_KV_DTYPE if exact else getattr(spec, "kv_dtype", DEFAULT_KV_DTYPE),
-            expert_quant=None if exact else getattr(spec, "expert_quant", None), all_logits=quality, progress=progress)
+            max_context=spec.session_tokens, batch=w.batch,
+            kv_dtype=DEFAULT_KV_DTYPE if exact else spec.kv_dtype,
+            expert_quant=None if exact else spec.expert_quant, all_logits=quality, progress=progress)
         if resident:                           # the same model, every expert resident: no cache, no prefetch
             job = job.replace(placement="resident", placement_options={}, cache_capacity=None,
                               cache_capacity_bytes=None, policy_options=None, prefetch="none", prefetch_options=None)
@@ -106,7 +105,7 @@ class MoebenchAdapter(EngineAdapter):
         self.instrument = instrument or NULL
         return True
 
-    def set_progress(self, progress: Any) -> None:
+    def set_progress(self, progress: Progress | None) -> None:
         self.engine.progress = progress
 
     def reset_device_peak(self) -> None:

@@ -147,7 +147,7 @@ class LlamaCppAdapter(EngineAdapter):
         spec.engine_options.flags(None, None, None, spec.kv_dtype)      # FlagError: a ValueError
         spec.engine_options.weights_for(spec.dtype)
 
-    def __init__(self, spec: Any, options: LlamaCppOptions) -> None:
+    def __init__(self, spec: RunSpec, options: LlamaCppOptions) -> None:
         from harness.llamacpp.build import find_binaries, server_backend
         from harness.llamacpp.convert import convert, convert_preset
         from harness.llamacpp.server import LlamaServer
@@ -161,11 +161,11 @@ class LlamaCppAdapter(EngineAdapter):
         threads = job_threads(spec)
         self.weights = options.weights_for(spec.dtype)
         self.flags = options.flags(spec.workload.ubatch, spec.session_tokens + 1, threads,
-                                   getattr(spec, "kv_dtype", "model"), spec.dtype)
+                                   spec.kv_dtype, spec.dtype)
         # lossy: weights or a KV cache type other than the model dtype's own, or flash attention
         # not off (its CPU path drifts from the reference: harness.llamacpp.flags)
         own = OWN_TYPES.get(spec.dtype)
-        self.lossy = getattr(spec, "lossy", False) or self.flags.flash_attn != "off" or not (
+        self.lossy = spec.lossy or self.flags.flash_attn != "off" or not (
             self.weights == self.flags.cache_type_k == self.flags.cache_type_v == own)
         self.flags.server_argv(self.binaries.server)           # validated against this build before launch
         if spec.model.path:                    # NaN or inf weights convert without a word: refused as our loader does
@@ -198,7 +198,7 @@ class LlamaCppAdapter(EngineAdapter):
         self._log_offset = 0
 
     @classmethod
-    def build(cls, spec: Any, options: Any, **kw: Any) -> "LlamaCppAdapter":
+    def build(cls, spec: RunSpec, options: Any, **kw: Any) -> "LlamaCppAdapter":
         return cls(spec, options)
 
     def alive(self) -> bool:
