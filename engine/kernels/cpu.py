@@ -7,8 +7,10 @@ the GEMV's rate), so decode did not get faster with threads while the machine ha
 (docs/cpu_experts.md has the measurements). The kernel splits the weight rows over torch's
 intra-op threads (`torch.set_num_threads` governs it) and reads fp32 or bf16 weights directly;
 each output is one dot product in a fixed order, the same bits whatever the batch or thread
-count. Above `MAX_ROWS` rows it is the BLAS GEMM (`at::mm`, bitwise `F.linear`), so one call site
-serves prefill and decode.
+count. Above `MAX_ROWS` rows it is the BLAS GEMM (`at::mm`, bitwise `F.linear`; for bf16 on a CPU
+without bf16 arithmetic, fp32 on widened copies, rounded once: torch's bf16 GEMM there runs at a
+fraction of the fp32 rate), so one call site serves prefill and decode. bf16 weights are thus
+never converted at load (no second copy in memory) and never run at the emulated rate.
 
 Owns: building the kernel (torch.utils.cpp_extension, into `$MOEBENCH_CACHE` or
 `~/.cache/moebench`, `kernels/` per torch and Python version; `python -m engine.kernels.cpu`
@@ -136,9 +138,17 @@ def usable(x: torch.Tensor, w: torch.Tensor) -> bool:
             and x.dtype in _dtypes() and available())
 
 
+@functools.cache
+def native_bf16() -> bool:
+    """Whether this CPU does bf16 arithmetic (AVX512-BF16 or AMX): else torch's bf16 GEMM emulates
+    it at a fraction of the fp32 rate, and the kernel's BLAS side widens bf16 to fp32 instead."""
+    caps = torch._C._cpu._get_cpu_capability() if hasattr(torch._C, "_cpu") else {}
+    return bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))
+
+
 def small_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [n, K] @ w [O, K]^T -> [n, O] in x's dtype: the kernel up to MAX_ROWS rows, BLAS above."""
-    return _load()[0].small_linear(x, w, MAX_ROWS)
+    return _load()[0].small_linear(x, w, MAX_ROWS, not native_bf16())
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
@@ -156,7 +166,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
 def grouped_small_linear(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """Per expert group, `small_linear`: x [M, K] sorted by expert, w [E, O, K], offs [E] int32 end
     of each group -> [M, O]; each group bitwise `small_linear` on it."""
-    return _load()[0].grouped_small_linear(x, w, offs, MAX_ROWS)
+    return _load()[0].grouped_small_linear(x, w, offs, MAX_ROWS, not native_bf16())
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@
 // is fixed: it does not depend on n, on the thread count or on which thread ran it -- a row's
 // output is the same bits at batch 1 and batch 8, at one thread and at two. Weights fp32 or bf16
 // (bf16 widened in registers: a shift, exact), activations and accumulation fp32. Beyond max_rows
-// it is at::mm (the BLAS GEMM, which threads itself), so one call site covers every batch.
+// it is at::mm (the BLAS GEMM, which threads itself; bf16 on widened fp32 copies where the CPU has
+// no bf16 arithmetic), so one call site covers every batch.
 // Does not own: which call sites use it, whether this CPU can run it, building it
 // (engine/kernels/cpu.py).
 //
@@ -124,12 +125,17 @@ void check_weight(const at::Tensor& w, int64_t K, const char* what) {
 }
 
 // out[n, O] (contiguous, the weight's dtype) = x[n, K] @ w[O, K]^T: the kernel up to max_rows rows,
-// at::mm beyond.
-void linear_into(const at::Tensor& x, const at::Tensor& w, at::Tensor& out, int64_t max_rows) {
+// at::mm beyond -- in fp32 on widened copies for bf16 when `widen_bf16` (a CPU without bf16
+// arithmetic, where torch's bf16 GEMM runs at a fraction of the fp32 one; the output is rounded
+// to bf16 once, as that GEMM's is).
+void linear_into(const at::Tensor& x, const at::Tensor& w, at::Tensor& out, int64_t max_rows, bool widen_bf16) {
   const int64_t n = x.size(0), O = w.size(0), K = w.size(1);
   if (n == 0) return;
   if (n > max_rows) {
-    at::mm_out(out, x, w.t());
+    if (widen_bf16 && w.scalar_type() == at::kBFloat16)
+      out.copy_(at::mm(x.to(at::kFloat), w.to(at::kFloat).t()));
+    else
+      at::mm_out(out, x, w.t());
     return;
   }
   at::Tensor xf = x.to(at::kFloat).contiguous();
@@ -142,20 +148,21 @@ void linear_into(const at::Tensor& x, const at::Tensor& w, at::Tensor& out, int6
 }
 
 // y[n, O] = x[n, K] @ w[O, K]^T, in x's dtype (which must be w's).
-at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, int64_t max_rows) {
+at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, int64_t max_rows, bool widen_bf16) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2, "small_linear: x [n, K] and w [O, K], got ", x.sizes(), " and ", w.sizes());
   check_weight(w, x.size(1), "small_linear");
   TORCH_CHECK(x.scalar_type() == w.scalar_type(), "small_linear: x is ", x.scalar_type(), ", w is ", w.scalar_type());
   at::Tensor xc = x.contiguous();
   at::Tensor out = at::empty({x.size(0), w.size(0)}, x.options());
-  linear_into(xc, w, out, max_rows);
+  linear_into(xc, w, out, max_rows, widen_bf16);
   return out;
 }
 
 // Each expert's group of rows through small_linear's path: x [M, K] sorted by expert, w [E, O, K],
 // offs [E] int32 end of each group in x -> [M, O]; a group equals small_linear on it, bit for bit.
 // The group sizes are read here, on the CPU, where reading them is no device sync.
-at::Tensor grouped_small_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offs, int64_t max_rows) {
+at::Tensor grouped_small_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offs, int64_t max_rows,
+                                bool widen_bf16) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 3, "grouped_small_linear: x [M, K] and w [E, O, K], got ", x.sizes(),
               " and ", w.sizes());
   check_weight(w, x.size(1), "grouped_small_linear");
@@ -173,7 +180,7 @@ at::Tensor grouped_small_linear(const at::Tensor& x, const at::Tensor& w, const 
                 x.size(0), "], got ", end, " after ", start);
     if (end > start) {
       at::Tensor o = out.narrow(0, start, end - start);
-      linear_into(xc.narrow(0, start, end - start), w.select(0, e), o, max_rows);
+      linear_into(xc.narrow(0, start, end - start), w.select(0, e), o, max_rows, widen_bf16);
     }
     start = end;
   }
@@ -183,6 +190,7 @@ at::Tensor grouped_small_linear(const at::Tensor& x, const at::Tensor& w, const 
 }  // namespace
 
 TORCH_LIBRARY(moebench_cpu, m) {
-  m.def("small_linear(Tensor x, Tensor w, int max_rows) -> Tensor", &small_linear);
-  m.def("grouped_small_linear(Tensor x, Tensor w, Tensor offs, int max_rows) -> Tensor", &grouped_small_linear);
+  m.def("small_linear(Tensor x, Tensor w, int max_rows, bool widen_bf16) -> Tensor", &small_linear);
+  m.def("grouped_small_linear(Tensor x, Tensor w, Tensor offs, int max_rows, bool widen_bf16) -> Tensor",
+        &grouped_small_linear);
 }

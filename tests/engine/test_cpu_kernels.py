@@ -73,6 +73,16 @@ def test_bf16_weights_are_read_as_they_are():
 
 
 @needs_kernel
+def test_bf16_above_max_rows_is_never_torchs_emulated_gemm():
+    """Where the CPU has no bf16 arithmetic, bf16 beyond MAX_ROWS is the fp32 GEMM on widened
+    copies, rounded once (torch's bf16 GEMM there is emulated, at a fraction of the fp32 rate)."""
+    g = torch.Generator().manual_seed(4)
+    w, x = torch.randn(64, 96, generator=g).bfloat16(), torch.randn(cpu.MAX_ROWS + 4, 96, generator=g).bfloat16()
+    want = F.linear(x, w) if cpu.native_bf16() else F.linear(x.float(), w.float()).bfloat16()
+    assert torch.equal(cpu.small_linear(x, w), want)
+
+
+@needs_kernel
 def test_grouped_is_the_ungrouped_call_on_each_group():
     """Empty, small and above-MAX_ROWS groups, each bitwise `small_linear` on its rows."""
     g = torch.Generator().manual_seed(3)
@@ -81,11 +91,12 @@ def test_grouped_is_the_ungrouped_call_on_each_group():
     counts = [0, 1, cpu.MAX_ROWS, cpu.MAX_ROWS + 5, 3]
     x = torch.randn(sum(counts), K, generator=g)
     offs = torch.tensor(counts).cumsum(0).to(torch.int32)
-    y = cpu.grouped_small_linear(x, w, offs)
-    start = 0
-    for e, n in enumerate(counts):
-        assert torch.equal(y[start:start + n], cpu.small_linear(x[start:start + n], w[e]))
-        start += n
+    for dtype in (torch.float32, torch.bfloat16):
+        y = cpu.grouped_small_linear(x.to(dtype), w.to(dtype), offs)
+        start = 0
+        for e, n in enumerate(counts):
+            assert torch.equal(y[start:start + n], cpu.small_linear(x[start:start + n].to(dtype), w[e].to(dtype)))
+            start += n
 
 
 @needs_kernel
