@@ -2,9 +2,10 @@
 whose value does not fit its key's type.
 
 Owns: `one_line` (either, for what Hydra raised), `bad_override` (which override of a command
-Hydra's grammar rejects, and why) and `config_error_line` (a composition error -- a value of the
-wrong type, a key that is not there -- as `KEY: allowed TYPE, got VALUE`). Does not own: catching them (harness.cli, harness.sweep) or
-the schema that gives the types (harness.config).
+Hydra's grammar rejects, and why) and `typed_line` (a composition error -- a value of the wrong
+type, a key that is not there -- as `KEY: allowed TYPE, got VALUE`). Does not own: catching them
+(harness.cli, harness.sweep), the line for any other config error (`harness.config`'s
+`config_error_line`, which asks `typed_line` first), or the schema that gives the types.
 
     bad_override(["placement=[resident", "run.quiet=true"])
     # "cannot parse the override 'placement=[resident': no viable alternative at input '[resident' (...)"
@@ -29,7 +30,7 @@ def one_line(exc: BaseException, overrides: Sequence[str]) -> str | None:
 
     if isinstance(exc, OverrideParseException):
         return bad_override(overrides) or f"cannot parse the overrides: {_first_line(exc)} ({GRAMMAR})"
-    return config_error_line(exc)
+    return typed_line(exc)
 
 
 def bad_override(overrides: Sequence[str]) -> str | None:
@@ -47,7 +48,7 @@ def bad_override(overrides: Sequence[str]) -> str | None:
     return None
 
 
-def config_error_line(exc: BaseException) -> str | None:
+def typed_line(exc: BaseException) -> str | None:
     """A Hydra composition error as one line naming the key, what it allows and the value given;
     None when `exc` is not one this knows."""
     from omegaconf.errors import ConfigAttributeError, ValidationError

@@ -45,8 +45,12 @@ BAD_CONFIG = (ConfigError, HydraException, OmegaConfBaseException)
 
 
 def config_error_line(exc: BaseException) -> str:
-    """One line for a BAD_CONFIG error: the lines of its message and of its cause's, without
-    OmegaConf's key/type trailer lines."""
+    """One line for a BAD_CONFIG error: a value of the wrong type or an unknown key as `KEY: allowed
+    TYPE, got VALUE` (harness.hydra_errors), else the lines of its message and of its cause's,
+    without OmegaConf's key/type trailer lines."""
+    from harness.hydra_errors import typed_line
+    if (line := typed_line(exc)) is not None:
+        return line
     lines: list[str] = []
     for e in (exc, exc.__cause__):
         for line in str(e or "").splitlines():

@@ -68,7 +68,7 @@ def test_a_cpu_plan_is_for_the_jobs_threads_not_the_callers(capsys):
 
 @pytest.mark.parametrize("args, says", [
     (["cache.capcity=4"], "Key 'capcity' not in"), (["model=nonexistent"], "Could not find 'model/nonexistent'"),
-    (["workload.context_tokens=abc"], "could not be converted to Integer"), (["-m", "cache.capcity=4,6"], "capcity"),
+    (["workload.context_tokens=abc"], "workload.context_tokens: allowed an integer, got 'abc'"), (["-m", "cache.capcity=4,6"], "capcity"),
     (["cache.capacity=1"], "cache.capacity: allowed")])
 def test_bad_input_is_exit_2_with_one_line_not_a_traceback(capsys, args, says):
     """Exit 1 means "does not fit"; a typo or a bad value is 2 with one line, however it fails
