@@ -9,9 +9,11 @@ count: never 0), engine-side timings of the last phase (`phase_metrics`, source=
 knobs that become row columns. Does not own: timing, phases or checks (harness.scenario), building
 or caching adapters (harness.engines).
 
-An engine family member is one module with a subclass registered in `harness.engines.ENGINES`
-(or the entry-point group `moebench.engines`); its `Options` dataclass is its Hydra schema under
-`engine.` (harness.config registers it), and `build(spec, options)` makes it.
+An engine family member is one module with a subclass registered in
+`harness.engines.registry.ENGINES` (or the entry-point group `moebench.engines`); its `Options`
+dataclass is its Hydra schema under `engine.` (harness.plugins builds it), `check(spec)` is its
+own part of validation, `build(spec, options)` makes it, and its class attributes declare what it
+can do (capabilities, knob columns, sub-commands): core code asks those, never its name.
 """
 from __future__ import annotations
 
