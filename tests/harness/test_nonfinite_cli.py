@@ -1,12 +1,11 @@
 """A broken run is a failed row with the reason, through the real `moebench` CLI in subprocesses on
 checkpoints written by transformers: NaN in one tensor is refused at load naming it (with or
-without the reference, by our engine and by engine=llamacpp before it converts, in the same words);
-finite weights that overflow at run time fail the job naming the first bad layer (ours) or the phase
-(transformers' logits, llama-server's null logprobs); and a quality metric is null only with its
-`quality_reason`, asserted on the loaded tables."""
+without the reference, by our engine in the same words); finite weights that overflow at run time fail
+the job naming the first bad layer (ours) or the phase (transformers' logits); and a quality metric
+is null only with its `quality_reason`, asserted on the loaded tables. engine=llamacpp's refusals of
+the same checkpoints: tests/llamacpp/test_nonfinite_cli.py."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -21,7 +20,6 @@ from harness import results
 from harness.contract import QUALITY_METRICS, QUALITY_PHASE
 from harness.quality import QualityRun, compare_explained, quality_run
 from tests.engine.test_nonfinite import EXPERT_W1, FILE, poison, rewritten, scaled_experts
-from tests.llamacpp.conftest import bins  # noqa: F401 -- the real llama.cpp build: skip or fail when missing
 
 pytestmark = pytest.mark.slow     # subprocess/CLI runs
 REPO = Path(__file__).resolve().parents[2]
@@ -75,19 +73,6 @@ def test_a_nan_checkpoint_is_a_failed_row_naming_the_tensor(loader_error, nan_ck
                             "inf weights computes NaN; repair or re-export the checkpoint)")
 
 
-def test_llamacpp_refuses_the_nan_checkpoint_in_the_loaders_words(loader_error, nan_ckpt, bins, tmp_path):  # noqa: F811
-    from harness.llamacpp.convert import cache_dir, checkpoint_identity
-
-    args = ["engine=llamacpp", f"model.path={nan_ckpt}", "run.check_reference=true,false"]
-    assert the_error(sweep(args, tmp_path / "a", "nan", rc=1)) == loader_error
-    verdict = cache_dir(checkpoint_identity(nan_ckpt)) / "nonfinite.json"     # beside the GGUFs, never made here
-    assert [b["name"] for b in json.loads(verdict.read_text())["bad"]] == [EXPERT_W1]
-    assert not list(verdict.parent.glob("*.gguf"))
-    before = verdict.stat().st_mtime_ns
-    assert the_error(sweep(args, tmp_path / "b", "nan", rc=1)) == loader_error     # from the verdict: not read again
-    assert verdict.stat().st_mtime_ns == before
-
-
 def test_an_overflow_at_run_time_is_a_failed_row_naming_the_first_bad_layer(overflow_ckpt, tmp_path):
     placements = "placement=resident,fetch,cpu,hybrid,stream"
     df = sweep([f"model.path={overflow_ckpt}", "run.check_reference=false", placements, "cache.capacity=2"], tmp_path,
@@ -106,13 +91,6 @@ def test_transformers_nan_logits_are_a_failed_row(overflow_ckpt, nan_ckpt, tmp_p
     assert len(df) == 2
     assert the_error(df) == ("NonFiniteError: engine=hf returned 128 of 128 logits NaN or inf in phase prefill_fresh "
                              "(the model computed no number there; no token it chose is a measurement)")
-
-
-def test_llama_servers_null_logprobs_are_a_failed_row(overflow_ckpt, bins, tmp_path):  # noqa: F811
-    """The finite checkpoint converts and runs; llama-server computes NaN and writes its logprobs as null."""
-    df = sweep(["engine=llamacpp", f"model.path={overflow_ckpt}", "run.check_reference=false"], tmp_path, "ll", rc=1)
-    assert the_error(df) == ("NonFiniteError: engine=llamacpp returned 5 of 5 top logprobs NaN or inf in phase "
-                             "prefill_fresh for token 0 of row 0 (ids [0, 1, 2, 3, 4]; the server writes NaN as null)")
 
 
 # ------------------------------------------------------------------ a null quality metric has its reason

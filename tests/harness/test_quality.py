@@ -16,7 +16,6 @@ from harness import results
 from harness.config import ConfigError
 from harness.contract import METRIC_UNITS, QUALITY_METRICS, QUALITY_PHASE
 from harness.costmodel.work import kv_bytes
-from harness.llamacpp.flags import DEFAULTS, EXACT, FlagError, kv_treatment
 from harness.quality import quality_metrics, quality_run
 
 PROMPT = [[(37 * i + 11) % 512 for i in range(96)]]
@@ -71,22 +70,6 @@ def test_cost_model_kv_bytes_use_the_stored_format():
     # 4 layers x K and V x 2 heads x (16 int8 codes + one float16 scale), per token
     assert kv_bytes(cfg, 100, 2, 4, "q8") == 100 * 2 * 4 * 2 * 2 * 18
     assert kv_bytes(cfg, 100, 2, 4) == cfg.kv_bytes_per_token(4) * 200 == 100 * 2 * 4 * 2 * 2 * 16 * 4
-
-
-def test_llamacpp_maps_kv_dtype_to_cache_types():
-    assert kv_treatment(EXACT, "model", {}) == EXACT
-    for kv, ctype in (("f16", "f16"), ("bf16", "bf16"), ("q8", "q8_0"), ("q4", "q4_0")):
-        f = kv_treatment(EXACT, kv, {})
-        assert (f.cache_type_k, f.cache_type_v) == (ctype, ctype)
-        assert f.flash_attn == ("on" if kv in ("q8", "q4") else "off")     # llama.cpp quantises V only with -fa
-        pairs = f._pairs(bench=False)
-        assert ("cache_type_k", "-ctk", ctype) in pairs and ("cache_type_v", "-ctv", ctype) in pairs
-    with pytest.raises(FlagError, match=r"kv.dtype=fp8: llama.cpp has no such KV cache type; allowed .*q8"):
-        kv_treatment(DEFAULTS, "fp8", {})
-    with pytest.raises(FlagError, match=r"engine.cache_type_k=f32 was given"):
-        kv_treatment(EXACT, "q8", {"cache_type_k": "f32"})
-    with pytest.raises(FlagError, match=r"engine.flash_attn=off was given"):
-        kv_treatment(EXACT, "q4", {"flash_attn": "off"})
 
 
 def test_config_refuses_bad_kv_dtype():

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.llamacpp.flags import CPU_MOE_OVERRIDE, DEFAULTS, EXACT, FlagError, LlamaFlags, help_spec
+from harness.llamacpp.flags import CPU_MOE_OVERRIDE, DEFAULTS, EXACT, FlagError, LlamaFlags, help_spec, kv_treatment
 
 
 def test_argv_spelling_server_and_bench():
@@ -75,3 +75,19 @@ def test_a_ubatch_above_the_batch_is_refused_not_clamped():
     LlamaFlags(batch=512, ubatch=512)                                        # equal: accepted
     with pytest.raises(FlagError, match=r"ubatch 512 > batch 256: llama.cpp would clamp -ub to -b"):
         LlamaFlags(batch=256, ubatch=512)
+
+
+def test_llamacpp_maps_kv_dtype_to_cache_types():
+    assert kv_treatment(EXACT, "model", {}) == EXACT
+    for kv, ctype in (("f16", "f16"), ("bf16", "bf16"), ("q8", "q8_0"), ("q4", "q4_0")):
+        f = kv_treatment(EXACT, kv, {})
+        assert (f.cache_type_k, f.cache_type_v) == (ctype, ctype)
+        assert f.flash_attn == ("on" if kv in ("q8", "q4") else "off")     # llama.cpp quantises V only with -fa
+        pairs = f._pairs(bench=False)
+        assert ("cache_type_k", "-ctk", ctype) in pairs and ("cache_type_v", "-ctv", ctype) in pairs
+    with pytest.raises(FlagError, match=r"kv.dtype=fp8: llama.cpp has no such KV cache type; allowed .*q8"):
+        kv_treatment(DEFAULTS, "fp8", {})
+    with pytest.raises(FlagError, match=r"engine.cache_type_k=f32 was given"):
+        kv_treatment(EXACT, "q8", {"cache_type_k": "f32"})
+    with pytest.raises(FlagError, match=r"engine.flash_attn=off was given"):
+        kv_treatment(EXACT, "q4", {"flash_attn": "off"})
