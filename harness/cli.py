@@ -89,13 +89,14 @@ def _job(cfg: DictConfig, session: RunSession) -> None:
     from harness.runner import run
     ctx = _job_context(session)
     quiet = bool(cfg.run.quiet)
-    if dropped := drop_not_applicable(cfg, ctx.overrides or []):    # a sweep's option its plugin lacks
-        Reporter(quiet).info(not_applicable_line(cfg, dropped))
+    dropped = drop_not_applicable(cfg, ctx.overrides or [])         # a sweep's option its plugin lacks
     session.quiet = session.quiet or quiet
     progress = session.progress               # None in a launcher's worker process
     if progress is not None:
         progress.quiet = progress.quiet or quiet
         progress.start(ctx.job_id)
+    if dropped:
+        Reporter(quiet).info(not_applicable_line(cfg, dropped))
     try:
         outcome = run(cfg, ctx, Reporter(quiet, sweep=progress), session)
     finally:
@@ -458,23 +459,37 @@ def _scoped(argv: list[str]) -> list[str]:
 
 def _check_sweep(argv: list[str]) -> None:
     """A sweep Hydra would reject while composing its jobs -- an unknown group option, a key or a
-    value its schema refuses, in any job -- is refused before its dir is made or locked (nothing is
-    left under the results root): each job's config is composed first, as Hydra will compose it.
-    Raises SweepError with the one line. A sweep composed from another config source (-cp, -cn)
-    is left to Hydra."""
-    from harness.config import BAD_CONFIG, config_error_line
+    value its schema refuses -- is refused before its dir is made or locked (nothing is left under
+    the results root): its jobs are composed first as Hydra will compose them, enough of them that
+    every value of every swept key is in one (the rest combine the same values). Raises SweepError
+    with the one line. A sweep composed from another config source (-cp, -cn) is left to Hydra."""
+    from harness.config import BAD_CONFIG
     from harness.plan import composer, expand
     flags, overrides = split_args(argv)
     if CONFIG_SOURCE_FLAGS & set(flags):
         return
     try:
-        jobs = expand(overrides)
+        jobs, seen = expand(overrides), set()
         with composer(hydra=True) as compose:
             for job in jobs:
-                compose(job)
+                if not seen.issuperset(job):
+                    compose(job)
+                    seen.update(job)
     except BAD_CONFIG as exc:
-        raise SweepError(f"the sweep does not compose, so nothing ran or was written: {config_error_line(exc)}") \
-            from None
+        raise SweepError(_compose_error(exc, overrides)) from None
+
+
+def _compose_error(exc: BaseException, overrides: list[str]) -> str:
+    """One line for a composition error (harness.hydra_errors), a missing group option with the
+    options there are."""
+    from hydra.errors import MissingConfigException
+
+    from harness.config import config_error_line
+    from harness.hydra_errors import one_line
+    if isinstance(exc, MissingConfigException) and exc.missing_cfg_file and exc.options is not None:
+        group, _, name = exc.missing_cfg_file.rpartition("/")
+        return f"{group}={name}: no such option; allowed: {', '.join(sorted(exc.options))}"
+    return one_line(exc, overrides) or config_error_line(exc)
 
 
 def _single_or_sweep(argv: list[str], session: RunSession) -> int:

@@ -39,13 +39,21 @@ SEARCHES = ("context", "capacity", "n_cpu_layers")
 @contextmanager
 def composer(hydra: bool = False) -> Iterator[Callable[[Sequence[str]], Any]]:
     """compose(overrides) -> the config the moebench CLI composes for them (with Hydra's own node
-    when `hydra`), Hydra initialised once for every call made inside."""
+    when `hydra`), Hydra initialised once for every call made inside; a `++` plugin option the
+    job's plugin lacks is dropped, as a job drops it (harness.plugin_keys)."""
     from hydra import compose, initialize_config_dir
 
     import harness.cli  # noqa: F401 -- registers the ConfigStore and the resolvers
     from harness.cli import CONF_DIR
+    from harness.plugin_keys import drop_not_applicable
+
+    def composed(overrides: Sequence[str]) -> Any:
+        cfg = compose(config_name="config", overrides=list(overrides), return_hydra_config=hydra)
+        drop_not_applicable(cfg, overrides)
+        return cfg
+
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        yield lambda overrides: compose(config_name="config", overrides=list(overrides), return_hydra_config=hydra)
+        yield composed
 
 
 def _compose(overrides: Sequence[str], hydra: bool = False):
@@ -63,7 +71,7 @@ def expand(overrides: Sequence[str]) -> list[list[str]]:
     params = dict(cfg.hydra.sweeper.params or {})
     extra = [f"{k}={v}" for k, v in params.items() if not any(o.key_or_group == k for o in parsed)]
     parsed += OverridesParser.create().parse_overrides(extra)
-    axes = [[f"{o.key_or_group}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
+    axes = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
             else [o.input_line] for o in parsed]
     return [list(combo) for combo in itertools.product(*axes)]
 
@@ -275,8 +283,10 @@ def plan_main(argv: Sequence[str]) -> int:
     p.add_argument("-m", "--multirun", action="store_true", help="one line per job of the sweep the overrides make")
     p.add_argument("overrides", nargs="*", help="the run's overrides (key=value, group=option), as `moebench` takes")
     args = p.parse_intermixed_args(argv)
-    multirun, overrides = args.multirun, args.overrides
+    multirun = args.multirun
     try:
+        from harness.plugin_keys import scope_options
+        overrides = scope_options(args.overrides, multirun)
         if multirun:
             ok, text = sweep_report(expand(overrides))
         else:

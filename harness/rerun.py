@@ -103,6 +103,8 @@ def _composed(overrides: list[str], manifest: Mapping[str, Any], job_dir: str) -
     except BAD_CONFIG as exc:
         raise ValueError(f"the config files changed since {job_dir} ran: its recorded overrides no longer "
                          f"compose ({config_error_line(exc)})") from None
+    from harness.plugin_keys import drop_not_applicable
+    drop_not_applicable(cfg, overrides)          # as the job did: a `++` option its plugin lacks
     now = measurement_config(OmegaConf.to_container(cfg, resolve=True))
     then = measurement_config(manifest.get("config") or {})
     a, b = _flatten(then), _flatten(now)
