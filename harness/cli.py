@@ -451,9 +451,10 @@ def _scoped(argv: list[str]) -> list[str]:
     """argv with a sweep's plugin options made to apply where they exist (harness.plugin_keys:
     `-m placement=resident,hybrid placement.n_cpu_layers=2`); raises its one-line error where one
     applies to no chosen plugin."""
+    from harness.plan import compose_once
     from harness.plugin_keys import scope_options
     flags, overrides = split_args(argv)
-    scoped = scope_options(overrides, _is_multirun(argv))
+    scoped = scope_options(overrides, _is_multirun(argv), compose_once)
     return argv if scoped == overrides else [*flags, *scoped]
 
 

@@ -61,6 +61,11 @@ def _compose(overrides: Sequence[str], hydra: bool = False):
         return compose(overrides)
 
 
+def compose_once(overrides: Sequence[str]) -> Any:
+    """The config `overrides` compose to, with Hydra's own node."""
+    return _compose(overrides, hydra=True)
+
+
 def expand(overrides: Sequence[str]) -> list[list[str]]:
     """The jobs a basic-sweeper multirun makes of `overrides` (and of an experiment's
     `hydra.sweeper.params`): the cartesian product of every key's values."""
@@ -286,7 +291,7 @@ def plan_main(argv: Sequence[str]) -> int:
     multirun = args.multirun
     try:
         from harness.plugin_keys import scope_options
-        overrides = scope_options(args.overrides, multirun)
+        overrides = scope_options(args.overrides, multirun, compose_once)
         if multirun:
             ok, text = sweep_report(expand(overrides))
         else:

@@ -12,7 +12,7 @@ have it (Hydra's own hint, `+key=value`, is refused too: a schema's keys are fix
 `++key=value` by hand, it means "where it applies" in a single run as well. Does not own:
 composing (Hydra), checking the values (harness.config), the plugin families (harness.plugins).
 
-    overrides = scope_options(["placement=resident,hybrid", "placement.n_cpu_layers=2"], multirun=True)
+    overrides = scope_options(["placement=resident,hybrid", "placement.n_cpu_layers=2"], True, compose)
     # ['placement=resident,hybrid', '++placement.n_cpu_layers=2']
     drop_not_applicable(cfg, overrides)   # a resident job's cfg: ['++placement.n_cpu_layers=2']
 """
@@ -59,13 +59,12 @@ def _values(o: Override) -> list[str]:
     return list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
 
 
-def scope_options(overrides: Sequence[str], multirun: bool,
-                  base_choice: Callable[[str, list[str]], list[str]] | None = None) -> list[str]:
+def scope_options(overrides: Sequence[str], multirun: bool, compose: Callable[[list[str]], DictConfig]) -> list[str]:
     """`overrides` with each plain plugin option that some chosen plugin of its group lacks made
     Hydra's `++key=value`, where `multirun` and another chosen plugin has it; raises
-    OptionScopeError otherwise. `base_choice(group, overrides)`: the plugins the config chooses
-    for a group the overrides do not name (default: composed, `chosen_by_config`). Overrides
-    Hydra cannot parse are left to Hydra, which says so."""
+    OptionScopeError otherwise. `compose(overrides)`: the config with Hydra's node (asked only
+    for a group the overrides do not choose: its default, or an experiment's). Overrides Hydra
+    cannot parse are left to Hydra, which says so."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import OverrideType
     from hydra.errors import OverrideParseException
@@ -86,7 +85,7 @@ def scope_options(overrides: Sequence[str], multirun: bool,
     for i, o, (fam, option) in options:
         if fam.group not in choices:
             named = [v for p in parsed if p.key_or_group == fam.group for v in _values(p)]
-            choices[fam.group] = named or (base_choice or chosen_by_config)(fam.group, rest)
+            choices[fam.group] = named or chosen_by(compose(rest), fam.group)
         chosen = choices[fam.group]
         lacking = [p for p in chosen if option not in options_of(fam, p)]
         if not lacking:
@@ -114,14 +113,11 @@ def _refusal(fam: PluginGroup, option: str, given: str, lacking: list[str]) -> s
             f"{_prefix(fam)}{option}={value}) it applies to those that have it")
 
 
-def chosen_by_config(group: str, overrides: Sequence[str]) -> list[str]:
-    """The plugins the composed config chooses for `group` (its default, or an experiment's), and
-    the ones an experiment's sweep (hydra.sweeper.params) runs."""
+def chosen_by(cfg: DictConfig, group: str) -> list[str]:
+    """The plugins a composed config (with Hydra's node) chooses for `group`: its choice, or the
+    ones an experiment's sweep (hydra.sweeper.params) runs."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from harness.plan import composer
-    with composer(hydra=True) as compose:
-        cfg = compose(overrides)
     swept = (cfg.hydra.sweeper.params or {}).get(group)
     if swept is not None:
         return _values(OverridesParser.create().parse_overrides([f"{group}={swept}"])[0])
