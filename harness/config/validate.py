@@ -142,8 +142,8 @@ def validate(cfg: DictConfig) -> RunSpec:
                           "routing trace cannot be recorded; allowed with it: run.record_trace=false")
     uses_cache = needs_cache(pname, placement)
     capacity_bytes = capacity_bytes_of(c["cache"])
-    capacity: int | str | None = None if capacity_bytes is not None else \
-        capacity_of(c["cache"]["capacity"] if c["cache"]["capacity"] is not None else DEFAULT_CAPACITY, mcfg, uses_cache)
+    requested = c["cache"]["capacity"] if c["cache"]["capacity"] is not None else DEFAULT_CAPACITY
+    capacity: int | str | None = None if capacity_bytes is not None else capacity_of(requested, mcfg, uses_cache)
     if not uses_cache:
         capacity = capacity_bytes = None
     expert_quant = expert_quant_of(c["experts"], mcfg)
