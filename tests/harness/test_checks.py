@@ -12,13 +12,12 @@ import harness.cli  # noqa: F401 -- registers the ConfigStore
 from engine.planner import plan_memory
 from engine.config import preset
 from engine.export import export_preset
-from harness import results
+from harness import results, scenario
 from harness.cli import CONF_DIR
 from harness.config import validate
 from harness.engines import session_tokens_of
 from harness.report import Reporter
 from harness.runner import JobContext, run_job
-from harness.passes import ablation as ablation_pass, speed as speed_pass
 from harness.scenario import run_repeat
 from harness.session import RunSession
 from tests.engine_loads import engine_loads
@@ -162,8 +161,9 @@ def test_the_ablation_warms_its_resident_engine_as_the_measured_one_was(tmp_path
         calls.append(eng.engine.placement.name)
         return run_repeat(eng, *args, **kwargs)
 
-    for module in (speed_pass, ablation_pass):     # every repeat of the measured and the resident engine
-        monkeypatch.setattr(module, "run_repeat", spy)
+    # every repeat of the measured and the resident engine: both passes import it from
+    # harness.scenario when they run
+    monkeypatch.setattr(scenario, "run_repeat", spy)
     for warmup in (0, 2):
         calls.clear()
         out, df = job(tmp_path / str(warmup), "placement=fetch", "cache.capacity=2", "run.repeats=2",
