@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, ClassVar
 from engine.blocks.base import Block, Pass, TensorSpec, Transient
 from engine.blocks.rope import Rope
 from engine.devices import Device
+from engine.kernels.cpu import linear
 from engine.kv import FullKV, KVState, LayerState, SlidingKV, StateTerm
 from engine.kvquant import DEFAULT_KV_DTYPE, KVFormatError, kv_format
 from engine.layers import attention, causal_mask, heads_first, plain_causal, rms_norm
@@ -195,7 +196,8 @@ class GQAAttention(AttentionBlock):
     def forward(self, x: torch.Tensor, state: KVState, p: Pass) -> torch.Tensor:
         w, eps, hd = self.w, self.eps, self.hd
         B, T, _ = x.shape
-        q, k, v = F.linear(x, w["q"], w.get("q_b")), F.linear(x, w["k"], w.get("k_b")), F.linear(x, w["v"], w.get("v_b"))
+        # decode's few rows on the CPU: the engine's kernel, on every thread (engine.kernels.cpu)
+        q, k, v = linear(x, w["q"], w.get("q_b")), linear(x, w["k"], w.get("k_b")), linear(x, w["v"], w.get("v_b"))
         if self.qk_norm == "full":    # OLMoE: norm over the whole projection, before the head split
             q, k = rms_norm(q, w["q_norm"], eps), rms_norm(k, w["k_norm"], eps)     # [B, T, H*h] / [B, T, K*h]
         if self.clip_qkv is not None:
@@ -203,7 +205,7 @@ class GQAAttention(AttentionBlock):
         if self.qk_norm == "head":    # Qwen3: per-head norm over h
             q, k = rms_norm(q.view(B, T, -1, hd), w["q_norm"], eps), rms_norm(k.view(B, T, -1, hd), w["k_norm"], eps)
         q, k, v = (heads_first(t, hd) for t in (q, k, v))                          # [B, H|K, T, h]
-        return F.linear(self.rotate_and_attend(q, k, v, state, p), w["o"], w.get("o_b"))  # [B, T, D]
+        return linear(self.rotate_and_attend(q, k, v, state, p), w["o"], w.get("o_b"))    # [B, T, D]
 
     def rotate_and_attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: KVState,
                           p: Pass) -> torch.Tensor:

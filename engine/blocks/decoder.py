@@ -20,6 +20,7 @@ from engine.blocks.attention import AttentionBlock
 from engine.blocks.base import Block, Pass, TensorSpec
 from engine.blocks.mlp import MoEBlock
 from engine.blocks.norms import RMSNorm, norm_temp_bytes
+from engine.kernels.cpu import linear
 from engine.kv import LayerState
 from engine.lazy import lazy_module
 
@@ -107,7 +108,7 @@ class LMHead(Block):
 
     def __call__(self, x: torch.Tensor, all_logits: bool) -> torch.Tensor:
         """x [B, T, D] -> logits [B, V] for the last position ([B, T, V] with all_logits)."""
-        logits = F.linear(self.norm(x if all_logits else x[:, -1]), self.w["weight"])
+        logits = linear(self.norm(x if all_logits else x[:, -1]), self.w["weight"])   # engine.kernels.cpu's on the CPU
         if self.softcap is not None:      # in place: one logits tensor alive, not three ([B, T, V] each)
             logits.div_(self.softcap).tanh_().mul_(self.softcap)
         return logits

@@ -13,7 +13,7 @@ fraction of the fp32 rate), so one call site serves prefill and decode. bf16 wei
 never converted at load (no second copy in memory) and never run at the emulated rate.
 
 Owns: building the kernel (torch.utils.cpp_extension, into `$MOEBENCH_CACHE` or
-`~/.cache/moebench`, `kernels/` per torch and Python version; `python -m engine.kernels.cpu`
+`~/.cache/moebench`, `kernels/` per torch and Python version and per source; `python -m engine.kernels.cpu`
 builds it ahead, as `make setup` does), whether it can run here (`available`, `reason`), the
 switch that turns it off (`MOEBENCH_CPU_KERNELS=0` or `enabled(False)`: the torch path, for A/B
 measurements), and the calls (`small_linear`, `grouped_small_linear`, and `linear`: F.linear's drop-in). Does not
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import logging
 import os
 import platform
@@ -54,13 +55,17 @@ FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off"]   # no contr
 DTYPES = ("float32", "bfloat16")
 
 _state = {"enabled": os.environ.get("MOEBENCH_CPU_KERNELS", "1") != "0"}
+_fast: dict[str, Any] = {}    # "ops": the loaded namespace or None, "widen": bf16 via fp32 beyond MAX_ROWS
 
 
 def build_dir() -> Path:
-    """Where the kernel is built: one folder per torch and Python version (a build links one torch)."""
+    """Where the kernel is built: one folder per torch and Python version (a build links one torch)
+    and per source and flags (two checkouts with different sources -- an A/B of two commits --
+    never rebuild each other's library)."""
     root = Path(os.environ.get("MOEBENCH_CACHE") or Path.home() / ".cache" / "moebench")
     tag = f"torch{torch.__version__.replace('+', '_')}-py{sys.version_info.major}{sys.version_info.minor}"
-    return root / "kernels" / tag
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:12]
+    return root / "kernels" / tag / key
 
 
 @contextlib.contextmanager
@@ -103,6 +108,8 @@ def available() -> bool:
     if ops is None and why and not getattr(_load, "_warned", False):
         _load._warned = True          # type: ignore[attr-defined]
         log.warning("CPU kernels unavailable, small-batch linear layers use torch's path: %s", why)
+    _fast["ops"] = ops
+    _fast["widen"] = ops is not None and not native_bf16()
     return ops is not None
 
 
@@ -126,6 +133,14 @@ def enabled(on: bool) -> Iterator[None]:
         _state["enabled"] = before
 
 
+def _ops() -> Any | None:
+    """The loaded op namespace, or None where the kernel cannot run (found once: a decode step asks
+    dozens of times, so the answer is kept)."""
+    if "ops" not in _fast:
+        available()
+    return _fast["ops"]
+
+
 @functools.cache
 def _dtypes() -> frozenset[torch.dtype]:
     return frozenset(getattr(torch, d) for d in DTYPES)
@@ -135,7 +150,7 @@ def usable(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether `small_linear(x, w)` runs the kernel for these tensors: both on the CPU, one dtype of
     DTYPES, the kernel enabled and available."""
     return (_state["enabled"] and x.device.type == "cpu" and w.device.type == "cpu" and x.dtype == w.dtype
-            and x.dtype in _dtypes() and available())
+            and x.dtype in _dtypes() and _ops() is not None)
 
 
 @functools.cache
@@ -148,25 +163,21 @@ def native_bf16() -> bool:
 
 def small_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [n, K] @ w [O, K]^T -> [n, O] in x's dtype: the kernel up to MAX_ROWS rows, BLAS above."""
-    return _load()[0].small_linear(x, w, MAX_ROWS, not native_bf16())
+    return _ops().small_linear(x, w, MAX_ROWS, _fast["widen"])
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear(x, w, b)` (x [..., K]), through the kernel where it runs these tensors and x has at
-    most MAX_ROWS rows; otherwise F.linear itself, so a prefill's numerics are torch's, unchanged."""
-    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if rows == 0 or rows > MAX_ROWS or not usable(x, w) or (b is not None and b.dtype != x.dtype):
-        return F.linear(x, w, b)
-    y = small_linear(x.reshape(rows, x.shape[-1]), w)                  # [rows, O]
-    if b is not None:
-        y = y + b
-    return y.view(*x.shape[:-1], w.shape[0])
+    """`F.linear(x, w, b)` (x [..., K]): the kernel where it runs these tensors and x has at most
+    MAX_ROWS rows, else F.linear's own op, so a prefill's numerics are torch's, unchanged."""
+    if usable(x, w) and (b is None or b.dtype == x.dtype):
+        return _fast["ops"].linear(x, w, b, MAX_ROWS, _fast["widen"])
+    return F.linear(x, w, b)
 
 
 def grouped_small_linear(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """Per expert group, `small_linear`: x [M, K] sorted by expert, w [E, O, K], offs [E] int32 end
     of each group -> [M, O]; each group bitwise `small_linear` on it."""
-    return _load()[0].grouped_small_linear(x, w, offs, MAX_ROWS, not native_bf16())
+    return _ops().grouped_small_linear(x, w, offs, MAX_ROWS, _fast["widen"])
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/linear.h>
 #include <ATen/ops/mm.h>
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
@@ -26,6 +27,8 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <optional>
+#include <vector>
 
 namespace {
 
@@ -158,6 +161,23 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, int64_t max_ro
   return out;
 }
 
+// F.linear(x, w, b) for x [..., K]: small_linear's kernel (then + b) up to max_rows rows, else
+// at::linear itself -- what F.linear runs, so a prefill's numerics are torch's, bit for bit.
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b, int64_t max_rows,
+                  bool widen_bf16) {
+  const int64_t K = x.size(-1), rows = K ? x.numel() / K : 0;
+  if (rows == 0 || rows > max_rows || w.dim() != 2) return at::linear(x, w, b);
+  check_weight(w, K, "linear");
+  TORCH_CHECK(x.scalar_type() == w.scalar_type(), "linear: x is ", x.scalar_type(), ", w is ", w.scalar_type());
+  at::Tensor x2 = x.reshape({rows, K}).contiguous();
+  at::Tensor out = at::empty({rows, w.size(0)}, x.options());
+  linear_into(x2, w, out, max_rows, widen_bf16);
+  if (b.has_value() && b->defined()) out.add_(*b);
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = w.size(0);
+  return out.view(shape);
+}
+
 // Each expert's group of rows through small_linear's path: x [M, K] sorted by expert, w [E, O, K],
 // offs [E] int32 end of each group in x -> [M, O]; a group equals small_linear on it, bit for bit.
 // The group sizes are read here, on the CPU, where reading them is no device sync.
@@ -191,6 +211,7 @@ at::Tensor grouped_small_linear(const at::Tensor& x, const at::Tensor& w, const 
 
 TORCH_LIBRARY(moebench_cpu, m) {
   m.def("small_linear(Tensor x, Tensor w, int max_rows, bool widen_bf16) -> Tensor", &small_linear);
+  m.def("linear(Tensor x, Tensor w, Tensor? b, int max_rows, bool widen_bf16) -> Tensor", &linear);
   m.def("grouped_small_linear(Tensor x, Tensor w, Tensor offs, int max_rows, bool widen_bf16) -> Tensor",
         &grouped_small_linear);
 }

@@ -131,3 +131,43 @@ def test_switched_off_it_is_never_called(monkeypatch):
     monkeypatch.setattr(cpu, "small_linear", lambda x, w: pytest.fail("the kernel ran while switched off"))
     with cpu.enabled(False):
         Engine.from_pretrained("tiny-mixtral", device="cpu", placement="cpu").generate([[1, 2, 3]], 3)
+
+
+@needs_kernel
+def test_linear_is_f_linear_beyond_max_rows_and_the_kernel_within():
+    """The drop-in for F.linear (attention's projections, the LM head): any leading shape, a bias;
+    bitwise F.linear beyond MAX_ROWS rows (a prefill's numerics are torch's), within 1e-5 of float64
+    up to it."""
+    g = torch.Generator().manual_seed(5)
+    w, b = torch.randn(40, 24, generator=g), torch.randn(40, generator=g)
+    for shape in ((1, 1, 24), (2, 3, 24), (1, cpu.MAX_ROWS + 1, 24), (cpu.MAX_ROWS + 3, 24)):
+        x = torch.randn(*shape, generator=g)
+        for bias in (None, b):
+            y = cpu.linear(x, w, bias)
+            assert y.shape == (*shape[:-1], 40)
+            if x.numel() // 24 > cpu.MAX_ROWS:
+                assert torch.equal(y, F.linear(x, w, bias))
+            else:
+                exact = F.linear(x.double(), w.double(), None if bias is None else bias.double())
+                assert (y.double() - exact).abs().max() <= 1e-5 * exact.abs().max()
+
+
+@needs_kernel
+def test_a_decode_step_runs_attention_and_the_head_through_the_kernel(monkeypatch):
+    """Every dense projection of a decode step on the CPU (q, k, v, o per layer, the LM head) is the
+    kernel's: the step's weights read on every thread, not only the experts'."""
+    eng = Engine.from_pretrained("tiny-mixtral", device="cpu", placement="cpu")
+    sess = eng.new_session(1)
+    tok = eng.prefill(sess, [[1, 2, 3, 4]]).argmax(-1).tolist()
+    cpu.available()
+    real, seen = cpu._fast["ops"], []
+
+    class Counting:
+        def __getattr__(self, name):
+            op = getattr(real, name)
+            return lambda *a: seen.append((name, tuple(a[1].shape))) or op(*a)
+    monkeypatch.setitem(cpu._fast, "ops", Counting())
+    eng.decode_step(sess, tok)
+    cfg = eng.cfg
+    dense = [s for name, s in seen if name == "linear"]
+    assert len(dense) == 4 * cfg.num_layers + 1 and (cfg.vocab_size, cfg.hidden_size) in dense
