@@ -42,12 +42,12 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from harness.cli_args import (CONFIG_SOURCE_FLAGS, check_run_dir, hydra_args, is_multirun, override_of, quiet_of,
+                              split_args, sweep_dir_of)
 from harness.config import register_configs
-from harness.contract import COSMETIC_KEYS
 from harness.engines.registry import CommandTable
-from harness.sweep import (Interrupted, SweepError, SweepLock, check_dir_name, check_own_dir, check_subpath,
-                           claim_sweep, deliver_pending, handle_signals, interruptible, job_dirname, signals_deferred,
-                           sweep_overrides, sweep_size)
+from harness.sweep import (Interrupted, SweepError, SweepLock, claim_sweep, deliver_pending, handle_signals,
+                           interruptible, job_dirname, signals_deferred, sweep_overrides, sweep_size)
 
 if TYPE_CHECKING:       # the run's modules (torch, pandas) load when a run starts, not for --help or plan
     from harness.runner import JobContext, JobOutcome
@@ -125,105 +125,18 @@ def _finish_single(ctx: JobContext, quiet: bool, outcome: JobOutcome, session: R
     session.check_failed = failed_check_jobs(df)
 
 
-# --- the command line ---------------------------------------------------------------------------
-def _is_multirun(argv: list[str]) -> bool:
-    return any(a in ("-m", "--multirun") for a in argv)
-
-
-def _quiet(argv: list[str]) -> bool:
-    return (_override(argv, "run.quiet") or "false").lower() == "true"
-
-
-def _override(argv: list[str], key: str) -> str | None:
-    vals = [a.split("=", 1)[1] for a in argv if a.split("=", 1)[0].lstrip("+") == key and "=" in a]
-    return vals[-1] if vals else None
-
-
-SWEEP_DIR_KEYS = ("hydra.sweep.dir", "run.sweep_id", "run.out")   # what names a multirun's dir
-
-
-def sweep_dir_of(argv: list[str]) -> Path:
-    """The sweep dir a multirun writes: hydra.sweep.dir if given, else <run.out>/sweeps/<run.sweep_id,
-    or a hash of the measurement overrides>. An interpolation (`${...}`) in any of the three is
-    refused: the dir is locked and claimed before Hydra starts, at the path as written, while Hydra
-    would write where the interpolation resolves (a second writer got in, an interrupt's table
-    came out empty). What names a dir under the results root stays under it (run.sweep_id is one
-    dir name, hydra.sweep.subdir a relative path); a dir given in full may not be the root or
-    above it (harness.sweep.check_own_dir). `run.out` itself may be any path: it is the root."""
-    for key in SWEEP_DIR_KEYS:
-        value = _override(argv, key)
-        if value is not None and "${" in value:
-            raise SweepError(f"{key}={value}: a sweep's dir must be a plain path, known before Hydra starts "
-                             "(it is locked and claimed first), not an interpolation; let the shell expand "
-                             "it instead, e.g. run.out=$HOME/results")
-    root = _override(argv, "run.out") or "results"
-    if (subdir := _override(argv, "hydra.sweep.subdir")) is not None:
-        check_subpath("hydra.sweep.subdir", subdir)
-    given = _override(argv, "hydra.sweep.dir")
-    if given:
-        check_own_dir("hydra.sweep.dir", given, root)
-        return Path(given)
-    sweep_id = _override(argv, "run.sweep_id")
-    if sweep_id:
-        check_dir_name("run.sweep_id", sweep_id)
-    sweep_id = sweep_id or "sweep-" + hashlib.sha1("\n".join(sweep_overrides(argv)).encode()).hexdigest()[:10]
-    return Path(root) / "sweeps" / sweep_id
-
-
-def check_run_dir(argv: list[str]) -> None:
-    """A single run's dir given in full (hydra.run.dir) may be anywhere but the results root or
-    above it; without it, the run's dir is <run.out>/runs/<time> (conf/config.yaml)."""
-    if (given := _override(argv, "hydra.run.dir")) and "${" not in given:
-        check_own_dir("hydra.run.dir", given, _override(argv, "run.out") or "results")
-
-
-# Hydra's flags that take a value (argparse would read an override after them as that value)
-CONFIG_SOURCE_FLAGS = {"-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir"}   # where configs come from
-_VALUE_FLAGS = CONFIG_SOURCE_FLAGS | {"-p", "--package", "-c", "--cfg", "--experimental-rerun", "--shell-completion"}
-_INFO_CHOICES = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
-
-
-def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
-    """(Hydra's flags with their values, the overrides), wherever on the line each was given:
-    argparse stops reading overrides after a flag, so `moebench a=1 -m b=2` needs them apart."""
-    flags, overrides, i = [], [], 0
-    while i < len(argv):
-        a = argv[i]
-        if a.startswith("-"):
-            flags.append(a)
-            takes = a in _VALUE_FLAGS or (a in ("-i", "--info") and i + 1 < len(argv) and argv[i + 1] in _INFO_CHOICES)
-            if takes and i + 1 < len(argv):
-                flags.append(argv[i + 1])
-                i += 1
-        else:
-            overrides.append(a)
-        i += 1
-    return flags, overrides
-
-
-def hydra_args(argv: list[str]) -> list[str]:
-    """argv as Hydra's parser needs it (flags first) plus what every moebench run sets: job dir
-    names without the cosmetic keys, and for a multirun its deterministic sweep dir."""
-    flags, overrides = split_args(argv)
-    keys = ",".join([*COSMETIC_KEYS, "hydra.sweep.dir"])
-    extra = [f"hydra.job.config.override_dirname.exclude_keys=[{keys}]"]
-    if _is_multirun(argv) and _override(argv, "hydra.sweep.dir") is None:
-        extra.append(f"hydra.sweep.dir={sweep_dir_of(argv)}")
-    return [*flags, *overrides, *extra]
-
-
 def _launch(argv: list[str], sweep_dir: Path | None, session: RunSession) -> int:
     """Run Hydra, then write the sweep's table; an interrupt ends the sweep with the table of the
     jobs completed so far."""
     sys.argv = [sys.argv[0], *hydra_args(argv)]
     if sweep_dir is not None:
         from harness.report import SweepProgress
-        session.progress = SweepProgress(_sweep_jobs(argv), quiet=_quiet(argv))
+        session.progress = SweepProgress(_sweep_jobs(argv), quiet=quiet_of(argv))
     try:
         with hydra_raises():
             build_app(session)()
         if sweep_dir is not None:        # after the last job, whatever happened to the others
-            session.end_sweep(sweep_dir, quiet=_quiet(argv) or session.quiet)
+            session.end_sweep(sweep_dir, quiet=quiet_of(argv) or session.quiet)
         deliver_pending()                # one that arrived while Hydra or the table wrapped up
     except Interrupted as exc:
         session.close_progress()
@@ -242,7 +155,7 @@ def _launch(argv: list[str], sweep_dir: Path | None, session: RunSession) -> int
         if sweep_dir is None:             # a single run keeps no progress to resume from
             again = ("a single run does not resume (one interrupted before it finished wrote no results): run "
                      "the command again to measure it from the start")
-        elif _override(argv, "run.resume") == "replace":
+        elif override_of(argv, "run.resume") == "replace":
             again = ("run the command again without run.resume=replace to resume (with it, the sweep starts over "
                      "and the completed jobs are deleted)")
         else:
@@ -306,7 +219,7 @@ def _hydra_failed(exc: Exception, argv: list[str], sweep_dir: Path | None, sessi
     if sweep_dir is None:
         print(f"moebench: cannot write the run's files: {exc}", file=sys.stderr)
         return 1
-    quiet = _quiet(argv)
+    quiet = quiet_of(argv)
     with signals_deferred():
         written = session.write_table(sweep_dir) is not None
         n = session.show_table(sweep_dir, quiet, "" if written else " (not written)")
@@ -330,7 +243,7 @@ def _retire_stale(sweep_dir: Path, argv: list[str], session: RunSession) -> None
         return
     session.configs_checked = True
     finished = sum((d / DONE_FILE).is_file() for d in sweep_dir.iterdir())
-    if finished > 20 and (_override(argv, "run.quiet") or "false").lower() != "true":     # ~0.1 s each
+    if finished > 20 and (override_of(argv, "run.quiet") or "false").lower() != "true":     # ~0.1 s each
         print(f"moebench: checking the configs of the {finished} jobs this sweep finished before", file=sys.stderr)
     # Hydra leaves its own overrides (a search path) out of a job's recorded ones: the command's apply
     hydra_own = [o for o in overrides if o.lstrip("+~").startswith("hydra.")]
@@ -454,7 +367,7 @@ def _scoped(argv: list[str]) -> list[str]:
     from harness.plan import compose_once
     from harness.plugin_keys import scope_options
     flags, overrides = split_args(argv)
-    scoped = scope_options(overrides, _is_multirun(argv), compose_once)
+    scoped = scope_options(overrides, is_multirun(argv), compose_once)
     return argv if scoped == overrides else [*flags, *scoped]
 
 
@@ -494,7 +407,7 @@ def _compose_error(exc: BaseException, overrides: list[str]) -> str:
 
 
 def _single_or_sweep(argv: list[str], session: RunSession) -> int:
-    if not _is_multirun(argv):
+    if not is_multirun(argv):
         try:
             check_run_dir(argv)
         except SweepError as exc:
@@ -506,7 +419,7 @@ def _single_or_sweep(argv: list[str], session: RunSession) -> int:
         sweep_dir = sweep_dir_of(argv)
         _check_sweep(argv)
         with SweepLock(sweep_dir):
-            if claim_sweep(sweep_dir, sweep_overrides(argv), _override(argv, "run.resume") or "auto",
+            if claim_sweep(sweep_dir, sweep_overrides(argv), override_of(argv, "run.resume") or "auto",
                            ["moebench", *argv]) in ("resume", "add"):
                 _retire_stale(sweep_dir, argv, session)
             code = _launch(argv, sweep_dir, session)
@@ -525,7 +438,7 @@ def _cannot_write(sweep_dir: Path | None, exc: OSError, argv: list[str], session
     """Before any job: the sweep dir cannot be written, so nothing of this run could be kept. The
     table of the jobs it finished before is shown (from their dirs), then one line naming the
     path and the OS error."""
-    quiet = _quiet(argv)
+    quiet = quiet_of(argv)
     n = session.show_table(sweep_dir, quiet, as_found=True) if sweep_dir is not None and sweep_dir.is_dir() else 0
     before = "" if not n else f"; it holds {n} finished job(s): " + (f"moebench table {sweep_dir}" if quiet else
                                                                       "the table above")

@@ -16,7 +16,8 @@ from rich.console import Console
 import harness.cli  # noqa: F401 -- registers the ConfigStore
 from engine.registry import PLACEMENTS
 from engine.trace import RoutingTrace, save_trace
-from harness.cli import CONF_DIR, hydra_args, split_args
+from harness.cli import CONF_DIR
+from harness.cli_args import hydra_args, split_args
 from harness.config import ConfigError, validate
 from harness.report import Reporter
 from harness.runner import JobContext, run_job

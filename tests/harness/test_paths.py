@@ -51,7 +51,7 @@ def test_a_dir_that_would_leave_its_place_is_refused_in_one_line(tmp_path, given
                                    ["hydra.sweep.dir=results"], ["run.out=/tmp/r", "hydra.sweep.dir=/tmp"],
                                    ["hydra.sweep.subdir=/abs"]])
 def test_every_way_out_of_the_root_is_refused(given):
-    from harness.cli import sweep_dir_of
+    from harness.cli_args import sweep_dir_of
     from harness.sweep import SweepError
     with pytest.raises(SweepError, match="allowed: "):
         sweep_dir_of(["-m", *given])
