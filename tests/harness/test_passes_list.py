@@ -217,6 +217,9 @@ PROCESS_STATE = {
                                              "the devices still open, latest last"},
     "engine/blocks/mxfp4.py": {"_PAIRS": "a memo of a constant lookup table per torch device"},
     "engine/hostmem.py": {"_registered_bytes": "page-locked host memory is the process's, as the OS counts it"},
+    "engine/kernels/cpu.py": {"_fast": "the compiled kernel library, loaded into the process once",
+                              "_state": "the process's kernel switch (MOEBENCH_CPU_KERNELS), flipped only "
+                                        "around an A/B comparison"},
 }
 
 
