@@ -12,8 +12,10 @@ without bf16 arithmetic, fp32 on widened copies, rounded once: torch's bf16 GEMM
 fraction of the fp32 rate), so one call site serves prefill and decode. bf16 weights are thus
 never converted at load (no second copy in memory) and never run at the emulated rate.
 
-Owns: building the kernel (torch.utils.cpp_extension, into `$MOEBENCH_CACHE` or
-`~/.cache/moebench`, `kernels/` per torch and Python version and per source; `python -m engine.kernels.cpu`
+Owns: building the kernel (torch.utils.cpp_extension, into `$MOEBENCH_KERNELS`, else the Python
+environment's own `share/moebench-kernels` where it is writable (a virtual environment: the build
+goes with the environment that links it, whatever `$MOEBENCH_CACHE` a run points elsewhere), else
+`~/.cache/moebench/kernels`; per torch and Python version and per source; `python -m engine.kernels.cpu`
 builds it ahead, as `make setup` does), whether it can run here (`available`, `reason`), the
 switch that turns it off (`MOEBENCH_CPU_KERNELS=0` or `enabled(False)`: the torch path, for A/B
 measurements), and the calls (`small_linear`, `grouped_small_linear`, and `linear`: F.linear's drop-in). Does not
@@ -62,10 +64,19 @@ def build_dir() -> Path:
     """Where the kernel is built: one folder per torch and Python version (a build links one torch)
     and per source and flags (two checkouts with different sources -- an A/B of two commits --
     never rebuild each other's library)."""
-    root = Path(os.environ.get("MOEBENCH_CACHE") or Path.home() / ".cache" / "moebench")
+    root = _kernels_root()
     tag = f"torch{torch.__version__.replace('+', '_')}-py{sys.version_info.major}{sys.version_info.minor}"
     key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:12]
-    return root / "kernels" / tag / key
+    return root / tag / key
+
+
+def _kernels_root() -> Path:
+    if os.environ.get("MOEBENCH_KERNELS"):
+        return Path(os.environ["MOEBENCH_KERNELS"])
+    env = Path(sys.prefix) / "share" / "moebench-kernels"
+    if sys.prefix != sys.base_prefix and os.access(sys.prefix, os.W_OK):
+        return env
+    return Path.home() / ".cache" / "moebench" / "kernels"
 
 
 @contextlib.contextmanager
