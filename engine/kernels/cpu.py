@@ -4,8 +4,10 @@ A decode step multiplies each weight matrix by one row (a few at batch > 1). tor
 that is the BLAS GEMV/GEMM, which on the machines measured here reads weights on one core only
 (MKL's fp32 GEMV does not thread at these sizes, and its GEMM at 2-8 rows reads at a fraction of
 the GEMV's rate), so decode did not get faster with threads while the machine had the bandwidth
-(docs/cpu_experts.md has the measurements). The kernel splits the weight rows over torch's
-intra-op threads (`torch.set_num_threads` governs it) and reads fp32 or bf16 weights directly;
+(docs/cpu_experts.md has the measurements). The kernel splits the weight rows in chunks over as
+many threads as `torch.set_num_threads` says (the caller and helpers on torch's inter-op pool; the
+caller never waits for a helper that another process keeps off its core) and reads fp32 or bf16
+weights directly;
 each output is one dot product in a fixed order, the same bits whatever the batch or thread
 count. Above `MAX_ROWS` rows it is the BLAS GEMM (`at::mm`, bitwise `F.linear`; for bf16 on a CPU
 without bf16 arithmetic, fp32 on widened copies, rounded once: torch's bf16 GEMM there runs at a

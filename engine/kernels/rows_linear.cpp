@@ -1,10 +1,10 @@
 // Small-batch linear layers on the CPU at memory speed, on every intra-op thread.
 //
 // Owns: y[n, O] = x[n, K] @ w[O, K]^T for the few rows a decode step gives a weight (n <= max_rows),
-// the weight rows claimed in chunks by torch's intra-op threads (at::parallel_for, so
-// torch.set_num_threads governs it), each output an AVX2/FMA dot product whose order of additions
-// is fixed: it does not depend on n, on the thread count or on which thread ran it -- a row's
-// output is the same bits at batch 1 and batch 8, at one thread and at two. Weights fp32 or bf16
+// the weight rows claimed in chunks by the calling thread and helpers on torch's inter-op pool (as
+// many threads in all as torch.set_num_threads says), each output an AVX2/FMA dot product whose
+// order of additions is fixed: it does not depend on n, on the thread count or on which thread ran
+// it -- a row's output is the same bits at batch 1 and batch 8, at one thread and at two. Weights fp32 or bf16
 // (bf16 widened in registers: a shift, exact), activations and accumulation fp32. Beyond max_rows
 // it is at::mm (the BLAS GEMM, which threads itself; bf16 on widened fp32 copies where the CPU has
 // no bf16 arithmetic), so one call site covers every batch.
@@ -27,7 +27,9 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <optional>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -105,18 +107,37 @@ void rows_range(const float* x, int64_t n, const W* w, int64_t ldw, int64_t O, i
   }
 }
 
-// y[n, O] (row stride O) from x[n, K] contiguous fp32 and weight rows w + o * ldw. One task per
-// intra-op thread, each claiming CHUNK_ROWS weight rows at a time until none are left: a thread
-// that another process slows takes fewer chunks instead of holding the others at the barrier.
+// y[n, O] (row stride O) from x[n, K] contiguous fp32 and weight rows w + o * ldw, in chunks of
+// CHUNK_ROWS weight rows claimed from a shared counter by the calling thread and by helpers on
+// torch's inter-op pool (at::launch; as many as the intra-op threads beyond the caller). The
+// caller waits for the chunks to be done, never for a helper to start: a helper that another
+// process keeps off its core joins late and finds nothing left, so a busy machine costs at worst
+// the one-thread speed, where a parallel region would wait for that thread at its barrier.
+template <typename W>
+struct RowsJob {
+  const float* x; int64_t n; const W* w; int64_t ldw, O, K; float* y;
+  int64_t chunks;
+  std::atomic<int64_t> next{0}, done{0};
+  void work() {
+    for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1)) {
+      rows_range(x, n, w, ldw, O, K, y, c * CHUNK_ROWS, std::min(O, (c + 1) * CHUNK_ROWS));
+      done.fetch_add(1, std::memory_order_release);
+    }
+  }
+};
+
 template <typename W>
 void rows_kernel(const float* x, int64_t n, const W* w, int64_t ldw, int64_t O, int64_t K, float* y) {
   const int64_t chunks = (O + CHUNK_ROWS - 1) / CHUNK_ROWS;
-  const int64_t tasks = std::min<int64_t>({at::get_num_threads(), chunks, std::max<int64_t>(1, O * K * n / TASK_ELEMS)});
-  std::atomic<int64_t> next{0};
-  at::parallel_for(0, tasks, 1, [&](int64_t, int64_t) {
-    for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1))
-      rows_range(x, n, w, ldw, O, K, y, c * CHUNK_ROWS, std::min(O, (c + 1) * CHUNK_ROWS));
-  });
+  const int64_t helpers = std::min<int64_t>({at::get_num_threads(), chunks,
+                                             std::max<int64_t>(1, O * K * n / TASK_ELEMS)}) - 1;
+  auto job = std::make_shared<RowsJob<W>>();
+  job->x = x; job->n = n; job->w = w; job->ldw = ldw; job->O = O; job->K = K; job->y = y; job->chunks = chunks;
+  for (int64_t h = 0; h < helpers; ++h) at::launch([job] { job->work(); });   // holds the job, not the caller's frame
+  job->work();
+  for (int spins = 0; job->done.load(std::memory_order_acquire) < chunks; ++spins) {
+    if (spins < 4096) _mm_pause(); else std::this_thread::yield();
+  }
 }
 
 void check_weight(const at::Tensor& w, int64_t K, const char* what) {
