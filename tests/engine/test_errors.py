@@ -72,7 +72,7 @@ def test_unknown_placement_lists_known():
 
 
 def test_unknown_policy_lists_known():
-    with pytest.raises(UnknownPluginError, match="unknown cache policy 'mru'.*belady, fifo, lfu, lru, static"):
+    with pytest.raises(UnknownPluginError, match="unknown cache policy 'mru'.*belady, fifo, lfru, lfu, lru, static"):
         Engine.from_pretrained("tiny-mixtral", device="cpu", placement="fetch", cache_capacity=2, cache_policy="mru")
 
 

@@ -132,7 +132,8 @@ def test_an_aa_job_of_9_pairs_gives_no_verdict_through_the_cli(tmp_path: Path) -
 @pytest.mark.slow
 def test_an_aa_sweep_flags_at_most_one_job_in_20(tmp_path: Path) -> None:
     """20 A/A jobs of the tiny model through the CLI (both sides resident, 10 interleaved pairs
-    each: the fewest that get a verdict) flag at most one job at 5%. When
+    each: the fewest that get a verdict) flag at most one job at 5%, counting the jobs no other
+    process disturbed (machine_busy, starved). When
     nothing differs a job is flagged with probability at most 4 x 2/1024 (the only p-value Holm
     passes over four phases at 10 pairs is every pair of one phase having one sign), before the
     practical floor: two or more of 20 then happen in about 1% of runs, so the test is not flaky,
@@ -148,8 +149,17 @@ def test_an_aa_sweep_flags_at_most_one_job_in_20(tmp_path: Path) -> None:
     sig = stats[stats.metric == "exposed_copy_ablation_significant"]
     assert sig.value.notna().all(), "10 pairs must be enough for the test to decide"
     assert stats[stats.metric == "exposed_copy_ablation_p_value"].value.between(0, 1).all()
-    flagged = sig[sig.value == 1].job_id.nunique()
-    assert flagged <= 1, sig[sig.value == 1][["job_id", "phase", "ablation_note"]]
+    # calibration holds for pairs measured alike; a job during which other processes took the cores
+    # its pairs ran on (machine_busy at its start, or a phase `starved`) is no evidence either way
+    disturbed = set(df[df.machine_busy.fillna(False).astype(bool)].job_id)
+    if "starved" in df:
+        disturbed |= set(df[df.starved.fillna(False).astype(bool)].job_id)
+    quiet = sig[~sig.job_id.isin(disturbed)]
+    if quiet.job_id.nunique() < 10:
+        pytest.skip(f"{len(disturbed)} of 20 A/A jobs ran while other processes took the cores: "
+                    "the calibration needs a quiet machine")
+    flagged = quiet[quiet.value == 1].job_id.nunique()
+    assert flagged <= 1, quiet[quiet.value == 1][["job_id", "phase", "ablation_note"]]
     # the pairs alternate which side goes first; both sides' raw samples are kept
     raw = df[df.profiler == "ablation"]
     assert raw.groupby(["job_id", "ablation_side"]).repeat.nunique().eq(10).all()
