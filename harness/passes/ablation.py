@@ -21,7 +21,7 @@ from harness.passes.timeline import timeline_repeat
 
 if TYPE_CHECKING:
     from harness.ablation import Ablation
-    from harness.config import RunSpec
+    from harness.config import RunConf, RunSpec
 
 
 class AblationPass(Pass):
@@ -30,10 +30,17 @@ class AblationPass(Pass):
     needs = ("speed",)
     after = ("timeline",)
 
+    flag = ("ablation", True)
+
+    @classmethod
+    def asked_by(cls, run: RunConf) -> str | None:
+        """None: run.ablation is on by default, so a `run.passes` without the pass leaves it out."""
+        return None
+
     def skip_reason(self, ctx: RunContext) -> str | None:
         spec = ctx.spec
-        if not spec.run.ablation:
-            return "run.ablation=false"
+        if reason := super().skip_reason(ctx):
+            return reason
         if not ctx.adapter.resident_twin:
             return (f"engine={spec.engine}: it has no resident twin (the same engine, every expert resident) to "
                     "pair with")

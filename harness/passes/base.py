@@ -59,15 +59,25 @@ class Pass(ABC):
     fails_job: ClassVar[bool] = False             # its failure is the job's (speed: its rows are the job)
     uses_engine: ClassVar[bool] = True            # it runs the measured engine (skipped once that was freed)
 
+    flag: ClassVar[tuple[str, Any] | None] = None  # (`run` field, value) that asks for it: ("profiler", "torch")
+
     @classmethod
     def asked_by(cls, run: RunConf) -> str | None:
         """The flag that asks for this pass when the run sets it (`run.profiler=torch`), so a
         `run.passes` without it is refused rather than the flag silently doing nothing."""
-        return None
+        if cls.flag is None:
+            return None
+        field, value = cls.flag
+        return f"run.{field}={_shown(value)}" if getattr(run, field) == value else None
 
     def skip_reason(self, ctx: RunContext) -> str | None:
-        """Why this job does without the pass (a flag, the engine, the placement), or None: it runs."""
-        return None
+        """Why this job does without the pass (a flag, the engine, the placement), or None: it runs.
+        The default: its `flag` is not set, saying what the run has instead (`run.profiler=none`)."""
+        if self.flag is None:
+            return None
+        field, value = self.flag
+        have = getattr(ctx.spec.run, field)
+        return None if have == value else f"run.{field}={_shown(have)}"
 
     def skipped(self, ctx: RunContext, reason: str) -> None:
         """The rows a skipped pass leaves: none (its reason is in the manifest), unless a reader
@@ -132,6 +142,11 @@ class RunContext:
         self.finish_engine()
         self.session.engines.release()
         self.engine_freed = how
+
+
+def _shown(value: Any) -> str:
+    """A config value as an override spells it (`true`, not `True`)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def emit_instrumented(ctx: RunContext, res: RepeatResult, profiler: str, **more: Any) -> None:

@@ -72,13 +72,11 @@ class NsysPass(Pass):
     summary = "run.profiler=nsys: the job again under Nsight Systems; its copy and kernel rows"
     uses_engine = False               # a child process loads its own
 
-    @classmethod
-    def asked_by(cls, run: Any) -> str | None:
-        return "run.profiler=nsys" if run.profiler == "nsys" else None
+    flag = ("profiler", "nsys")
 
     def skip_reason(self, ctx: RunContext) -> str | None:
-        if ctx.spec.run.profiler != "nsys":
-            return f"run.profiler={ctx.spec.run.profiler}"
+        if reason := super().skip_reason(ctx):
+            return reason
         if under_nsys():
             return "this is the run Nsight Systems profiles: its parent's nsys pass records the rows"
         return None

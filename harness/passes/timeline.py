@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from engine.nvtx_ranges import NvtxRanges
 from harness.passes.base import Pass, RunContext, Skip, emit_instrumented
@@ -48,9 +48,7 @@ class TimelinePass(Pass):
     name = "timeline"
     summary = "one instrumented repeat: copy/compute overlap per phase (run.trace: a Perfetto trace too)"
 
-    @classmethod
-    def asked_by(cls, run: Any) -> str | None:
-        return "run.trace=true" if run.trace else None
+    flag = ("trace", True)                        # the Perfetto trace; run.timeline (default true) runs it too
 
     def skip_reason(self, ctx: RunContext) -> str | None:
         run = ctx.spec.run

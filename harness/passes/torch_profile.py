@@ -8,7 +8,6 @@ Does not own: reading the trace (harness.profiling.torchprof), the phases (harne
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from harness.passes.base import Pass, RunContext, emit_instrumented
 
@@ -18,12 +17,7 @@ class TorchProfilePass(Pass):
     summary = "run.profiler=torch: one repeat under torch.profiler; its trace, memcpy bytes and time"
     profiler = "torch"
 
-    @classmethod
-    def asked_by(cls, run: Any) -> str | None:
-        return "run.profiler=torch" if run.profiler == "torch" else None
-
-    def skip_reason(self, ctx: RunContext) -> str | None:
-        return None if ctx.spec.run.profiler == "torch" else f"run.profiler={ctx.spec.run.profiler}"
+    flag = ("profiler", "torch")
 
     def run(self, ctx: RunContext) -> None:
         # measuring code (torch, pandas) loads when a job runs the pass: its declaration loads for --help and checks

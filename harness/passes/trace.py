@@ -6,8 +6,6 @@ format (engine.trace), the phases (harness.scenario).
 """
 from __future__ import annotations
 
-from typing import Any
-
 from harness.passes.base import Pass, RunContext, emit_instrumented
 
 
@@ -15,13 +13,11 @@ class TracePass(Pass):
     name = "trace"
     summary = "run.record_trace=true: one repeat's expert routing saved as routing.npz (for the simulator)"
 
-    @classmethod
-    def asked_by(cls, run: Any) -> str | None:
-        return "run.record_trace=true" if run.record_trace else None
+    flag = ("record_trace", True)
 
     def skip_reason(self, ctx: RunContext) -> str | None:
-        if not ctx.spec.run.record_trace:
-            return "run.record_trace=false"
+        if reason := super().skip_reason(ctx):
+            return reason
         if not ctx.adapter.routing_hooks:
             return f"engine={ctx.spec.engine} exposes no routing"
         return None
