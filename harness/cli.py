@@ -6,8 +6,6 @@
     moebench plan [-m] [overrides]             # the memory plan (no weights read)
     moebench fit --search context [overrides]  # the largest setting that fits (context, capacity, n_cpu_layers)
     moebench table results/sweeps/<id> --format md|csv|json|latex
-    moebench setup llamacpp                    # engine=llamacpp: build the pinned llama.cpp once (cached)
-    moebench import llama-bench FILE.jsonl     # llama-bench's own results as tidy rows
     moebench calibrate --out conf/hardware/this-machine.yaml   # the cost model's profile of this machine
     moebench trace import --from vllm FILE.jsonl --model NAME --out t.npz   # another engine's routing as a trace
 

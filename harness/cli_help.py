@@ -1,7 +1,7 @@
 """`moebench --help`: the usage lines and sub-commands, the pass list, the config groups with
 their options, and the config a run would compose -- without loading what a run loads.
 
-Owns: the help text. Hydra's own `--help` lists every group, its own included, by copying its
+Owns: the help text (each registered engine's sub-commands from its adapter's declaration). Hydra's own `--help` lists every group, its own included, by copying its
 whole config repository once per group (seconds for moebench's), and a run's modules (torch,
 pandas, the llama.cpp adapter) are loaded by neither this nor composing the config: a plugin
 group's options are registry names, each plugin's schema built only for the option a config
@@ -21,10 +21,16 @@ from omegaconf import DictConfig, OmegaConf
 
 
 def usage(cli_doc: str) -> str:
-    """The usage paragraph of harness.cli's docstring (one line per command) and the pass list."""
+    """The usage paragraph of harness.cli's docstring (one line per command), the registered
+    engines' sub-commands in the same layout, and the pass list."""
+    from harness.engines.registry import commands
     from harness.passes import describe
-    lines = cli_doc.split("\n\n")[1]
-    return (f"== Usage ==\n{lines}\n\n`moebench <command> --help` shows a command's own options; a run's options are "
+    lines = cli_doc.split("\n\n")[1].splitlines()
+    column = min(line.index("#") for line in lines if "#" in line)
+    for words, command in commands().items():
+        lines.append(f"    moebench {words} {command.args}".rstrip().ljust(column) + f"# {command.summary}")
+    text = "\n".join(lines)
+    return (f"== Usage ==\n{text}\n\n`moebench <command> --help` shows a command's own options; a run's options are "
             f"the overrides below (group=option, key=value).\n\n{describe()}\n")
 
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from engine.hooks import NULL, Instrument, Progress
 from engine.registry import NoOptions
 from engine.lazy import lazy_module
+from harness.engines.registry import Command  # noqa: F401 -- an adapter declares its sub-commands with it
 
 if TYPE_CHECKING:
     import torch
@@ -87,8 +88,8 @@ class EngineAdapter(ABC):
     # config column -> the value its rows held before that column existed (a results file older than the column
     # reads it for this engine's rows: harness.results.reader)
     columns_before: ClassVar[dict[str, str]] = {}
-    # `moebench <words>` -> "module:function(argv)": its sub-commands (building a server, importing its reports)
-    commands: ClassVar[dict[str, str]] = {}
+    # `moebench <words>` -> its sub-command (building a server, importing its reports): what runs and its help line
+    commands: ClassVar[dict[str, Command]] = {}
     allocates_here: ClassVar[bool] = True    # its device memory is this process's allocator's (not a server's)
     threads_at_load: ClassVar[bool] = False  # its thread count is fixed when it loads (a server's -t): a job
                                              # at another run.threads needs another engine, never this one

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 
 from engine.registry import Registry
 
@@ -27,7 +28,17 @@ ENGINES = Registry("engine", "moebench.engines", {
     "llamacpp": "harness.llamacpp.adapter:LlamaCppAdapter",       # llama.cpp's package: remove it and this line
 })
 
-__all__ = ["ENGINES", "CommandTable", "columns_before", "commands", "engines_with", "knob_columns", "predicted_engine"]
+__all__ = ["ENGINES", "Command", "CommandTable", "columns_before", "commands", "engines_with", "knob_columns", "predicted_engine"]
+
+
+@dataclass(frozen=True)
+class Command:
+    """An engine's sub-command: `target` ("module:function", called with the words after it) and
+    the line `moebench --help` shows (its arguments, what it does)."""
+
+    target: str
+    args: str
+    summary: str
 
 
 def _adapters() -> Iterator[tuple[str, type]]:
@@ -63,15 +74,15 @@ def predicted_engine() -> str:
     return found[0]
 
 
-def commands() -> dict[str, str]:
-    """`moebench <words>` -> "module:function" for every registered engine's sub-commands."""
-    out: dict[str, str] = {}
+def commands() -> dict[str, Command]:
+    """`moebench <words>` -> its Command, for every registered engine's sub-commands."""
+    out: dict[str, Command] = {}
     for name, cls in _adapters():
-        for words, target in cls.commands.items():
-            if words in out and out[words] != target:
-                raise ValueError(f"engines declare the sub-command {words!r} twice ({name}: {target}; "
-                                 f"another: {out[words]})")
-            out[words] = target
+        for words, command in cls.commands.items():
+            if words in out and out[words] != command:
+                raise ValueError(f"engines declare the sub-command {words!r} twice ({name}: {command.target}; "
+                                 f"another: {out[words].target})")
+            out[words] = command
     return out
 
 
@@ -90,7 +101,7 @@ class CommandTable(Mapping[str, str]):
 
     def _table(self) -> dict[str, str]:
         if self._all is None:
-            self._all = {**self._own, **{k: v for k, v in commands().items() if k not in self._own}}
+            self._all = {**self._own, **{k: c.target for k, c in commands().items() if k not in self._own}}
         return self._all
 
     def __contains__(self, words: object) -> bool:

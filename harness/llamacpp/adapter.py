@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.engines.base import EngineAdapter, Produced, refuse_truncation
+from harness.engines.base import Command, EngineAdapter, Produced, refuse_truncation
 from harness.llamacpp.convert import LOADER as CONVERTER
 from harness.llamacpp.flags import BENCH_ONLY_KNOBS, KNOB_COLUMNS, OWN_TYPES
 from harness.llamacpp.responses import logprob_of
@@ -138,8 +138,10 @@ class LlamaCppAdapter(EngineAdapter):
     kv_treatments = True              # kv.dtype as -ctk/-ctv
     # its configuration, GGUF type and knobs as row columns, and the knobs a llama-bench import keeps
     knob_columns = ("llamacpp_config", "gguf_type", *KNOB_COLUMNS.values(), *BENCH_ONLY_KNOBS)
-    commands = {"setup llamacpp": "harness.llamacpp.build:main",           # build the pinned llama.cpp once
-                "import llama-bench": "harness.llamacpp.bench_import:main"}  # llama-bench output -> tidy rows
+    commands = {"setup llamacpp": Command("harness.llamacpp.build:main", "",
+                                          "engine=llamacpp: build the pinned llama.cpp once (cached)"),
+                "import llama-bench": Command("harness.llamacpp.bench_import:main", "FILE.jsonl",
+                                              "llama-bench's own results as tidy rows")}
 
     @classmethod
     def check(cls, spec: RunSpec) -> None:

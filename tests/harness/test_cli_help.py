@@ -1,7 +1,9 @@
 """`moebench --help` and every sub-command's --help, through the CLI in subprocesses: each prints
 help (never a Hydra parse error or a traceback), and the help and `moebench plan` start without
-loading what a run loads -- torch, pandas, the llama.cpp adapter -- which is what keeps them
-fast (the measured start-up times are in docs/ci.md; no timed assertion here)."""
+loading what a run loads -- torch, pandas, llama.cpp's modules (the help reads the registered
+adapters' declarations of their sub-commands, so it loads llama.cpp's adapter module and what that
+imports, nothing more) -- which is what keeps them fast (the measured start-up times are in
+docs/ci.md; no timed assertion here)."""
 from __future__ import annotations
 
 import json
@@ -87,4 +89,15 @@ def test_help_and_plan_load_no_torch_pandas_or_llamacpp(argv):
     loaded = json.loads(proc.stderr.strip().splitlines()[-1])
     if argv[0] == "plan" and gpu_driver_present():                    # device=auto: torch is asked for the card
         loaded = [m for m in loaded if m.split(".")[0] != "torch"]
+    if argv[0] == "--help":                                           # the adapters' declarations, no more
+        loaded = [m for m in loaded if m not in adapter_modules(env)]
     assert loaded == []
+
+
+def adapter_modules(env: dict[str, str]) -> set[str]:
+    """The llama.cpp modules importing its adapter's declaration loads (none without the plugin)."""
+    code = ("import json, sys\ntry:\n    import harness.llamacpp.adapter\nexcept ImportError:\n    pass\n"
+            "print(json.dumps(sorted(m for m in sys.modules if 'llamacpp' in m)))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300, check=True)
+    return set(json.loads(proc.stdout.strip().splitlines()[-1]))
