@@ -394,13 +394,8 @@ def _check_sweep(argv: list[str]) -> None:
 def _compose_error(exc: BaseException, overrides: list[str]) -> str:
     """One line for a composition error (harness.hydra_errors), a missing group option with the
     options there are."""
-    from hydra.errors import MissingConfigException
-
     from harness.config import config_error_line
     from harness.hydra_errors import one_line
-    if isinstance(exc, MissingConfigException) and exc.missing_cfg_file and exc.options is not None:
-        group, _, name = exc.missing_cfg_file.rpartition("/")
-        return f"{group}={name}: no such option; allowed: {', '.join(sorted(exc.options))}"
     return one_line(exc, overrides) or config_error_line(exc)
 
 

@@ -26,10 +26,13 @@ _TYPE_WORDS = {float: "a number (float)", int: "an integer", bool: "true or fals
 def one_line(exc: BaseException, overrides: Sequence[str]) -> str | None:
     """What Hydra raised about a command with these overrides, in one line; None when it is not a
     parse or composition error this knows (then Hydra's own words stand)."""
-    from hydra.errors import OverrideParseException
+    from hydra.errors import MissingConfigException, OverrideParseException
 
     if isinstance(exc, OverrideParseException):
         return bad_override(overrides) or f"cannot parse the overrides: {_first_line(exc)} ({GRAMMAR})"
+    if isinstance(exc, MissingConfigException) and exc.missing_cfg_file and exc.options is not None:
+        group, _, name = exc.missing_cfg_file.rpartition("/")       # a group option that is not there
+        return f"{group}={name}: no such option; allowed: {', '.join(sorted(exc.options))}"
     return typed_line(exc)
 
 

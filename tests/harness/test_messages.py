@@ -82,7 +82,9 @@ def test_every_number_key_is_checked_the_same_way(tiny_mixtral_dir, change, says
     (["-m", "engine=llamacpp", "engine.stall_timeout_s=abc"],
      "engine.stall_timeout_s: allowed a number (float), got 'abc'"),
     (["run.repeats=two"], "run.repeats: allowed an integer, got 'two'"),
-], ids=["sweep-parse", "run-parse", "run-type", "sweep-type", "int-type"])
+    (["engine=nope"], "engine=nope: no such option; allowed: hf, "),
+    (["-m", "engine=hf,nope"], "engine=nope: no such option; allowed: hf, "),
+], ids=["sweep-parse", "run-parse", "run-type", "sweep-type", "int-type", "run-option", "sweep-option"])
 def test_an_override_hydra_rejects_is_one_line(tmp_path, args, says):
     """A malformed override, or one whose value is not its key's type: one line naming the override
     or key, what is allowed and what was given; no traceback, no run."""
