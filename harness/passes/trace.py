@@ -24,7 +24,8 @@ class TracePass(Pass):
 
     def run(self, ctx: RunContext) -> None:
         # measuring code (torch, pandas) loads when a job runs the pass: its declaration loads for --help and checks
-        from engine.trace import TraceRecorder, save_trace
+        from engine.trace import save_trace
+        from engine.trace_recorder import TraceRecorder
         from harness.scenario import run_repeat
         with ctx.reporter.step("routing trace pass"):
             rec = TraceRecorder(ctx.adapter.engine)

@@ -1,5 +1,5 @@
-"""moebench's own routing traces (`run.record_trace=true`'s routing.npz, `engine.trace.TraceRecorder`,
-`moebench-sim --save-trace`) merged into one.
+"""moebench's own routing traces (`run.record_trace=true`'s routing.npz,
+`engine.trace_recorder.TraceRecorder`, `moebench-sim --save-trace`) merged into one.
 
 Owns: concatenating traces of one model in the order given -- steps and sequences renumbered so
 each file's passes follow the previous file's -- or summing count-only ones. Does not own: the

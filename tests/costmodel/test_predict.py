@@ -10,7 +10,7 @@ import pytest
 from engine import Engine
 from engine.placements.fetch import Fetch
 from engine.registry import PLACEMENTS
-from engine.trace import TraceRecorder
+from engine.trace_recorder import TraceRecorder
 from harness import results
 from harness.costmodel import PlacementSpec, ProfileError, Routing, WorkloadShape, predict
 from harness.costmodel.profiles import profile_from_dict

@@ -321,7 +321,8 @@ def test_mixed_every_placement_gives_resident_mixed(tmp_path, placement, options
 
 
 def test_mixed_from_a_recorded_routing_trace(tmp_path):
-    from engine.trace import TraceRecorder, expert_counts, save_trace
+    from engine.trace import expert_counts, save_trace
+    from engine.trace_recorder import TraceRecorder
     eng = Engine.from_pretrained(MODEL, device="cpu")
     rec = TraceRecorder(eng)
     eng.generate([[3, 1, 4, 1, 5, 9, 2, 6]], 6)

@@ -11,7 +11,8 @@ import pytest
 
 from engine import Engine
 from engine.hooks import RouteCallback
-from engine.trace import RoutingTrace, TraceRecorder, expert_counts, load_trace, lookup_sequences, save_trace
+from engine.trace import RoutingTrace, expert_counts, load_trace, lookup_sequences, save_trace
+from engine.trace_recorder import TraceRecorder
 from harness.sim.replay import replay
 
 MODEL = "tiny-mixtral"                   # 4 layers, 8 experts, top-2, vocab 512

@@ -10,7 +10,8 @@ import pytest
 
 from engine import Engine
 from engine.config import preset
-from engine.trace import TraceRecorder, expert_counts, load_trace, lookup_sequences, save_trace
+from engine.trace import expert_counts, load_trace, lookup_sequences, save_trace
+from engine.trace_recorder import TraceRecorder
 from harness.sim.replay import replay
 
 PROMPTS = np.random.default_rng(3).integers(0, 512, size=(2, 20)).tolist()

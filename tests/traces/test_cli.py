@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from engine.config import preset
-from engine.trace import RoutingTrace, TraceRecorder, load_trace
+from engine.trace import RoutingTrace, load_trace
+from engine.trace_recorder import TraceRecorder
 from harness import results
 from harness.sim.replay import replay
 from tests.traces import fixtures as fx
