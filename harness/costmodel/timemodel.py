@@ -20,6 +20,9 @@ Per forward pass (all terms in seconds):
     exposed  = the part of `copies` not hidden under compute (overlap rule below)
     overhead = sum over events (pass, layer, expert, row, slot, score, lookup, miss, cpu layer) of count * fitted cost
     time     = compute + exposed + overhead;     prefill_restored adds kv_bytes / h2d + restore overhead
+    bound    = the resource of RESOURCES the phase's time is most spent on: each roof's bounding
+               side (device/CPU FLOPs, device memory/host RAM bytes), exposed copies (the link),
+               overheads (PhaseEstimate.spent_s holds the split, summing to time)
 
 roof(flops, bytes) = max(s * flops / FLOP rate, bytes / bandwidth). Rates are the profile's at the
 run's dtype (`HardwareProfile.rate`): FLOP/s per dtype, and for weight reads (dense and expert
@@ -55,23 +58,30 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from engine.config import ModelConfig, preset
 from engine.dtypes import dtype_bytes
 from engine.placements import PlacementTraits
 from engine.planner import plan_memory
 from harness.contract import session_tokens
-from harness import results
 from harness.costmodel.profiles import HardwareProfile, Overheads, load_profile
 from harness.costmodel.work import (EVENTS, PhaseWork, PlacementSpec, Routing, WorkloadShape, apply_counts,
                                     apply_hit_rate, expert_bytes, kv_bytes, pass_events, pass_flops, scenario_work)
 
+if TYPE_CHECKING:     # the rows and tables load pandas; a prediction alone (moebench predict) does not
+    import pandas as pd
+
 OVERLAP_MODES = ("auto", "none", "full")
 Overlap = str | float
+# what a phase's time is spent on (PhaseEstimate.spent_s, .bound): each roof's side that bounds it --
+# FLOPs or bytes, on the device or the CPU (a CPU expert's weight read is host RAM) -- the copies
+# left exposed (the host<->device link) and the fitted software overheads. Disk is no term: the
+# model assumes the weights a placement keeps off the device sit in host RAM.
+RESOURCES = ("device compute", "device memory bandwidth", "CPU compute", "host RAM bandwidth", "link",
+             "software overhead")
 
 
 @dataclass
@@ -94,10 +104,18 @@ class PhaseEstimate:
     expert_bytes: int
     steps: int                  # forward passes
     events: dict[str, float] = field(default_factory=dict)
+    spent_s: dict[str, float] = field(default_factory=dict)    # RESOURCES -> seconds; they sum to time_s
 
     @property
     def tok_per_s(self) -> float | None:
         return self.tokens / self.time_s if self.time_s > 0 else None
+
+    @property
+    def bound(self) -> str | None:
+        """The resource the phase spends most of its time on (RESOURCES); None for a phase of no time."""
+        if not self.spent_s or max(self.spent_s.values()) <= 0:
+            return None
+        return max(self.spent_s, key=self.spent_s.__getitem__)
 
     def metrics(self) -> dict[str, float | None]:
         lookups = self.expert_hits + self.expert_misses
@@ -151,6 +169,7 @@ class Prediction:
     def rows(self, sweep_id: str | None = None, job_id: str | None = None, workload: str = "shape",
              extra: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
         """Tidy rows (harness.results schema) with source="model", one repeat (null)."""
+        from harness import results
         hw = self.profile
         factors = self.factors(workload)
         device = {"device_kind": hw.device_kind, "device_name": f"{hw.name} (profile)", "emulated": hw.emulated}
@@ -167,6 +186,7 @@ class Prediction:
         return out
 
     def table(self, **kw: Any) -> pd.DataFrame:
+        import pandas as pd
         return pd.DataFrame(self.rows(**kw))
 
 
@@ -225,6 +245,7 @@ def what_if(model: str | ModelConfig, placement: str | PlacementSpec, shape: Wor
             profiles: list[str | HardwareProfile] | None = None, **kw: Any) -> pd.DataFrame:
     """The same prediction on several profiles (default: every conf/hardware profile): one
     row per profile and phase with time, tok/s and its compute / exposed copy / overhead split."""
+    import pandas as pd
     from harness.costmodel.profiles import list_profiles
     out = []
     for prof in profiles if profiles is not None else list_profiles():
@@ -253,7 +274,9 @@ def estimate_phase(cfg: ModelConfig, work: PhaseWork, hw: HardwareProfile, dtype
         time_s=terms["physical_s"] + overhead, compute_s=terms["compute_s"], copy_busy_s=terms["copy_busy_s"],
         exposed_copy_s=terms["exposed_copy_s"], overhead_s=overhead, restore_s=restore,
         h2d_bytes=terms["h2d_bytes"], d2h_bytes=terms["d2h_bytes"], expert_hits=work.total("hits"),
-        expert_misses=work.total("misses"), expert_bytes=eb, steps=len(work.passes), events=events)
+        expert_misses=work.total("misses"), expert_bytes=eb, steps=len(work.passes), events=events,
+        spent_s={**{k.removeprefix("spent:"): v for k, v in terms.items() if k.startswith("spent:")},
+                 "software overhead": overhead})
 
 
 def phase_events(cfg: ModelConfig, work: PhaseWork) -> dict[str, float]:
@@ -309,17 +332,20 @@ def physical_terms(cfg: ModelConfig, work: PhaseWork, hw: HardwareProfile, dtype
     s = overheads.compute_scale
     dtype_b = dtype_bytes(dtype)
     compute = flop_bound = copy_busy = exposed = h2d_bytes = d2h_bytes = 0.0
+    spent = dict.fromkeys(RESOURCES[:-1], 0.0)          # overheads apart: estimate_phase adds them
 
-    def roof(flops: Any, nbytes: Any, rate: float, bw: float) -> Any:
+    def roof(flops: Any, nbytes: Any, rate: float, bw: float, cpu: bool = False) -> Any:
         nonlocal flop_bound
         t_f, t_b = flops / rate, nbytes / bw
         by_flops = s * t_f >= t_b
         flop_bound += float(np.sum(np.where(by_flops, t_f, 0.0)))
+        spent["CPU compute" if cpu else "device compute"] += float(np.sum(np.where(by_flops, s * t_f, 0.0)))
+        spent["host RAM bandwidth" if cpu else "device memory bandwidth"] += float(np.sum(np.where(by_flops, 0.0, t_b)))
         return np.where(by_flops, s * t_f, t_b)
     for p in work.passes:
         f = pass_flops(cfg, p, dtype_b, work.kv_dtype)
         dev_experts = roof(f.dev_expert_flops, f.dev_expert_bytes, r.dev_flops, r.dev_weights)       # [M]
-        cpu_experts = roof(f.cpu_expert_flops, f.cpu_expert_bytes, r.cpu_flops, r.cpu_weights)       # [M]
+        cpu_experts = roof(f.cpu_expert_flops, f.cpu_expert_bytes, r.cpu_flops, r.cpu_weights, cpu=True)   # [M]
         comp = float(roof(f.dense_flops, f.dense_bytes, r.dev_flops, r.dev_weights)
                      + roof(f.attn_flops, f.attn_bytes, r.dev_flops, r.dev_mem)
                      + dev_experts.sum() + cpu_experts.sum())
@@ -351,9 +377,11 @@ def physical_terms(cfg: ModelConfig, work: PhaseWork, hw: HardwareProfile, dtype
         copy_busy += restore_copy
         exposed += restore_copy          # the restore finishes before the turn's prefill starts
         h2d_bytes += kv
+    spent["link"] = exposed
     out = {"compute_s": compute, "copy_busy_s": copy_busy, "exposed_copy_s": exposed, "physical_s": compute + exposed,
            "restore_copy_s": restore_copy, "h2d_bytes": h2d_bytes, "d2h_bytes": d2h_bytes,
-           "flop_bound_s": flop_bound}     # the FLOP-bound pieces' unscaled seconds (compute_s's part that s scales)
+           "flop_bound_s": flop_bound,     # the FLOP-bound pieces' unscaled seconds (compute_s's part that s scales)
+           **{f"spent:{k}": v for k, v in spent.items()}}     # physical_s by resource (RESOURCES)
     return {k: float(v) for k, v in out.items()}
 
 

@@ -35,6 +35,14 @@ Routing assumption when none is given: uniform, independent top-k per token and 
 (`Routing.synthetic()`, zipf=0, reuse=0). Under it LRU's steady-state decode hit rate is
 capacity/E; real routers are skewed and reuse experts, so measured hit rates are higher
 (tiny-mixtral on chat text: ~0.27/0.57/0.81 at 2/4/6 of 8 slots vs 0.25/0.50/0.75).
+
+Bounded routing (`routed_passes`, `Routing.routed_layers`): what is routed and replayed through
+the cache does not grow with the context. A phase of more than SAMPLE_ROWS rows (a long prompt's
+prefill) routes its first passes and its last one; each pass between takes the mean counts of its
+routed steady passes (after the first: the cache is warm, and every full pass is alike). Under
+synthetic routing the MoE layers are independent and alike, so SAMPLE_LAYERS of them are routed and
+the others repeat their counts in turn; a recorded trace's layers are all routed. A phase within
+the bounds (every phase of a short scenario, the tests' exact replays) is routed whole.
 """
 from __future__ import annotations
 
@@ -57,6 +65,8 @@ from engine.trace import RoutingTrace, require_order
 from harness.contract import MEASURED_PHASES
 
 PHASES = MEASURED_PHASES
+SAMPLE_ROWS = 2048        # rows a phase routes and replays at most (its first passes and its last: `routed_passes`)
+SAMPLE_LAYERS = 4         # MoE layers synthetic routing draws; the others repeat their counts
 
 
 @dataclass(frozen=True)
@@ -149,8 +159,14 @@ class Routing:
         return "synthetic-uniform" if self.zipf == 0 and self.reuse == 0 else \
             f"synthetic(zipf={self.zipf},reuse={self.reuse})"
 
-    def experts(self, cfg: ModelConfig, n_tokens: int) -> np.ndarray:
-        """int32 [n_tokens, M, k]: routed experts of the scenario's tokens, in order."""
+    def routed_layers(self, cfg: ModelConfig) -> int:
+        """The MoE layers this routing draws (the first ones): a trace's every layer; synthetic
+        routing's layers are independent and alike, so at most SAMPLE_LAYERS of them."""
+        return cfg.n_moe_layers if self.kind == "trace" else min(cfg.n_moe_layers, SAMPLE_LAYERS)
+
+    def experts(self, cfg: ModelConfig, n_tokens: int, layers: int | None = None) -> np.ndarray:
+        """int32 [n_tokens, M, k]: routed experts of the scenario's tokens, in order (synthetic: of
+        the first `layers` MoE layers, default all)."""
         M, E, k = cfg.n_moe_layers, cfg.n_experts, cfg.top_k
         if self.kind == "trace":
             tr = self.trace
@@ -159,8 +175,17 @@ class Routing:
                                  f"top_k={tr.top_k}; the model needs {M}, {E}, {k}")
             idx = np.arange(n_tokens) % tr.n_tokens
             return tr.experts[idx]
-        from harness.sim.synthetic import generate
-        return generate(M, E, k, n_tokens, self.zipf, self.reuse, self.seed).experts
+        return _synthetic(layers or M, E, k, n_tokens, self.zipf, self.reuse, self.seed)
+
+
+@functools.lru_cache(maxsize=8)
+def _synthetic(layers: int, n_experts: int, top_k: int, tokens: int, zipf: float, reuse: float,
+               seed: int) -> np.ndarray:
+    """harness.sim.synthetic's routing, drawn once for every placement predicted on the same shape."""
+    from harness.sim.synthetic import generate
+    out = generate(layers, n_experts, top_k, tokens, zipf, reuse, seed).experts
+    out.flags.writeable = False              # cached: shared by every caller
+    return out
 
 
 # --- the scenario as passes -----------------------------------------------------------------------
@@ -210,35 +235,49 @@ def phase_passes(shape: WorkloadShape) -> dict[str, list[tuple[int, int]]]:
             "prefill_restored": chunks(turn + 1, after_decode + turn + 1)}
 
 
+def routed_passes(rows: list[int]) -> list[int]:
+    """Which passes of a phase (`rows`: each pass's B*T) are routed: all of them, or -- beyond
+    SAMPLE_ROWS rows and three passes -- its first passes and its last (the module docstring)."""
+    n = len(rows)
+    if n <= 3 or sum(rows) <= SAMPLE_ROWS:
+        return list(range(n))
+    first = min(n - 1, max(2, SAMPLE_ROWS // rows[0] - 1))      # the cold pass and at least one steady one
+    return [*range(first), n - 1]
+
+
 def scenario_work(cfg: ModelConfig, placement: PlacementSpec, shape: WorkloadShape,
                   routing: Routing | None = None) -> dict[str, PhaseWork]:
-    """Every phase's passes with expert counts from `routing` replayed through the cache."""
+    """Every phase's passes with expert counts from `routing` replayed through the cache (bounded:
+    the module docstring's "Bounded routing")."""
     routing = routing or Routing.synthetic()
     if placement.uses_cache:
         check_capacity(placement.capacity, cfg.top_k, cfg.n_experts)
     B, M, E = shape.batch, cfg.n_moe_layers, cfg.n_experts
+    R = routing.routed_layers(cfg)
     layout = phase_passes(shape)
-    n_tokens = sum(B * T for passes in layout.values() for T, _ in passes)
-    experts = routing.experts(cfg, n_tokens)                                  # [n, M, k]
+    routed = {phase: routed_passes([B * T for T, _ in plist]) for phase, plist in layout.items()}
+    n_tokens = sum(B * layout[phase][i][0] for phase, idx in routed.items() for i in idx)
+    experts = routing.experts(cfg, n_tokens, R)                               # [n, R, k]
     tr = placement.traits(cfg)
-    passes: list[PassWork] = []
-    present_all: list[np.ndarray] = []                                        # per pass [M, E] bool
+    passes: list[PassWork] = []                                               # the routed ones, in order
+    present_all: list[np.ndarray] = []                                        # per routed pass [R, E] bool
     start = 0
     for phase, plist in layout.items():
-        for T, past in plist:
-            rows = experts[start:start + B * T]                               # [N, M, k]
+        for T, past in (plist[i] for i in routed[phase]):
+            rows = experts[start:start + B * T]                               # [N, R, k]
             start += B * T
-            present = np.zeros((M, E), dtype=bool)
-            present[np.arange(M)[None, :, None], rows] = True                 # [M, E]
-            unique = present.sum(axis=1).astype(np.float64)
-            streaming = tr.streams(B * T)
-            on_cpu = np.array([tr.on_cpu(layer, B * T) for layer in cfg.moe_layers], dtype=bool)   # [M]
-            zero = np.zeros(M)
+            present = np.zeros((R, E), dtype=bool)
+            present[np.arange(R)[None, :, None], rows] = True                 # [R, E]
+            unique = present.sum(axis=1).astype(np.float64)                   # [R]
+            zero = np.zeros(R)
             passes.append(PassWork(phase, B, T, past, unique, zero.copy(), zero.copy(),
-                                   unique.copy() if streaming else zero.copy(), np.broadcast_to(on_cpu, (M,)).copy()))
+                                   unique.copy() if tr.streams(B * T) else zero.copy(), _on_cpu(cfg, tr, B * T)))
             present_all.append(present)
     if placement.uses_cache:
-        _replay_cache(passes, present_all, placement, E, list(cfg.moe_layers))
+        _replay_cache(passes, present_all, placement, E, list(cfg.moe_layers)[:R])
+    layer_of = np.arange(M) % R                                               # [M]: the routed layer each repeats
+    for p in passes:
+        p.unique, p.hits, p.misses, p.streamed = (a[layer_of] for a in (p.unique, p.hits, p.misses, p.streamed))
     out: dict[str, PhaseWork] = {}
     ctx, gen, turn = shape.context_tokens, shape.gen_tokens, shape.turn_tokens
     reused = {"prefill_fresh": 0, "decode": 0, "prefill_continuation": ctx + gen - 1,
@@ -246,12 +285,35 @@ def scenario_work(cfg: ModelConfig, placement: PlacementSpec, shape: WorkloadSha
     tokens = {"prefill_fresh": B * ctx, "decode": B * (gen - 1), "prefill_continuation": B * (turn + 1),
               "prefill_restored": B * (turn + 1)}
     for phase in PHASES:
-        ps = [p for p in passes if p.phase == phase]
+        ps = _fill(layout[phase], routed[phase], [p for p in passes if p.phase == phase], cfg, tr)
         if phase == "decode" and not ps:
             continue
         out[phase] = PhaseWork(phase, ps, tokens[phase], reused[phase],
                                restore_tokens=reused[phase] if phase == "prefill_restored" else 0,
                                kv_dtype=shape.kv_dtype)
+    return out
+
+
+def _on_cpu(cfg: ModelConfig, tr: PlacementTraits, rows: int) -> np.ndarray:
+    return np.array([tr.on_cpu(layer, rows) for layer in cfg.moe_layers], dtype=bool)   # [M]
+
+
+def _fill(plist: list[tuple[int, int]], routed: list[int], done: list[PassWork], cfg: ModelConfig,
+          tr: PlacementTraits) -> list[PassWork]:
+    """A phase's every pass: its routed ones (`done`, in the order of `routed`), and between them
+    passes with the mean counts of its routed steady passes (all but its first and its last)."""
+    if len(routed) == len(plist):
+        return done
+    steady = done[1:-1]
+    mean = {a: np.mean([getattr(p, a) for p in steady], axis=0) for a in ("unique", "hits", "misses", "streamed")}
+    by_index = dict(zip(routed, done))
+    out = []
+    for i, (T, past) in enumerate(plist):
+        p = by_index.get(i)
+        if p is None:
+            p = PassWork(done[0].phase, done[0].batch, T, past, *(mean[a].copy() for a in
+                         ("unique", "hits", "misses", "streamed")), _on_cpu(cfg, tr, done[0].batch * T))
+        out.append(p)
     return out
 
 
@@ -383,10 +445,13 @@ def dense_weights(cfg: ModelConfig, dtype_bytes: int) -> DenseWeights:
                         bytes=sum(s.nbytes(dtype_bytes) for s in layer_specs + norm_specs) + head * dtype_bytes)
 
 
+@functools.lru_cache(maxsize=4096)
 def attention_cost(cfg: ModelConfig, batch: int, tokens: int, past: int, dtype_bytes: int,
                    kv_dtype: str | None = None) -> KernelCost:
     """Every layer's attention kernel, summed (each block's own arithmetic: GQA, a window, MLA's
-    latent, a recurrence), its state read in the stored `kv_dtype` (payload + scales)."""
+    latent, a recurrence), its state read in the stored `kv_dtype` (payload + scales). Cached: a
+    long prompt's passes ask it twice each (FLOPs and events), and every placement of one
+    prediction asks it for the same passes."""
     costs = [layer.attention.kernel_cost(batch, tokens, past, dtype_bytes, kv_dtype)
              for layer in _architecture(cfg).layers]
     return KernelCost(flops=sum(c.flops for c in costs), bytes=sum(c.bytes for c in costs),
