@@ -5,6 +5,7 @@
     moebench rerun results/sweeps/<id>/<job>   # the same job again, from its manifest
     moebench plan [-m] [overrides]             # the memory plan (no weights read)
     moebench fit --search context [overrides]  # the largest setting that fits (context, capacity, n_cpu_layers)
+    moebench predict [-m] [overrides] [--format human|json]   # predicted prefill/decode tok/s, TTFT, what bounds them
     moebench table results/sweeps/<id> --format md|csv|json|latex
     moebench calibrate --out conf/hardware/this-machine.yaml   # the cost model's profile of this machine
     moebench trace import --from vllm FILE.jsonl --model NAME --out t.npz   # another engine's routing as a trace
@@ -273,6 +274,7 @@ def _sweep_jobs(argv: list[str]) -> int:
 COMMANDS = CommandTable({
     "plan": "harness.plan:plan_main",              # the memory plan, before any weight is read
     "fit": "harness.plan:fit_main",                # the largest context / capacity, fewest CPU layers
+    "predict": "harness.predict:predict_main",     # predicted rates and bounds on a hardware profile, with the plan
     "table": "harness.table:main",                 # one row per configuration of a results dir
     "calibrate": "harness.costmodel.calibrate:main",   # measure this machine, write a hardware profile
     "trace": "harness.traces.cli:main",            # trace import: other engines' routing -> a routing trace

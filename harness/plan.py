@@ -166,6 +166,13 @@ def verdict(spec: RunSpec, **kw: Any) -> Verdict:
         return Verdict(False, None, f"{type(exc).__name__}: {exc}")
 
 
+def registered_verdicts(spec: RunSpec) -> list[tuple[str, Verdict]]:
+    """Every registered placement's verdict at this job's context and budget, each with its default
+    options and the job's cache capacity (else auto): what `moebench plan` lists under a job's plan."""
+    capacity = spec.capacity if spec.capacity is not None else "auto"
+    return [(name, verdict(spec, placement=name, capacity=capacity)) for name in PLACEMENTS.names()]
+
+
 def _header(spec: RunSpec) -> str:
     w, m, b = spec.workload, spec.model_config, budget_of(spec)
     threads = f" ({job_threads(spec)} torch threads)" if _device_kind(spec) == "cpu" else ""
@@ -183,8 +190,7 @@ def report(spec: RunSpec) -> tuple[bool, str]:
         lines.append(f"cache.capacity=auto -> {v.plan.capacity} expert slots per MoE layer")
     lines.append("every registered placement at this context and budget (its default options):")
     width = max(map(len, PLACEMENTS.names()))
-    for name in PLACEMENTS.names():
-        other = verdict(spec, placement=name, capacity=spec.capacity if spec.capacity is not None else "auto")
+    for name, other in registered_verdicts(spec):
         total = fmt_bytes(other.plan.total) if other.plan else other.message.splitlines()[0]
         cap = f" ({other.plan.capacity} slots/layer)" if other.plan and other.plan.capacity is not None else ""
         lines.append(f"  {name:<{width}} {'fits' if other.fits else 'does not fit'}: {total}{cap}")

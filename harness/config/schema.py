@@ -87,6 +87,7 @@ class CacheConf:
     capacity_bytes: Optional[str] = None   # or the cache as bytes over all MoE layers ("256MiB"), not both
     policy: str = "lru"               # a registered policy: lru | lfu | fifo | static | belady | ...
     policy_options: PolicyOptionsConf = field(default_factory=PolicyOptionsConf)   # the chosen policy's
+    hit_rate: Optional[float] = None  # `moebench predict` only: the decode hit rate it assumes (a run measures its own)
 
 
 @dataclass

@@ -140,6 +140,9 @@ def validate(cfg: DictConfig) -> RunSpec:
     if placement.get("cuda_graph") and run.record_trace:
         raise ConfigError("run.record_trace=true: placement.cuda_graph=true keeps routing on the device, so a "
                           "routing trace cannot be recorded; allowed with it: run.record_trace=false")
+    if c["cache"].get("hit_rate") is not None:     # harness.predict takes it out before it validates
+        raise ConfigError(f"cache.hit_rate: a what-if of `moebench predict` (the decode hit rate it assumes); a run "
+                          f"measures its own and a plan uses none; allowed here: null, got {c['cache']['hit_rate']!r}")
     uses_cache = needs_cache(pname, placement)
     capacity_bytes = capacity_bytes_of(c["cache"])
     requested = c["cache"]["capacity"] if c["cache"]["capacity"] is not None else DEFAULT_CAPACITY

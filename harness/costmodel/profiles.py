@@ -3,7 +3,8 @@
 Owns: the `HardwareProfile` dataclass (the fields of `harness.config.HardwareConf`, the
 Hydra schema of the `hardware` group, plus the fitted software `Overheads` of a measured
 machine), loading a profile by name or path with errors that name the file, the field and
-the profiles available, listing profiles, and writing a profile back (`save_profile`).
+the profiles available, listing profiles, writing a profile back (`save_profile`), and where
+each figure comes from as the profile states it (`figure_origin`: datasheet, measured, assumed).
 Does not own: measuring (harness.costmodel.calibrate) or predicting (harness.costmodel.timemodel).
 
     from harness.costmodel import load_profile, list_profiles
@@ -303,6 +304,26 @@ def _dtype_rates(raw: dict[str, Any], source: str) -> dict[str, dict[str, float]
                                    f"(the plain field is the figure at the profile's dtype {dt})")
         out[dt] = {f: float(v) for f, v in figs.items() if v is not None}
     return out
+
+
+# Where a datasheet profile's figures come from, as its notes state it (every conf/hardware datasheet
+# profile does, in these words): the link's achievable copy rate is an assumption (~80% of the bus's
+# theoretical), and so is the whole host (a CPU and RAM typical beside the card); the card's own
+# figures are its vendor's datasheet's.
+ASSUMED_WHERE_NOTES_SAY = {"assumed achievable": ("h2d_gbps", "d2h_gbps"),
+                           "Host (assumption": ("cpu_gflops", "cpu_mem_gbps", "cpu_gemv_gbps")}
+
+
+def figure_origin(profile: HardwareProfile, figure: str) -> str:
+    """Where `figure` of `profile` comes from: "measured" (a calibrated profile: `moebench calibrate`
+    measured every figure on that machine), "assumed" (a datasheet profile whose notes state it as an
+    assumption: ASSUMED_WHERE_NOTES_SAY) or "datasheet"."""
+    if profile.source == "measured":
+        return "measured"
+    notes = profile.notes or ""
+    if any(figure in figures and phrase in notes for phrase, figures in ASSUMED_WHERE_NOTES_SAY.items()):
+        return "assumed"
+    return "datasheet"
 
 
 def overheads_path(yaml_path: str | Path) -> Path:

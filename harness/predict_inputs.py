@@ -1,0 +1,124 @@
+"""What a `moebench predict` row was computed from, and where each input came from.
+
+Owns: the hardware profile a job's `hardware` group holds (`hardware_profile`: its figures as
+composed -- the profile yaml's, with any set on the command line -- and the fitted software
+overheads beside the yaml), the workload shape (`shape_of`), and `inputs_of`: every profile
+figure and workload value a prediction uses, each `{"value", "unit", "source"}`, the source one
+of SOURCES --
+  datasheet   a datasheet profile's figure (harness.costmodel.profiles.figure_origin)
+  measured    a calibrated profile's figure (`moebench calibrate` on that machine)
+  assumed     a figure a datasheet profile's notes call an assumption, or a config default
+  overridden  set on the command line
+-- and, for a placement with an expert cache, the hit rate it is predicted at and where that
+comes from (`hit_rate_source`: cache.hit_rate, or a synthetic routing trace of a stated skew).
+Does not own: predicting (harness.predict, harness.costmodel), the figures themselves.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from harness.config import ConfigError, RunSpec
+from harness.plan import budget_of
+
+if TYPE_CHECKING:
+    from harness.costmodel import HardwareProfile, Routing, WorkloadShape
+    from harness.predict import Job
+
+SOURCES = ("datasheet", "measured", "assumed", "overridden")
+WORKLOAD = (("context_tokens", "tokens"), ("gen_tokens", "tokens"), ("turn_tokens", "tokens"), ("batch", "sequences"),
+            ("ubatch", "tokens"))
+
+
+def hardware_profile(job: Job) -> HardwareProfile | None:
+    """The profile the job's `hardware` node holds, with the overheads fitted beside its yaml; None
+    when it holds no figures (`hardware=local`, the default: no source). ConfigError when a figure
+    set on the command line is not one a profile may hold."""
+    from harness.costmodel.profiles import PROFILE_DIR, ProfileError, load_profile, profile_from_dict
+
+    conf = dataclasses.asdict(job.spec.hardware)
+    if conf.get("source") is None:
+        return None
+    try:
+        hw = profile_from_dict(conf, source=f"hardware={job.hardware_option}")
+        yaml = PROFILE_DIR / f"{job.hardware_option}.yaml"
+        return hw.replace(overheads=load_profile(yaml).overheads) if yaml.is_file() else hw
+    except ProfileError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def shape_of(spec: RunSpec) -> WorkloadShape:
+    from harness.costmodel import WorkloadShape
+    w = spec.workload
+    return WorkloadShape(context_tokens=w.context_tokens, gen_tokens=w.gen_tokens, batch=w.batch,
+                         turn_tokens=w.turn_tokens, ubatch=w.ubatch, kv_dtype=spec.kv_dtype)
+
+
+def _entry(value: Any, unit: str | None, source: str, note: str | None = None) -> dict[str, Any]:
+    out = {"value": value, "unit": unit, "source": source}
+    if note:
+        out["note"] = note
+    return out
+
+
+def given_keys(overrides: Sequence[str]) -> set[str]:
+    """The keys (and groups) the command line sets."""
+    return {o.lstrip("+~").partition("=")[0] for o in overrides}
+
+
+def inputs_of(job: Job, hw: HardwareProfile | None, placement: str, options: dict[str, Any], uses_cache: bool,
+              routing: Routing) -> dict[str, Any]:
+    """Every input of the row's prediction with its source (the module docstring)."""
+    from harness.costmodel.profiles import figure_origin
+    from engine.registry import PLACEMENTS
+
+    spec, given = job.spec, given_keys(job.overrides)
+
+    def conf(key: str, *also: str) -> str:
+        return "overridden" if given & {key, *also} else "assumed"
+    out: dict[str, Any] = {f"workload.{k}": _entry(getattr(spec.workload, k), unit, conf(f"workload.{k}"))
+                           for k, unit in WORKLOAD}
+    out["model.dtype"] = _entry(spec.dtype, None, conf("model.dtype"))
+    out["kv.dtype"] = _entry(spec.kv_dtype, None, conf("kv.dtype", "kv"))
+    if spec.expert_quant is not None:
+        out["experts.quant"] = _entry(spec.expert_quant.mode, None, conf("experts.quant", "experts"))
+    budget = budget_of(spec)
+    out["hardware.device_memory"] = _entry(
+        budget, "B", "overridden" if "hardware.device_memory" in given else
+        "measured" if spec.hardware.device_memory is None and budget is not None else "assumed",
+        None if budget is not None else "no budget: every plan fits; set hardware.device_memory")
+    if hw is not None:
+        dt = spec.dtype
+        traits = PLACEMENTS.get(placement).traits(spec.model_config, options)
+        figures = [("h2d_gbps", "GB/s", None), ("device_mem_gbps", "GB/s", None), ("device_tflops", "TFLOP/s", dt),
+                   ("device_gemv_gbps", "GB/s", dt)]
+        if traits.uses_cpu:
+            figures += [("d2h_gbps", "GB/s", None), ("cpu_mem_gbps", "GB/s", None), ("cpu_gflops", "GFLOP/s", dt),
+                        ("cpu_gemv_gbps", "GB/s", dt)]
+        for fig, unit, at in figures:
+            value = getattr(hw, fig) if at is None else hw.rate(fig, at)
+            if value is None and at is not None and fig.endswith("gemv_gbps"):
+                continue                      # optional: weight reads go at the memory bandwidth then
+            keys = {f"hardware.{fig}"} | ({"hardware.dtype", "hardware.dtype_rates", f"hardware.dtype_rates.{at}",
+                                           f"hardware.dtype_rates.{at}.{fig}"} if at is not None else set())
+            name = f"hardware.{fig}" + (f"[{at}]" if at is not None else "")
+            out[name] = _entry(value, unit, "overridden" if given & keys else figure_origin(hw, fig))
+        o = hw.overheads
+        out["software_overheads"] = _entry("fitted" if o.fitted else "none", None,
+                                           "measured" if o.fitted else "assumed",
+                                           None if o.fitted else "a datasheet profile's bound: no software overhead")
+    if uses_cache:
+        if job.hit_rate is not None:
+            out["hit_rate"] = _entry(job.hit_rate, "ratio", "overridden", "decode; prefill's lookups stay simulated")
+            out["hit_rate_source"] = "cache.hit_rate"
+        else:
+            out["hit_rate"] = _entry(None, "ratio", "assumed", "decode, replayed through the cache policy")
+            out["hit_rate_source"] = f"synthetic routing trace ({_skew(routing)})"
+    return out
+
+
+def _skew(routing: Routing) -> str:
+    if routing.zipf == 0 and routing.reuse == 0:
+        return "uniform: zipf=0, reuse=0"
+    return f"zipf={routing.zipf:g}, reuse={routing.reuse:g}"
