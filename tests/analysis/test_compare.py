@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from tests.plugins import needs_engine
 
 from harness import compare as C
 from harness import results as R
@@ -116,6 +117,7 @@ def test_different_configs_are_not_comparable(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@needs_engine("llamacpp")             # its knob column n_cpu_moe
 def test_a_knob_outside_the_factors_is_its_own_config(tmp_path: Path) -> None:
     """Jobs that differ only in a column a job adds (llama.cpp's n_cpu_moe) are two configs: a
     regression in one is caught, not pooled away with the other's samples."""

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from tests.plugins import needs_engine
 
 from harness import results
 from harness.checks import (FP32_TOLERANCE, LOGIT, LOGPROB, LOSSY_REASON, Comparison, RepeatCheck, failed_check_jobs,
@@ -204,6 +205,7 @@ def test_a_lossy_treatment_is_not_judged_and_says_why(tmp_path):
 
 
 @pytest.mark.slow
+@needs_engine("llamacpp")
 def test_llamacpp_exact_rows_are_not_lossy_and_a_flash_attention_run_is_not_judged(tmp_path):
     from tests.llamacpp.conftest import require_build
     require_build()                     # the real build: skipped without it, or failed under MOEBENCH_REQUIRE_LLAMACPP

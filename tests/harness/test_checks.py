@@ -21,6 +21,7 @@ from harness.runner import JobContext, run_job
 from harness.scenario import run_repeat
 from harness.session import RunSession
 from tests.engine_loads import engine_loads
+from tests.plugins import engine_params
 
 pytestmark = pytest.mark.slow     # subprocess/CLI or multi-second runs: `make test` runs them, `-m "not slow"` skips
 SMALL = ("workload=chat", "workload.context_tokens=256", "workload.gen_tokens=6", "run.timeline=false")
@@ -272,7 +273,7 @@ def test_transformers_prefills_in_micro_batches_of_ubatch_tokens(tmp_path):
     assert len(passes) == 4 and torch.allclose(chunked, whole, atol=1e-4)
 
 
-@pytest.mark.parametrize("engine", ["hf", "llamacpp"])
+@pytest.mark.parametrize("engine", engine_params("hf", "llamacpp"))
 def test_engines_that_run_a_checkpoint_as_saved_refuse_a_layer_count(tmp_path, engine):
     """model.num_layers with model.path would measure the whole checkpoint against our truncated one."""
     ckpt = export_preset("tiny-mixtral", 0, preset("tiny-mixtral"), tmp_path / "ckpt")

@@ -20,6 +20,7 @@ from engine.config import ModelConfig
 from harness import results
 from tests.harness.test_remote_code import job_dir_of, lines_naming
 from tests.harness.test_trust import REPO, cli
+from tests.plugins import needs_engine
 
 SMALL = ["workload=chat", "workload.tokens=random", "workload.context_tokens=256", "workload.gen_tokens=4",
          "run.repeats=1", "run.warmup=0", "run.timeline=false", "run.ablation=false", "run.quiet=true"]
@@ -78,13 +79,15 @@ def test_every_number_key_is_checked_the_same_way(tiny_mixtral_dir, change, says
 @pytest.mark.parametrize("args, says", [
     (["-m", "placement=[resident"], "cannot parse the override 'placement=[resident': no viable alternative"),
     (["placement=[resident"], "cannot parse the override 'placement=[resident': no viable alternative"),
-    (["engine=llamacpp", "engine.stall_timeout_s=abc"], "engine.stall_timeout_s: allowed a number (float), got 'abc'"),
-    (["-m", "engine=llamacpp", "engine.stall_timeout_s=abc"],
-     "engine.stall_timeout_s: allowed a number (float), got 'abc'"),
+    (["placement=hybrid", "placement.n_cpu_layers=abc"], "placement.n_cpu_layers: allowed an integer, got 'abc'"),
+    (["-m", "placement=hybrid", "placement.n_cpu_layers=abc"],
+     "placement.n_cpu_layers: allowed an integer, got 'abc'"),
+    (["hardware.h2d_gbps=abc"], "hardware.h2d_gbps: allowed a number (float) or null, got 'abc'"),
     (["run.repeats=two"], "run.repeats: allowed an integer, got 'two'"),
     (["engine=nope"], "engine=nope: no such option; allowed: hf, "),
     (["-m", "engine=hf,nope"], "engine=nope: no such option; allowed: hf, "),
-], ids=["sweep-parse", "run-parse", "run-type", "sweep-type", "int-type", "run-option", "sweep-option"])
+], ids=["sweep-parse", "run-parse", "run-type", "sweep-type", "float-type", "int-type", "run-option",
+        "sweep-option"])
 def test_an_override_hydra_rejects_is_one_line(tmp_path, args, says):
     """A malformed override, or one whose value is not its key's type: one line naming the override
     or key, what is allowed and what was given; no traceback, no run."""
@@ -97,6 +100,7 @@ def test_an_override_hydra_rejects_is_one_line(tmp_path, args, says):
 # ------------------------------------------------------------------------- a llama-server that fails
 
 @pytest.mark.slow
+@needs_engine("llamacpp")
 def test_a_server_that_exits_1_is_reported_as_failing(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

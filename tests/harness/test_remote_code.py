@@ -14,6 +14,7 @@ from harness import results
 from harness.remote_code import FLAG, RemoteCodeRefused, checkpoint_code, refuse_checkpoint_code, stage_files
 from tests.checkpoint_code import with_mixtral_model_code, with_tokenizer_code
 from tests.harness.test_trust import cli
+from tests.plugins import engine_params
 
 SMALL = ["workload=chat", "workload.tokens=random", "workload.context_tokens=256", "workload.gen_tokens=4",
          "run.repeats=1", "run.warmup=0", "run.timeline=false", "run.ablation=false", "run.quiet=true"]
@@ -38,7 +39,7 @@ def coded(tmp_path, tiny_mixtral_dir, monkeypatch) -> tuple[Path, Path]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("engine", ["hf", "llamacpp"])
+@pytest.mark.parametrize("engine", engine_params("hf", "llamacpp"))
 def test_an_engine_that_would_run_it_is_refused_before_anything_runs(coded, tmp_path, engine):
     ckpt, marker = coded
     proc = cli([f"engine={engine}", f"model.path={ckpt}", *SMALL], tmp_path)
