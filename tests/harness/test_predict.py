@@ -172,3 +172,15 @@ def test_a_prediction_at_128k_for_the_largest_preset_runs_and_decode_slows_with_
             p = predict(model, placement, WorkloadShape(context), "h200-sxm-141gb", dtype="bfloat16", **kw)
             decode.append(p.phases["decode"].tok_per_s)
         assert decode[0] > decode[1] > decode[2] > 0, (placement, decode)
+
+
+@pytest.mark.slow
+def test_a_skewed_synthetic_trace_is_stated_and_raises_the_hit_rate():
+    """Uniform routing gives LRU about capacity/E (0.5 here); a skewed, reusing router hits more."""
+    rows = rows_of(["model=mixtral-8x7b", "placement=fetch", "cache.capacity=4", "workload.gen_tokens=257",
+                    "hardware=h100-pcie-80gb", "model.dtype=bfloat16", "--zipf", "1.2", "--reuse", "0.3"])
+    (row,) = rows
+    check_schema(row)
+    assert row["inputs"]["hit_rate_source"] == "synthetic routing trace (zipf=1.2, reuse=0.3)"
+    assert row["inputs"]["hit_rate"]["source"] == "assumed" and row["inputs"]["hit_rate"]["value"] == row["hit_rate"]
+    assert row["hit_rate"] > 0.6
