@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from engine.devices import fmt_bytes
 from engine.registry import PLACEMENTS
 from harness.config import BAD_CONFIG, ConfigError, RunSpec, config_error_line, validate
+from harness.predict_inputs import Job
 from harness.plan import Verdict, budget_of, composer, compose_once, expand, registered_verdicts, verdict
 
 if TYPE_CHECKING:
@@ -46,17 +47,6 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         print(f"{self.prog}: {message}", file=sys.stderr)
         sys.exit(2)
-
-
-@dataclass(frozen=True)
-class Job:
-    """One job of the command: its overrides, its checked spec, the hit rate it sets, its hardware option."""
-
-    overrides: list[str]
-    spec: RunSpec
-    hit_rate: float | None            # cache.hit_rate, taken out of the config before it is validated
-    hardware_option: str              # the `hardware` group's option (a conf/hardware yaml's name, or local)
-    cache_policy: str                 # cache.policy as composed (a spec keeps it only for a cache placement)
 
 
 def job_of(overrides: list[str], compose: Any) -> Job:

@@ -1,6 +1,6 @@
 """What a `moebench predict` row was computed from, and where each input came from.
 
-Owns: the hardware profile a job's `hardware` group holds (`hardware_profile`: its figures as
+Owns: `Job` (one composed, checked job of the command), the hardware profile a job's `hardware` group holds (`hardware_profile`: its figures as
 composed -- the profile yaml's, with any set on the command line -- and the fitted software
 overheads beside the yaml), the workload shape (`shape_of`), and `inputs_of`: every profile
 figure and workload value a prediction uses, each `{"value", "unit", "source"}`, the source one
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from harness.config import ConfigError, RunSpec
@@ -24,11 +25,21 @@ from harness.plan import budget_of
 
 if TYPE_CHECKING:
     from harness.costmodel import HardwareProfile, Routing, WorkloadShape
-    from harness.predict import Job
 
 SOURCES = ("datasheet", "measured", "assumed", "overridden")
 WORKLOAD = (("context_tokens", "tokens"), ("gen_tokens", "tokens"), ("turn_tokens", "tokens"), ("batch", "sequences"),
             ("ubatch", "tokens"))
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job of the command: its overrides, its checked spec, the hit rate it sets, its hardware option."""
+
+    overrides: list[str]
+    spec: RunSpec
+    hit_rate: float | None            # cache.hit_rate, taken out of the config before it is validated
+    hardware_option: str              # the `hardware` group's option (a conf/hardware yaml's name, or local)
+    cache_policy: str                 # cache.policy as composed (a spec keeps it only for a cache placement)
 
 
 def hardware_profile(job: Job) -> HardwareProfile | None:
