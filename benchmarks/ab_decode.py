@@ -24,6 +24,7 @@ from profile_decode import SKELETON  # noqa: E402
 
 WORKER = r'''
 import json, sys, time
+import engine  # noqa: F401 -- before torch: OpenMP's idle spin, read once (engine.kernels.openmp)
 import torch
 root, placement, context, steps, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 shape = json.loads(sys.argv[6])

@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+import engine  # noqa: F401 -- before torch: OpenMP's idle spin, read once (engine.kernels.openmp)
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

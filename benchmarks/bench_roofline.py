@@ -28,6 +28,7 @@ token per layer. No software overhead, copies none (CPU, resident).
 """
 from __future__ import annotations
 
+import engine  # noqa: F401 -- before torch: OpenMP's idle spin, read once (engine.kernels.openmp)
 import torch
 
 from harness.costmodel.calibrate import best_time, gemm_rates, gemv_rates

@@ -28,6 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import engine  # noqa: F401 -- before torch: OpenMP's idle spin, read once (engine.kernels.openmp)
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -37,6 +38,7 @@ import bench_roofline  # noqa: E402
 from bench_vs_transformers import SHAPE, build_checkpoint, parser, summary, time_ours  # noqa: E402
 from engine import Engine  # noqa: E402
 from engine.kernels import cpu as cpu_kernels  # noqa: E402
+from engine.kernels.openmp import as_given, spin_state  # noqa: E402
 from harness.llamacpp.build import cache_root, find_binaries  # noqa: E402
 from harness.llamacpp.convert import convert  # noqa: E402
 from harness.llamacpp.flags import EXACT  # noqa: E402
@@ -84,7 +86,8 @@ def main() -> None:
     info = bins.info
     print(f"torch {torch.__version__}; llama.cpp {info.llama_cpp_commit if info else '?'} "
           f"({info.backend if info else bins.origin}), {args.repeats} repeats (median; min-max); CPU kernels "
-          f"{'on' if cpu_kernels.available() else 'unavailable: ' + str(cpu_kernels.reason())}")
+          f"{'on' if cpu_kernels.available() else 'unavailable: ' + str(cpu_kernels.reason())}; ours' idle OpenMP "
+          f"workers: {spin_state()}; llama-server's: {as_given().get('GOMP_SPINCOUNT', 'libgomp default')}")
     print(f"model ({args.shape}): Mixtral-shaped, hidden {shape['hidden_size']}, expert intermediate "
           f"{shape['intermediate_size']}, {shape['num_hidden_layers']} layers, {shape['num_local_experts']} experts, "
           f"top-{shape['num_experts_per_tok']}, fp32 (GGUF f32, {gguf.size_bytes / 2**30:.2f} GiB); ours "

@@ -25,6 +25,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
+import engine  # noqa: F401 -- before torch: OpenMP's idle spin, read once (engine.kernels.openmp)
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import engine  # noqa: F401 -- before torch: OpenMP's idle spin, read once (engine.kernels.openmp)
 import torch
 import torch.nn.functional as F
 

@@ -42,6 +42,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
+import engine  # noqa: F401 -- before torch: OpenMP's idle spin, read once (engine.kernels.openmp)
 import torch
 from torch.profiler import ProfilerActivity, profile
 

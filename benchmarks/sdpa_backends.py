@@ -10,6 +10,7 @@ import argparse
 import os
 import time
 
+import engine  # noqa: F401 -- before torch: OpenMP's idle spin, read once (engine.kernels.openmp)
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -16,9 +16,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from engine.config import PRESETS, ModelConfig, preset
-from engine.options import EngineOptions
-from engine.registry import FAMILIES, PLACEMENTS, POLICIES
+from engine.kernels.openmp import quiet_spinning
+
+quiet_spinning()                         # before anything loads torch (libgomp reads it once)
+
+from engine.config import PRESETS, ModelConfig, preset  # noqa: E402
+from engine.options import EngineOptions  # noqa: E402
+from engine.registry import FAMILIES, PLACEMENTS, POLICIES  # noqa: E402
 
 if TYPE_CHECKING:
     from engine.engine import Engine, GenerateResult

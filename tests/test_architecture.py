@@ -119,7 +119,8 @@ RULES: dict[str, dict[str, tuple[str, ...]]] = {
     "harness.llamacpp": {"ours": ("engine.config", "engine.export", "engine.checkpoint", "engine.finite",
                                   "harness.contract", "harness.results", "harness.manifest", "harness.remote_code",
                                   "harness.engines.base", "harness.config.schema", "harness.machine",
-                                  "harness.measure"),
+                                  "harness.measure",
+                                  "engine.kernels.openmp"),     # the server's environment as the user gave it
                          "third": ("gguf", "sentencepiece", "pynvml")},
     # engine adapters: ours, transformers; the checked job (RunSpec) for their type hints
     "harness.engines": {"ours": ("engine", "harness.contract", "harness.machine", "harness.remote_code",

@@ -6,7 +6,8 @@ that is the BLAS GEMV/GEMM, which on the machines measured here reads weights on
 the GEMV's rate), so decode did not get faster with threads while the machine had the bandwidth
 (docs/cpu_experts.md has the measurements). The kernel splits the weight rows in chunks over as
 many threads as `torch.set_num_threads` says (the caller and helpers on torch's inter-op pool; the
-caller never waits for a helper that another process keeps off its core) and reads fp32 or bf16
+caller never waits for a helper that another process keeps off its core; OpenMP's idle workers
+kept off the helpers' cores: engine.kernels.openmp) and reads fp32 or bf16
 weights directly;
 each output is one dot product in a fixed order, the same bits whatever the batch or thread
 count. Above `MAX_ROWS` rows it is the BLAS GEMM (`at::mm`, bitwise `F.linear`; for bf16 on a CPU
@@ -41,6 +42,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from engine.kernels.openmp import spin_state
 from engine.lazy import lazy_module
 
 if TYPE_CHECKING:
@@ -121,6 +123,9 @@ def available() -> bool:
     if ops is None and why and not getattr(_load, "_warned", False):
         _load._warned = True          # type: ignore[attr-defined]
         log.warning("CPU kernels unavailable, small-batch linear layers use torch's path: %s", why)
+    if ops is not None and spin_state().startswith("libgomp's default") and not getattr(_load, "_spin_said", False):
+        _load._spin_said = True       # type: ignore[attr-defined]
+        log.warning("CPU kernels: OpenMP's idle workers spin as %s", spin_state())
     _fast["ops"] = ops
     _fast["widen"] = ops is not None and not native_bf16()
     return ops is not None

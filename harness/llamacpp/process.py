@@ -19,6 +19,8 @@ import threading
 from pathlib import Path
 from typing import Any, Protocol
 
+from engine.kernels.openmp import as_given
+
 log = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
@@ -89,11 +91,13 @@ def die_with_parent() -> None:
 
 
 def server_env() -> dict[str, str]:
-    """The parent's environment less LLAMA_ARG_* and LLAMA_API_KEY."""
-    dropped = sorted(k for k in os.environ if k.startswith(IGNORED_ENV_PREFIX) or k in IGNORED_ENV)
+    """The parent's environment as the user gave it (engine.kernels.openmp.as_given: not the
+    OpenMP spin count the engine sets for its own threads) less LLAMA_ARG_* and LLAMA_API_KEY."""
+    environ = as_given()
+    dropped = sorted(k for k in environ if k.startswith(IGNORED_ENV_PREFIX) or k in IGNORED_ENV)
     if dropped:
         log.warning("not passing %s to llama-server: knobs come from argv only", ", ".join(dropped))
-    return {k: v for k, v in os.environ.items() if k not in dropped}
+    return {k: v for k, v in environ.items() if k not in dropped}
 
 
 def free_port(host: str = HOST) -> int:
