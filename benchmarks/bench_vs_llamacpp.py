@@ -14,7 +14,9 @@ ratio ours/llama.cpp, the load average around each thread count, and each median
 frac_of_roofline against the machine's RAM read bandwidth (benchmarks/bench_roofline.py; "roofline
 wrong" where a figure beats the bound by more than the slack). `--ab` times ours a second way in
 the same rounds, with the engine's CPU kernels off (engine.kernels.cpu: torch's path), and prints
-the ratio kernels on / off.
+the ratio kernels on / off. Each round also times both engines' decode on the shape's skeleton
+(bench_vs_transformers.skeleton_of: the same architecture with its matrices shrunk to nothing),
+the per-step cost that is not reading weights (dispatch, Python, the graph), in ms per step.
 Not a test: `python benchmarks/bench_vs_llamacpp.py [--shape small|wide] [--repeats N] [--threads 1,2] [--ab]`
 (needs `make llamacpp`).
 """
@@ -35,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_roofline  # noqa: E402
-from bench_vs_transformers import SHAPE, build_checkpoint, parser, summary, time_ours  # noqa: E402
+from bench_vs_transformers import SHAPE, build_checkpoint, parser, skeleton_of, summary, time_ours  # noqa: E402
 from engine import Engine  # noqa: E402
 from engine.kernels import cpu as cpu_kernels  # noqa: E402
 from engine.kernels.openmp import as_given, spin_state  # noqa: E402
@@ -81,8 +83,14 @@ def main() -> None:
     gguf = convert(path, "f32")
     ours = Engine.from_pretrained(str(path), placement=args.placement, device="cpu",
                                   max_context=args.prefill + args.decode + 1)
+    skel_shape = skeleton_of(shape)               # the per-step cost that is not reading weights, both engines
+    skel_path = checkpoint(skel_shape)
+    skel_gguf = convert(skel_path, "f32")
+    skel = Engine.from_pretrained(str(skel_path), placement=args.placement, device="cpu",
+                                  max_context=args.prefill + args.decode + 1)
     torch.manual_seed(0)
     prompt = torch.randint(0, shape["vocab_size"], (args.prefill,)).tolist()
+    skel_prompt = torch.randint(0, skel_shape["vocab_size"], (args.prefill,)).tolist()
     info = bins.info
     print(f"torch {torch.__version__}; llama.cpp {info.llama_cpp_commit if info else '?'} "
           f"({info.backend if info else bins.origin}), {args.repeats} repeats (median; min-max); CPU kernels "
@@ -98,11 +106,16 @@ def main() -> None:
         log = Path(tempfile.gettempdir()) / f"bench_vs_llamacpp-t{threads}.log"
         flags = EXACT.replace(threads=threads, ctx=args.prefill + args.decode + 8, cache_ram=0)
         load_before = os.getloadavg()
-        with LlamaServer(gguf.path, flags, log_path=log, binaries=bins) as srv:
+        skel_log = Path(tempfile.gettempdir()) / f"bench_vs_llamacpp-skeleton-t{threads}.log"
+        with LlamaServer(gguf.path, flags, log_path=log, binaries=bins) as srv, \
+                LlamaServer(skel_gguf.path, flags, log_path=skel_log, binaries=bins) as skel_srv:
             time_ours(ours, [prompt[:32]], 2)                   # warm-up, excluded
             time_llamacpp(srv, prompt[:32], 2)
+            time_ours(skel, [skel_prompt[:32]], 2)
+            time_llamacpp(skel_srv, skel_prompt[:32], 2)
             rates_before = bench_roofline.measured_rates(eng=ours, prefill_tokens=args.prefill)
             s: dict[str, list[float]] = {f"{n}_{ph}": [] for n in names for ph in ("prefill", "decode")}
+            step_ms: dict[str, list[float]] = {"ours": [], "ll": []}         # the skeletons' decode, ms per step
             for r in range(args.repeats):
                 for name in names[r % len(names):] + names[: r % len(names)]:     # each first in turn
                     if name == "ll":
@@ -112,6 +125,8 @@ def main() -> None:
                             p, d = time_ours(ours, [prompt], args.decode)
                     s[f"{name}_prefill"].append(args.prefill / p)
                     s[f"{name}_decode"].append(args.decode / d)
+                step_ms["ours"].append(time_ours(skel, [skel_prompt], args.decode)[1] / args.decode * 1e3)
+                step_ms["ll"].append(time_llamacpp(skel_srv, skel_prompt, args.decode)[1] / args.decode * 1e3)
             ref = ours.generate([prompt], args.decode + 1).tokens[0]
             got = srv.complete(prompt, args.decode + 1, cache_prompt=False).tokens
             agree = sum(a == b for a, b in zip(ref, got)) / len(ref)
@@ -124,6 +139,9 @@ def main() -> None:
         if args.ab:
             for phase in ("prefill", "decode"):
                 print(summary(phase, s[f"ours_{phase}"], s[f"off_{phase}"], "kernels off", "tok/s"))
+        print("dispatch (a decode step of the same architecture, hidden 64, vocab 512: no weights to speak of): "
+              + "  ".join(f"{label} {statistics.median(step_ms[key]):.2f} ({min(step_ms[key]):.2f}-"
+                          f"{max(step_ms[key]):.2f}) ms/step" for label, key in (("ours", "ours"), ("llama.cpp", "ll"))))
         rates = bench_roofline.measured_rates(rates_before, ours, args.prefill)
         bound = bench_roofline.bound(ours, args.prefill, args.prefill + args.decode // 2, rates)
         engines = (("ours", "ours"), ("llama.cpp", "ll")) + ((("ours kernels off", "off"),) if args.ab else ())

@@ -39,6 +39,12 @@ SHAPE = dict(vocab_size=32000, hidden_size=1024, intermediate_size=1024, num_hid
              max_position_embeddings=4096, rope_theta=1e6)
 
 
+def skeleton_of(shape: dict) -> dict:
+    """The same architecture (layers, heads, experts, top-k: every op and line of Python a step runs)
+    with its matrices shrunk to nothing: a step of it is the per-step cost that is not reading weights."""
+    return shape | {"hidden_size": 64, "intermediate_size": 64, "vocab_size": 512}
+
+
 def build_checkpoint(path: Path, shape: dict = SHAPE):
     import transformers as tf
     torch.manual_seed(0)

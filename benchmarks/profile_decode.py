@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_vs_llamacpp import SHAPE, checkpoint  # noqa: E402
-from bench_vs_transformers import GEMV_OPS, category  # noqa: E402
+from bench_vs_transformers import GEMV_OPS, category, skeleton_of  # noqa: E402
 from engine import Engine  # noqa: E402
 from harness.costmodel.calibrate import best_time, cold_mib  # noqa: E402
 from harness.llamacpp.build import Binaries, find_binaries  # noqa: E402
@@ -117,7 +117,7 @@ def aten_calls(eng: Engine, prompt: list[int]) -> Counter:
     return calls
 
 
-SKELETON = SHAPE | {"hidden_size": 64, "intermediate_size": 64, "vocab_size": 512}   # matrices shrunk to nothing
+SKELETON = skeleton_of(SHAPE)
 
 
 def skeleton_ms(skel: Engine, prompt: list[int], threads: list[int], steps: int) -> dict[int, float]:
