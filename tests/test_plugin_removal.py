@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.plugins import needs_engine
+
 REPO = Path(__file__).resolve().parents[1]
 REMOVED = ("harness/llamacpp/", "tests/llamacpp/")
 REGISTRY = "harness/engines/registry.py"
@@ -41,7 +43,7 @@ print(json.dumps({"failed": failed, "llamacpp": sorted(m for m in sys.modules if
                   "harness": sorted({str(Path(p).resolve()) for p in __import__("harness").__path__})}))
 '''
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, needs_engine("llamacpp")]     # in a tree without it, nothing to remove
 
 
 @pytest.fixture(scope="module")
