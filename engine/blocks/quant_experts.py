@@ -9,8 +9,11 @@ Owns:
   clamped SwiGLU), quantised at load -- after the dense expert is read from the checkpoint or
   drawn from the preset's seed -- into ONE uint8 buffer per expert, so an expert is still one
   copy: [fp32: each matrix's scales | the layout's other values (biases) | uint8: each matrix's
-  int4 zero points | its int8 / packed int4 values], padded to 16 bytes. `run` dequantises into a
-  dense expert in the activation dtype and runs the dense kernel on it.
+  int4 zero points | its int8 / packed int4 values], padded to 16 bytes. `run`, for a SwiGLU
+  expert's few rows (<= engine.kernels.cpu.MAX_ROWS, fp32) on the CPU, runs the CPU kernel on
+  the packed bytes themselves (each weight dequantised in registers: bitwise the dense kernel on
+  the dequantised expert, without writing it); otherwise it dequantises into a dense expert in
+  the activation dtype and runs the dense kernel on it.
 - `MixedExperts`: per MoE layer, the most popular experts kept in int8 and the rest in int4.
   Every row of the store and every cache slot is the int8 size (the larger), an int4 expert uses
   its first bytes; an expert's stored bytes (`expert_numel`) are what is copied and counted,
@@ -33,9 +36,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from engine.blocks.experts import ByteLayout, ExpertLayout, RandomTensor
+from engine.blocks.experts import ByteLayout, ExpertLayout, RandomTensor, SwiGLUExperts
 from engine.blocks.intquant import check_group, dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
 from engine.checkpoint import Checkpoint
+from engine.kernels import cpu as cpu_kernels
+from engine.layers import ACT
 from engine.lazy import lazy_module
 
 if TYPE_CHECKING:
@@ -147,6 +152,10 @@ class QuantExperts(ByteLayout):
             self.q_at.append((o, nq))
             o += nq
         self._numel = -(-o // ALIGN) * ALIGN
+        # the CPU kernel runs gate|up and down from the packed bytes: a plain SwiGLU expert (nothing
+        # but its matrices), int4 groups it can read
+        self._kernel_ok = (type(base) is SwiGLUExperts and self.rest == 0
+                           and (fmt == "int8" or cpu_kernels.int4_group_ok(group_size)))
 
     quant = property(lambda self: self.fmt)
 
@@ -220,7 +229,18 @@ class QuantExperts(ByteLayout):
         return self.base.hub_tensors(layer, e, self.unpack(packed[:self.numel], torch.float32))
 
     def run(self, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+        if self._kernel_ok and cpu_kernels.quant_usable(x, packed) and packed.data_ptr() % 4 == 0:
+            gate, up = self._packed_linear(x, packed, 0).chunk(2, dim=-1)          # [n, I] each
+            return self._packed_linear(ACT[self.base.act](gate) * up, packed, 1)   # as engine.layers.expert_ffn
         return self.base.run(x, self.unpack(packed, x.dtype))
+
+    def _packed_linear(self, x: torch.Tensor, packed: torch.Tensor, k: int) -> torch.Tensor:
+        """x @ dequant(matrix k)^T by the CPU kernel, reading the matrix's parts where pack put them."""
+        R, C = self.mats[k]
+        if self.fmt == "int8":
+            return cpu_kernels.int8_linear(x, packed, self.q_at[k][0], self.scale_at[k][0], R, C)
+        return cpu_kernels.int4_linear(x, packed, self.q_at[k][0], self.scale_at[k][0], self.zero_at[k][0], R, C,
+                                       self.group)
 
     def activation_bytes(self, rows: int, dtype_bytes: int) -> int:
         # the dense kernel's, the dequantised expert, and the largest matrix's temporaries: its unpacked

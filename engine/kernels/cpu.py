@@ -8,7 +8,8 @@ the GEMV's rate), so decode did not get faster with threads while the machine ha
 many threads as `torch.set_num_threads` says (the caller and helpers on torch's inter-op pool; the
 caller never waits for a helper that another process keeps off its core; OpenMP's idle workers
 kept off the helpers' cores: engine.kernels.openmp) and reads fp32 or bf16
-weights directly;
+weights directly, and the lossy treatments' int8 / int4 expert matrices from their packed bytes
+(dequantised in registers, bitwise the dense kernel on the dequantised matrix);
 each output is one dot product in a fixed order, the same bits whatever the batch or thread
 count. Above `MAX_ROWS` rows it is the BLAS GEMM (`at::mm`, bitwise `F.linear`; for bf16 on a CPU
 without bf16 arithmetic, fp32 on widened copies, rounded once: torch's bf16 GEMM there runs at a
@@ -21,7 +22,8 @@ goes with the environment that links it, whatever `$MOEBENCH_CACHE` a run points
 `~/.cache/moebench/kernels`; per torch and Python version and per source; `python -m engine.kernels.cpu`
 builds it ahead, as `make setup` does), whether it can run here (`available`, `reason`), the
 switch that turns it off (`MOEBENCH_CPU_KERNELS=0` or `enabled(False)`: the torch path, for A/B
-measurements), and the calls (`small_linear`, `grouped_small_linear`, and `linear`: F.linear's drop-in). Does not
+measurements), and the calls (`small_linear`, `grouped_small_linear`, `linear`: F.linear's drop-in, and
+`int8_linear` / `int4_linear` on a quantised expert's packed bytes). Does not
 own: which layers use it (the experts, engine.blocks.experts; attention's projections and the LM
 head, engine.blocks.attention and decoder) or the torch path it falls back to.
 
@@ -196,6 +198,36 @@ def grouped_small_linear(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -
     """Per expert group, `small_linear`: x [M, K] sorted by expert, w [E, O, K], offs [E] int32 end
     of each group -> [M, O]; each group bitwise `small_linear` on it."""
     return _ops().grouped_small_linear(x, w, offs, MAX_ROWS, _fast["widen"])
+
+
+def quant_usable(x: torch.Tensor, packed: torch.Tensor) -> bool:
+    """Whether `int8_linear` / `int4_linear` run the kernel for rows x on packed expert bytes: x
+    float32 and at most MAX_ROWS rows, both on the CPU, packed uint8, the kernel enabled and
+    available (else the caller dequantises and runs the dense path)."""
+    return (_state["enabled"] and x.device.type == "cpu" and packed.device.type == "cpu" and x.dtype == torch.float32
+            and packed.dtype == torch.uint8 and x.dim() == 2 and x.shape[0] <= MAX_ROWS and _ops() is not None)
+
+
+def int4_group_ok(group: int) -> bool:
+    """Whether the kernel reads int4 groups of this size (a power of two >= 8: a 16-wide step then
+    spans whole groups or halves of one)."""
+    return group >= 8 and group & (group - 1) == 0
+
+
+def int8_linear(x: torch.Tensor, packed: torch.Tensor, q_at: int, scale_at: int, O: int, K: int) -> torch.Tensor:
+    """x [n, K] fp32 @ dequant(w)^T -> [n, O] fp32 for the int8 matrix w [O, K] in the uint8 buffer
+    `packed` (its values from byte q_at, its fp32 per-row scales from byte scale_at): each weight
+    q * scale in registers, the bits engine.blocks.intquant.dequantize_int8 gives, then small_linear's
+    fixed-order dot products -- bitwise small_linear on the dequantised matrix."""
+    return _ops().int8_linear(x, packed, q_at, scale_at, O, K)
+
+
+def int4_linear(x: torch.Tensor, packed: torch.Tensor, q_at: int, scale_at: int, zero_at: int, O: int, K: int,
+                group: int) -> torch.Tensor:
+    """As `int8_linear` for the int4 matrix w [O, K]: two values a byte (low nibble first) from
+    q_at, fp32 scales [O, K/group] from scale_at, uint8 zero points [O, K/group] from zero_at;
+    each weight (q - zero) * scale, dequantize_int4's bits. `group`: see int4_group_ok."""
+    return _ops().int4_linear(x, packed, q_at, scale_at, zero_at, O, K, group)
 
 
 if __name__ == "__main__":

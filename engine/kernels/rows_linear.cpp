@@ -7,7 +7,10 @@
 // it -- a row's output is the same bits at batch 1 and batch 8, at one thread and at two. Weights fp32 or bf16
 // (bf16 widened in registers: a shift, exact), activations and accumulation fp32. Beyond max_rows
 // it is at::mm (the BLAS GEMM, which threads itself; bf16 on widened fp32 copies where the CPU has
-// no bf16 arithmetic), so one call site covers every batch.
+// no bf16 arithmetic), so one call site covers every batch. The same kernel reads the lossy
+// treatments' quantised expert matrices straight from their packed bytes (int8 with a per-row
+// scale; int4 two a byte with a scale and zero point per group), dequantised in registers to the
+// bits the dense dequantised matrix would hold, so nothing the size of the matrix is written per call.
 // Does not own: which call sites use it, whether this CPU can run it, building it
 // (engine/kernels/cpu.py).
 //
@@ -52,20 +55,84 @@ inline float hsum(__m256 v) {                                  // a fixed tree: 
   return _mm_cvtss_f32(s);
 }
 
-// y[j * O + r] = dot(w + r * ldw, x + j * K) for r < R weight rows and j < NB rows of x. Every
+// The weight rows a kernel reads, as row readers: `row(o)` gives weight row o's reader, whose
+// `load16(k, w0, w1)` yields the fp32 values of inputs k..k+15 (k a multiple of 16) and `at(t)` the
+// value of input t. Quantised rows are dequantised here, in registers, with the same float32
+// operations in the same order as engine/blocks/intquant.py's dequantisers (int8: q * scale; int4:
+// (q - zero) * scale), so each weight is the very bits the dense dequantised matrix holds.
+template <typename W>
+struct DenseRows {                                             // fp32 or bf16, row stride ldw elements
+  const W* w; int64_t ldw;
+  struct Row {
+    const W* p;
+    inline void load16(int64_t k, __m256& w0, __m256& w1) const { w0 = load8(p + k); w1 = load8(p + k + 8); }
+    inline float at(int64_t t) const { return widen(p[t]); }
+  };
+  inline Row row(int64_t o) const { return {w + o * ldw}; }
+};
+
+struct Int8Rows {                                              // int8 [O, K], fp32 scale [O]
+  const int8_t* q; const float* scale; int64_t K;
+  struct Row {
+    const int8_t* p; __m256 s; float sf;
+    inline __m256 half(int64_t k) const {
+      __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + k));
+      return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), s);
+    }
+    inline void load16(int64_t k, __m256& w0, __m256& w1) const { w0 = half(k); w1 = half(k + 8); }
+    inline float at(int64_t t) const { return static_cast<float>(p[t]) * sf; }
+  };
+  inline Row row(int64_t o) const { return {q + o * K, _mm256_set1_ps(scale[o]), scale[o]}; }
+};
+
+struct Int4Rows {                                              // uint8 [O, K/2] (low nibble first), fp32 scale and uint8 zero [O, K/group]
+  const uint8_t* q; const float* scale; const uint8_t* zero; int64_t K, G; int lg;   // group = 1 << lg, >= 8
+  struct Row {
+    const uint8_t* p; const float* s; const uint8_t* z; int lg;
+    inline __m256 deq(__m128i nib8, int64_t g) const {     // 8 values (bytes 0..7 of nib8), all in group g
+      __m256 v = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(nib8)), _mm256_set1_ps(static_cast<float>(z[g])));
+      return _mm256_mul_ps(v, _mm256_set1_ps(s[g]));
+    }
+    inline void load16(int64_t k, __m256& w0, __m256& w1) const {
+      const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + k / 2));   // 16 nibbles
+      const __m128i m = _mm_set1_epi8(0x0F);
+      const __m128i v = _mm_unpacklo_epi8(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
+      const int64_t g = k >> lg;
+      if (lg >= 4) {                                         // one group holds all 16: its scale and zero once
+        const __m256 zf = _mm256_set1_ps(static_cast<float>(z[g])), sf = _mm256_set1_ps(s[g]);
+        w0 = _mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), zf), sf);
+        w1 = _mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8))), zf), sf);
+      } else {
+        w0 = deq(v, g);
+        w1 = deq(_mm_srli_si128(v, 8), g + 1);
+      }
+    }
+    inline float at(int64_t t) const {
+      const int64_t g = t >> lg;
+      const int v = (p[t / 2] >> (4 * (t & 1))) & 0x0F;
+      return (static_cast<float>(v) - static_cast<float>(z[g])) * s[g];
+    }
+  };
+  inline Row row(int64_t o) const { return {q + o * (K / 2), scale + o * G, zero + o * G, lg}; }
+};
+
+// y[j * O + r] = dot(weight row o + r, x + j * K) for r < R weight rows and j < NB rows of x. Every
 // (weight row, x row) pair runs the same instructions in the same order whatever R and NB are: two
 // 8-lane accumulators over 16-wide steps, summed, reduced by hsum, then the tail one fma at a time.
 // R > 1 reads R weight rows side by side: several memory streams per thread, which one core needs
 // to reach its share of the bandwidth (one stream alone reads at about 3/4 of it here).
-template <typename W, int64_t R, int64_t NB>
-inline void dot_block(const W* w, int64_t ldw, const float* x, int64_t K, float* y, int64_t O) {
+template <typename Rows, int64_t R, int64_t NB>
+inline void dot_block(const Rows& rows, int64_t o, const float* x, int64_t K, float* y, int64_t O) {
+  typename Rows::Row rr[R];
+  for (int64_t r = 0; r < R; ++r) rr[r] = rows.row(o + r);
   __m256 a0[R][NB], a1[R][NB];
   for (int64_t r = 0; r < R; ++r)
     for (int64_t j = 0; j < NB; ++j) a0[r][j] = a1[r][j] = _mm256_setzero_ps();
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
     for (int64_t r = 0; r < R; ++r) {
-      const __m256 w0 = load8(w + r * ldw + k), w1 = load8(w + r * ldw + k + 8);
+      __m256 w0, w1;
+      rr[r].load16(k, w0, w1);
       for (int64_t j = 0; j < NB; ++j) {
         a0[r][j] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + j * K + k), a0[r][j]);
         a1[r][j] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + j * K + k + 8), a1[r][j]);
@@ -75,64 +142,63 @@ inline void dot_block(const W* w, int64_t ldw, const float* x, int64_t K, float*
   for (int64_t r = 0; r < R; ++r)
     for (int64_t j = 0; j < NB; ++j) {
       float s = hsum(_mm256_add_ps(a0[r][j], a1[r][j]));
-      for (int64_t t = k; t < K; ++t) s = std::fma(widen(w[r * ldw + t]), x[j * K + t], s);
-      y[j * O + r] = s;
+      for (int64_t t = k; t < K; ++t) s = std::fma(rr[r].at(t), x[j * K + t], s);
+      y[j * O + o + r] = s;
     }
 }
 
 // Weight rows [o0, o1) against all n rows of x: blocks of 4 weight rows at batch 1, of 2 weight rows
 // x 2 rows of x above it (8 accumulators either way), single weight rows for the last few.
-template <typename W>
-void rows_range(const float* x, int64_t n, const W* w, int64_t ldw, int64_t O, int64_t K, float* y, int64_t o0,
-                int64_t o1) {
+template <typename Rows>
+void rows_range(const float* x, int64_t n, const Rows& w, int64_t O, int64_t K, float* y, int64_t o0, int64_t o1) {
   int64_t o = o0;
   if (n == 1) {
-    for (; o + 4 <= o1; o += 4) dot_block<W, 4, 1>(w + o * ldw, ldw, x, K, y + o, O);
+    for (; o + 4 <= o1; o += 4) dot_block<Rows, 4, 1>(w, o, x, K, y, O);
   } else {
     for (; o + 2 <= o1; o += 2) {
       int64_t j = 0;
-      for (; j + 2 <= n; j += 2) dot_block<W, 2, 2>(w + o * ldw, ldw, x + j * K, K, y + j * O + o, O);
-      if (j < n) dot_block<W, 2, 1>(w + o * ldw, ldw, x + j * K, K, y + j * O + o, O);
+      for (; j + 2 <= n; j += 2) dot_block<Rows, 2, 2>(w, o, x + j * K, K, y + j * O, O);
+      if (j < n) dot_block<Rows, 2, 1>(w, o, x + j * K, K, y + j * O, O);
     }
   }
   for (; o < o1; ++o) {
     int64_t j = 0;
-    for (; j + 4 <= n; j += 4) dot_block<W, 1, 4>(w + o * ldw, ldw, x + j * K, K, y + j * O + o, O);
+    for (; j + 4 <= n; j += 4) dot_block<Rows, 1, 4>(w, o, x + j * K, K, y + j * O, O);
     switch (n - j) {
-      case 3: dot_block<W, 1, 3>(w + o * ldw, ldw, x + j * K, K, y + j * O + o, O); break;
-      case 2: dot_block<W, 1, 2>(w + o * ldw, ldw, x + j * K, K, y + j * O + o, O); break;
-      case 1: dot_block<W, 1, 1>(w + o * ldw, ldw, x + j * K, K, y + j * O + o, O); break;
+      case 3: dot_block<Rows, 1, 3>(w, o, x + j * K, K, y + j * O, O); break;
+      case 2: dot_block<Rows, 1, 2>(w, o, x + j * K, K, y + j * O, O); break;
+      case 1: dot_block<Rows, 1, 1>(w, o, x + j * K, K, y + j * O, O); break;
       default: break;
     }
   }
 }
 
-// y[n, O] (row stride O) from x[n, K] contiguous fp32 and weight rows w + o * ldw, in chunks of
+// y[n, O] (row stride O) from x[n, K] contiguous fp32 and the weight rows, in chunks of
 // CHUNK_ROWS weight rows claimed from a shared counter by the calling thread and by helpers on
 // torch's inter-op pool (at::launch; as many as the intra-op threads beyond the caller). The
 // caller waits for the chunks to be done, never for a helper to start: a helper that another
 // process keeps off its core joins late and finds nothing left, so a busy machine costs at worst
 // the one-thread speed, where a parallel region would wait for that thread at its barrier.
-template <typename W>
+template <typename Rows>
 struct RowsJob {
-  const float* x; int64_t n; const W* w; int64_t ldw, O, K; float* y;
+  const float* x; int64_t n; Rows w; int64_t O, K; float* y;
   int64_t chunks;
   std::atomic<int64_t> next{0}, done{0};
   void work() {
     for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1)) {
-      rows_range(x, n, w, ldw, O, K, y, c * CHUNK_ROWS, std::min(O, (c + 1) * CHUNK_ROWS));
+      rows_range(x, n, w, O, K, y, c * CHUNK_ROWS, std::min(O, (c + 1) * CHUNK_ROWS));
       done.fetch_add(1, std::memory_order_release);
     }
   }
 };
 
-template <typename W>
-void rows_kernel(const float* x, int64_t n, const W* w, int64_t ldw, int64_t O, int64_t K, float* y) {
+template <typename Rows>
+void rows_kernel(const float* x, int64_t n, const Rows& w, int64_t O, int64_t K, float* y) {
   const int64_t chunks = (O + CHUNK_ROWS - 1) / CHUNK_ROWS;
   const int64_t helpers = std::min<int64_t>({at::get_num_threads(), chunks,
                                              std::max<int64_t>(1, O * K * n / TASK_ELEMS)}) - 1;
-  auto job = std::make_shared<RowsJob<W>>();
-  job->x = x; job->n = n; job->w = w; job->ldw = ldw; job->O = O; job->K = K; job->y = y; job->chunks = chunks;
+  auto job = std::make_shared<RowsJob<Rows>>();
+  job->x = x; job->n = n; job->w = w; job->O = O; job->K = K; job->y = y; job->chunks = chunks;
   for (int64_t h = 0; h < helpers; ++h) at::launch([job] { job->work(); });   // holds the job, not the caller's frame
   job->work();
   for (int spins = 0; job->done.load(std::memory_order_acquire) < chunks; ++spins) {
@@ -165,9 +231,10 @@ void linear_into(const at::Tensor& x, const at::Tensor& w, at::Tensor& out, int6
   at::Tensor xf = x.to(at::kFloat).contiguous();
   at::Tensor yf = out.scalar_type() == at::kFloat ? out : at::empty({n, O}, x.options().dtype(at::kFloat));
   if (w.scalar_type() == at::kFloat)
-    rows_kernel(xf.data_ptr<float>(), n, w.data_ptr<float>(), w.stride(0), O, K, yf.data_ptr<float>());
+    rows_kernel(xf.data_ptr<float>(), n, DenseRows<float>{w.data_ptr<float>(), w.stride(0)}, O, K, yf.data_ptr<float>());
   else
-    rows_kernel(xf.data_ptr<float>(), n, w.data_ptr<c10::BFloat16>(), w.stride(0), O, K, yf.data_ptr<float>());
+    rows_kernel(xf.data_ptr<float>(), n, DenseRows<c10::BFloat16>{w.data_ptr<c10::BFloat16>(), w.stride(0)}, O, K,
+                yf.data_ptr<float>());
   if (!yf.is_same(out)) out.copy_(yf);
 }
 
@@ -228,6 +295,54 @@ at::Tensor grouped_small_linear(const at::Tensor& x, const at::Tensor& w, const 
   return out;
 }
 
+// The quantised matrix [O, K] of a packed expert buffer (uint8, engine/blocks/quant_experts.py):
+// byte offsets of its values, its fp32 scales and (int4) its zero points, each checked to lie in
+// the buffer, then y[n, O] fp32 = x[n, K] fp32 @ dequant(w)^T by the kernel, whatever n (the
+// caller sends larger batches to the dequantise-and-GEMM path).
+const uint8_t* packed_part(const at::Tensor& packed, int64_t at, int64_t bytes, int64_t align, const char* what) {
+  TORCH_CHECK(at >= 0 && bytes >= 0 && at + bytes <= packed.numel(), what, ": bytes [", at, ", ", at + bytes,
+              ") lie outside the packed buffer of ", packed.numel(), " bytes");
+  const uint8_t* p = packed.data_ptr<uint8_t>() + at;
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(p) % align == 0, what, ": must be ", align, "-byte aligned, is at ",
+              reinterpret_cast<uintptr_t>(p) % align, " past a multiple");
+  return p;
+}
+
+at::Tensor quant_prologue(const at::Tensor& x, const at::Tensor& packed, int64_t K, const char* what) {
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == K && x.scalar_type() == at::kFloat && x.device().is_cpu(), what,
+              ": x must be float32 [n, ", K, "] on the CPU, got ", x.scalar_type(), " ", x.sizes(), " on ", x.device());
+  TORCH_CHECK(packed.dim() == 1 && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
+              packed.device().is_cpu(), what, ": packed must be a contiguous uint8 buffer on the CPU, got ",
+              packed.scalar_type(), " ", packed.sizes(), " on ", packed.device());
+  return x.contiguous();
+}
+
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, int64_t q_at, int64_t scale_at, int64_t O,
+                       int64_t K) {
+  at::Tensor xc = quant_prologue(x, packed, K, "int8_linear");
+  Int8Rows rows{reinterpret_cast<const int8_t*>(packed_part(packed, q_at, O * K, 1, "int8_linear values")),
+                reinterpret_cast<const float*>(packed_part(packed, scale_at, 4 * O, 4, "int8_linear scales")), K};
+  at::Tensor out = at::empty({xc.size(0), O}, xc.options());
+  if (xc.size(0) > 0) rows_kernel(xc.data_ptr<float>(), xc.size(0), rows, O, K, out.data_ptr<float>());
+  return out;
+}
+
+at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, int64_t q_at, int64_t scale_at, int64_t zero_at,
+                       int64_t O, int64_t K, int64_t group) {
+  TORCH_CHECK(group >= 8 && (group & (group - 1)) == 0 && K % group == 0, "int4_linear: the group size must be a "
+              "power of two >= 8 dividing K = ", K, ", got ", group);
+  at::Tensor xc = quant_prologue(x, packed, K, "int4_linear");
+  const int64_t G = K / group;
+  int lg = 0;
+  while ((int64_t{1} << lg) < group) ++lg;
+  Int4Rows rows{packed_part(packed, q_at, O * K / 2, 1, "int4_linear values"),
+                reinterpret_cast<const float*>(packed_part(packed, scale_at, 4 * O * G, 4, "int4_linear scales")),
+                packed_part(packed, zero_at, O * G, 1, "int4_linear zero points"), K, G, lg};
+  at::Tensor out = at::empty({xc.size(0), O}, xc.options());
+  if (xc.size(0) > 0) rows_kernel(xc.data_ptr<float>(), xc.size(0), rows, O, K, out.data_ptr<float>());
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(moebench_cpu, m) {
@@ -235,4 +350,7 @@ TORCH_LIBRARY(moebench_cpu, m) {
   m.def("linear(Tensor x, Tensor w, Tensor? b, int max_rows, bool widen_bf16) -> Tensor", &linear);
   m.def("grouped_small_linear(Tensor x, Tensor w, Tensor offs, int max_rows, bool widen_bf16) -> Tensor",
         &grouped_small_linear);
+  m.def("int8_linear(Tensor x, Tensor packed, int q_at, int scale_at, int O, int K) -> Tensor", &int8_linear);
+  m.def("int4_linear(Tensor x, Tensor packed, int q_at, int scale_at, int zero_at, int O, int K, int group) -> Tensor",
+        &int4_linear);
 }
