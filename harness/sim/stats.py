@@ -24,6 +24,16 @@ Definitions (N tokens, E experts, k = top-k; S_t = the set of token t's experts 
   (0 = perfectly balanced).
 * `entropy_bits` = Shannon entropy of the per-expert assignment shares; `max_entropy_bits`
   = log2(E), the uniform maximum; `entropy_ratio` = their quotient.
+* `jaccard` = mean over tokens of |S_t ∩ S_prev| / |S_t ∪ S_prev|, the adjacent-token overlap
+  as a set similarity. Random: E[c / (2k - c)] for c hypergeometric (`jaccard_random`).
+* `distinct_decode` / `distinct_prefill` = the mean number of distinct experts a forward pass
+  routes to, over passes where every sequence has one token (decode steps) / more than one (a
+  prefill micro-batch): what one step reads from wherever experts live. Needs the trace's
+  `step` array (a trace without it: every token its own step, so no prefill pass, and
+  `distinct_decode` counts single tokens); NaN where no pass is of that kind.
+
+`route_digest` is a hash of every token's (layer, position in its sequence, sorted expert ids):
+two runs or two engines routed the same tokens identically exactly when their digests match.
 
 * `popularity` (per layer and capacity c): `top_c_share` = the share of all routings that go
   to the c most popular experts of the layer -- the hit rate of pinning exactly those experts
@@ -42,11 +52,13 @@ import pandas as pd
 
 from engine.trace import RoutingTrace, expert_counts, require_order
 
-__all__ = ["trace_stats", "format_stats", "previous_token", "popularity", "STAT_COLUMNS", "POPULARITY_COLUMNS"]
+__all__ = ["trace_stats", "format_stats", "previous_token", "popularity", "route_digest", "STAT_COLUMNS",
+           "POPULARITY_COLUMNS"]
 
 STAT_COLUMNS = ("layer", "tokens", "n_experts", "top_k", "top_rate", "uniform_rate", "top_share", "max_min",
                 "gini", "entropy_bits", "max_entropy_bits", "entropy_ratio", "reuse_rate", "reuse_random",
-                "first_same", "first_same_random", "any_overlap", "any_overlap_random")
+                "first_same", "first_same_random", "any_overlap", "any_overlap_random", "jaccard", "jaccard_random",
+                "distinct_decode", "distinct_prefill")
 
 
 def previous_token(trace: RoutingTrace) -> tuple[np.ndarray, np.ndarray]:
@@ -72,6 +84,7 @@ def trace_stats(trace: RoutingTrace) -> pd.DataFrame:
         first = np.take_along_axis(trace.experts, first_slot[..., None], axis=2)[..., 0]   # [N, L]
     else:
         first = trace.experts[:, :, 0]                                 # [N, L]
+    decode, prefill = distinct_per_pass(trace)                         # [L] each
     rows = []
     for l in range(L):
         c = counts[l]                                                  # [E]
@@ -93,8 +106,52 @@ def trace_stats(trace: RoutingTrace) -> pd.DataFrame:
             "first_same_random": 1 / E,
             "any_overlap": float((common > 0).mean()) if P else np.nan,
             "any_overlap_random": 1 - comb(E - k, k) / comb(E, k),
+            "jaccard": float((common / (2 * k - common)).mean()) if P else np.nan,
+            "jaccard_random": _jaccard_random(E, k),
+            "distinct_decode": decode[l], "distinct_prefill": prefill[l],
         })
     return pd.DataFrame(rows, columns=list(STAT_COLUMNS))
+
+
+def _jaccard_random(E: int, k: int) -> float:
+    """E[c / (2k - c)], c = |S ∩ S'| of two independent uniform k-subsets of E (hypergeometric)."""
+    return sum(comb(k, c) * comb(E - k, k - c) / comb(E, k) * c / (2 * k - c) for c in range(k + 1))
+
+
+def distinct_per_pass(trace: RoutingTrace) -> tuple[np.ndarray, np.ndarray]:
+    """float [L] each: the mean distinct experts per forward pass, over decode passes (one token per
+    sequence) and over prefill passes (more than one); NaN where there is no such pass."""
+    N, L = trace.n_tokens, trace.n_layers
+    step = trace.step if trace.step is not None else np.arange(N)
+    seq = trace.sequence if trace.sequence is not None else np.zeros(N, dtype=np.int64)
+    decode: list[list[int]] = [[] for _ in range(L)]
+    prefill: list[list[int]] = [[] for _ in range(L)]
+    bounds = np.flatnonzero(np.diff(step)) + 1                         # passes: runs of equal step
+    for rows in np.split(np.arange(N), bounds) if N else []:
+        one_each = len(np.unique(seq[rows])) == len(rows)
+        for l in range(L):
+            (decode if one_each else prefill)[l].append(len(np.unique(trace.experts[rows, l, :])))
+    mean = lambda xs: float(np.mean(xs)) if xs else np.nan            # noqa: E731
+    return np.array([mean(x) for x in decode]), np.array([mean(x) for x in prefill])
+
+
+def route_digest(trace: RoutingTrace) -> str:
+    """16 hex digits over every token's (layer, position in its sequence, sorted expert ids)."""
+    import hashlib
+    require_order(trace, "a route digest (positions)")
+    N = trace.n_tokens
+    seq = trace.sequence if trace.sequence is not None else np.zeros(N, dtype=np.int64)
+    order = np.lexsort((np.arange(N), seq))                           # by sequence, then trace order
+    pos = np.empty(N, dtype=np.int64)
+    s_sorted = seq[order]
+    starts = np.r_[0, np.flatnonzero(np.diff(s_sorted)) + 1]
+    pos[order] = np.arange(N) - np.repeat(starts, np.diff(np.r_[starts, N]))
+    h = hashlib.sha256()
+    h.update(np.asarray(trace.moe_layers, dtype=np.int64).tobytes())
+    key = np.lexsort((pos, seq))                                       # tokens by (sequence, position)
+    h.update(np.stack([seq[key], pos[key]], axis=1).astype(np.int64).tobytes())
+    h.update(np.sort(trace.experts[key], axis=2).astype(np.int32).tobytes())
+    return h.hexdigest()[:16]
 
 
 POPULARITY_COLUMNS = ("layer", "capacity", "routings", "top_c_share")
