@@ -130,7 +130,8 @@ RULES: dict[str, dict[str, tuple[str, ...]]] = {
     "harness.passes": {"ours": ("engine", "workloads", "harness.contract", "harness.engines", "harness.profiling",
                                 "harness.ablation", "harness.checks", "harness.config", "harness.job",
                                 "harness.outliers", "harness.quality", "harness.reference", "harness.report",
-                                "harness.roofline", "harness.scenario", "harness.session"),
+                                "harness.roofline", "harness.scenario", "harness.session",
+                                "harness.sim.stats"),     # the trace pass's routing statistics
                        "third": ("torch",)},
     # the application: configuration, runner, CLI, reports, analysis entry points
     "harness": {"ours": ("harness", "engine", "workloads"),
