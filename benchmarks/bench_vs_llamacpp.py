@@ -50,10 +50,11 @@ from bench_vs_transformers import SHAPE, build_checkpoint, parser, skeleton_of, 
 from engine import Engine  # noqa: E402
 from engine.kernels import cpu as cpu_kernels  # noqa: E402
 from engine.kernels.openmp import as_given, spin_state  # noqa: E402
-from harness.llamacpp.build import cache_root, find_binaries, source_dir  # noqa: E402
+from harness.llamacpp.build import cache_root, find_binaries  # noqa: E402
 from harness.llamacpp.convert import GGUFModel, convert  # noqa: E402
 from harness.llamacpp.flags import EXACT  # noqa: E402
 from harness.llamacpp.server import LlamaServer  # noqa: E402
+from harness.llamacpp.source import gguf_module  # noqa: E402
 
 
 SHAPES = {"small": SHAPE,
@@ -102,10 +103,8 @@ def experts_only_gguf(f32: GGUFModel, gtype: str) -> Path:
 def gguf_decode_bytes(path: Path, top_k: int, n_experts: int) -> tuple[int, dict[str, int]]:
     """Weight bytes a decode token reads from GGUF `path` (KV excluded): every tensor, the expert
     tensors' top_k / n_experts share, one row of the token embedding; and the bytes by tensor type."""
-    sys.path.insert(0, str(source_dir() / "gguf-py"))
-    from gguf import GGUFReader
     total, by_type = 0, {}
-    for t in GGUFReader(str(path)).tensors:
+    for t in gguf_module().GGUFReader(str(path)).tensors:
         n = int(t.n_bytes)
         if any(e in t.name for e in EXPERT_TENSORS):
             n = n * top_k // n_experts

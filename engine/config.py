@@ -53,6 +53,12 @@ class ModelConfig:
     name: str = ""
     expert_quant: Any = None         # a lossy treatment of the routed experts (engine.blocks.quant_experts.
                                      # ExpertQuant), None: exact; applied at load, after the checkpoint is read
+    weight_format: str = ""          # the format the weights are published in (engine.formats; "": torch_dtype),
+                                     # e.g. "fp8" for DeepSeek-V3's block-scaled FP8
+    # the bytes of the weights in the format an engine holds them in (engine.formats.WeightBytes), which the
+    # planner and the cost model count in place of the blocks' dense bytes; None: the blocks' own. Only a
+    # config that is planned or predicted carries it, never one an engine loads
+    weight_bytes: Any = None
 
     def __post_init__(self) -> None:
         fam = family_class(self.family)
@@ -121,7 +127,9 @@ class ModelConfig:
         """Stored bytes one routed expert moves at `dtype_bytes` per element, under `expert_quant`
         (a quantised expert's packed buffer; a mixed treatment's mean over every expert, rounded):
         the one figure the cost model and the roofline use. The planner's slot size is
-        `architecture().experts.nbytes`, the largest expert."""
+        `architecture().experts.nbytes`, the largest expert. With `weight_bytes`: its mean expert."""
+        if self.weight_bytes is not None:
+            return int(round(self.weight_bytes.expert_mean))
         return _expert_bytes(self, dtype_bytes)
 
     def kv_bytes_per_token(self, dtype_bytes: int, kv_dtype: str | None = None) -> int:
@@ -147,8 +155,10 @@ class ModelConfig:
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any], name: str = "", source: str = "config.json") -> "ModelConfig":
         """ValueError naming `source` and the key for a number of the wrong type or range."""
+        from engine.quant import block_fp8
         check_hf_numbers(d, source)
-        return family_for_hf(d).parse(d, name)
+        cfg = family_for_hf(d).parse(d, name)
+        return cfg.replace(weight_format="fp8") if block_fp8(d) is not None else cfg
 
     @classmethod
     def from_hf_dir(cls, path: str | Path) -> "ModelConfig":

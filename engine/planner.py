@@ -66,6 +66,18 @@ SMALL_SEGMENT, LARGE_SEGMENT, BLOCK_ROUND = 2 << 20, 20 << 20, 512   # torch's C
 
 
 @dataclass(frozen=True)
+class TransientRule:
+    """How an engine's transient memory is planned when its forward pass is not this engine's: the
+    element size its activations are computed in (None: the model's dtype) and its attention
+    workspace (`workspace(arch, batch, tokens, context, dtype_bytes, device_kind, kv_dtype)` -> bytes;
+    None: this engine's worst case), each named as the plan prints it."""
+
+    label: str                                   # e.g. "llama.cpp, flash attention: no score matrix"
+    activation_bytes: int | None = None
+    workspace: Any = None
+
+
+@dataclass(frozen=True)
 class MemoryPlan:
     placement: str
     budget: int | None
@@ -83,6 +95,8 @@ class MemoryPlan:
     states: tuple[tuple[str, int], ...] = ()   # (printout line, bytes) per kind of layer state
     expert_quant: str = "none"  # the experts' stored treatment (cfg.expert_quant); expert_bytes are its bytes
     all_logits: bool = False    # activations hold a micro-batch's logits at every position (prefill(all_logits=True))
+    weights: str = ""           # the format the weights are counted in (engine.formats), "" : the blocks' dtype
+    transient_label: str = ""   # whose rule the activations and attention workspace follow ("": this engine's)
 
     @property
     def transient(self) -> int:
@@ -96,17 +110,19 @@ class MemoryPlan:
     def lines(self) -> list[str]:
         cap = f" ({self.capacity} slots/layer)" if self.capacity is not None else ""
         states = list(self.states) or [(f"KV cache ({self.batch} x {self.context} tokens)", self.kv)]
-        rows = [("non-expert weights", self.non_expert), *states,
+        rows = [(f"non-expert weights{' [' + self.weights + ']' if self.weights else ''}", self.non_expert), *states,
                 ("activations (micro-batch, all logits)" if self.all_logits else "activations (one micro-batch)",
                  self.activations),
-                ("attention workspace (worst case)", self.attention),
-                (f"experts [{self.placement}{'' if self.expert_quant == 'none' else ', ' + self.expert_quant}]{cap}",
+                (f"attention workspace ({self.transient_label or 'worst case'})", self.attention),
+                (f"experts [{self.placement}{'' if self.expert_quant == 'none' else ', ' + self.expert_quant}"
+                 f"{', ' + self.weights if self.weights else ''}]{cap}",
                  self.experts),
                 ("allocator slack", self.slack),
                 ("reserve", self.reserve)]
-        out = [f"  {name:<40} {fmt_bytes(v):>12}" for name, v in rows]
-        out.append(f"  {'= total':<40} {fmt_bytes(self.total):>12}")
-        out.append(f"  {'budget':<40} {fmt_bytes(self.budget) if self.budget is not None else 'unlimited':>12}")
+        w = max(40, *(len(name) for name, _ in rows))
+        out = [f"  {name:<{w}} {fmt_bytes(v):>12}" for name, v in rows]
+        out.append(f"  {'= total':<{w}} {fmt_bytes(self.total):>12}")
+        out.append(f"  {'budget':<{w}} {fmt_bytes(self.budget) if self.budget is not None else 'unlimited':>12}")
         return out
 
     def __str__(self) -> str:
@@ -124,6 +140,11 @@ def attention_workspace_bytes(cfg: ModelConfig, batch: int, tokens: int, context
     """Worst-case attention-kernel workspace of any layer for `tokens` new tokens per sequence
     attending to `context` keys (see the module docstring for which kernel and why)."""
     return cfg.architecture().workspace_bytes(batch, tokens, context, dtype_bytes, device_kind)
+
+
+def _own_workspace(arch: Any, batch: int, tokens: int, context: int, dtype_bytes: int, device_kind: str,
+                   kv_dtype: str | None) -> int:
+    return arch.workspace_bytes(batch, tokens, context, dtype_bytes, device_kind, kv_dtype)
 
 
 def state_lines(terms: list[StateTerm], context: int, batch: int) -> tuple[tuple[str, int], ...]:
@@ -180,7 +201,8 @@ def plan_memory(cfg: ModelConfig, placement: str, capacity: int | str | None, bu
                 context: int, batch: int, ubatch: int, dtype_bytes: int,
                 placement_options: dict[str, Any] | None = None, reserve: int | None = None,
                 device_kind: str = "cuda", capacity_bytes: int | None = None,
-                kv_dtype: str | None = None, all_logits: bool = False, cpu_threads: int | None = None) -> MemoryPlan:
+                kv_dtype: str | None = None, all_logits: bool = False, cpu_threads: int | None = None,
+                transient: TransientRule | None = None) -> MemoryPlan:
     """The plan for `device_kind` ('cuda': a real card, the default; 'cpu': the emulated device),
     each layer's KV stored in `kv_dtype` (engine.kvquant; None: the model's dtype) at its real
     stored bytes, payload + scales.
@@ -192,23 +214,29 @@ def plan_memory(cfg: ModelConfig, placement: str, capacity: int | str | None, bu
     slots per layer, at most n_experts. all_logits: room for a prefill that keeps every position's
     logits, one micro-batch at a time ([batch x ubatch, vocab]: a quality pass, harness.quality).
     cpu_threads: the intra-op threads the emulated device's attention will run with (a flash
-    buffer per thread); None: torch's current setting (which loads torch)."""
+    buffer per thread); None: torch's current setting (which loads torch). cfg.weight_bytes (the
+    weights in the format an engine holds them in, engine.formats): its non-expert bytes and its
+    largest expert replace the blocks' dense ones. transient: another engine's rule for the
+    activations and attention workspace (TransientRule); None: this engine's."""
     options = placement_options or {}
     cls = PLACEMENTS.get(placement)
     arch = cfg.architecture()
-    expert_bytes = arch.experts.nbytes(dtype_bytes)
+    held = cfg.weight_bytes
+    expert_bytes = arch.experts.nbytes(dtype_bytes) if held is None else held.expert_slot
     if capacity_bytes is not None and cls.uses_cache(options):
         capacity = capacity_from_bytes(cfg, capacity, capacity_bytes, expert_bytes)
-    non_expert = arch.non_expert_bytes(dtype_bytes)
+    non_expert = arch.non_expert_bytes(dtype_bytes) if held is None else held.non_expert
     states = state_lines(arch.state_terms(dtype_bytes, kv_dtype), context, batch)
     kv = sum(b for _, b in states)
     chunk = min(ubatch, context)
-    act = arch.activation_bytes(chunk * batch, batch, dtype_bytes, all_logits)
+    rule = transient or TransientRule("")
+    act = arch.activation_bytes(chunk * batch, batch, rule.activation_bytes or dtype_bytes, all_logits)
     threads = PLAN_CPU_THREADS.set(cpu_threads)
     try:
-        attn = arch.workspace_bytes(batch, chunk, context, dtype_bytes, device_kind, kv_dtype)
+        attn = (rule.workspace or _own_workspace)(arch, batch, chunk, context, dtype_bytes, device_kind, kv_dtype)
     finally:
         PLAN_CPU_THREADS.reset(threads)
+    labels = (held.label if held is not None else "", rule.label)
     slack = allocator_slack(arch.n_device_tensors(kv_dtype), device_kind)
     if reserve is None:
         reserve = int(DEFAULT_RESERVE_FRACTION * budget) if budget is not None else 0
@@ -229,7 +257,7 @@ def plan_memory(cfg: ModelConfig, placement: str, capacity: int | str | None, bu
                 if cap < cfg.top_k:
                     plan = MemoryPlan(placement, budget, non_expert, kv, act, cfg.top_k * per_slot, reserve,
                                       cfg.top_k, expert_bytes, context, batch, attn, slack, states, arch.experts.quant,
-                                      all_logits)
+                                      all_logits, *labels)
                     raise PlanError(
                         f"cache_capacity='auto' leaves {cap} slots per layer, fewer than top_k={cfg.top_k}: "
                         f"budget {fmt_bytes(budget)} - fixed {fmt_bytes(fixed)} = {fmt_bytes(budget - fixed)} "
@@ -242,7 +270,7 @@ def plan_memory(cfg: ModelConfig, placement: str, capacity: int | str | None, bu
             cap = capacity
     experts = cls.device_expert_bytes(cfg, expert_bytes, cap, options)
     plan = MemoryPlan(placement, budget, non_expert, kv, act, experts, reserve, cap, expert_bytes, context, batch,
-                      attn, slack, states, arch.experts.quant, all_logits)
+                      attn, slack, states, arch.experts.quant, all_logits, *labels)
     if budget is not None and plan.total > budget:
         raise PlanError(f"placement {placement!r} does not fit the device budget: "
                         f"{fmt_bytes(plan.total)} > {fmt_bytes(budget)}\n" + "\n".join(plan.lines()))

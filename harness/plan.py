@@ -89,6 +89,8 @@ def _device_kind(spec: RunSpec) -> str:
     d = spec.hardware.device
     if d != "auto":
         return d
+    if spec.hardware.device_memory_gib is not None:   # a hardware profile's card: plan for that card
+        return "cuda"
     if not gpu_driver_present():          # torch would find no device: a plan needs no torch to say so
         return "cpu"
     import torch
@@ -104,9 +106,13 @@ def gpu_driver_present() -> bool:
 
 
 def budget_of(spec: RunSpec) -> int | None:
-    """hardware.device_memory, or the free memory of a real card, or none (the emulated device)."""
+    """hardware.device_memory; else the card of the hardware profile (hardware.device_memory_gib:
+    a profile says how much memory its device has, so a plan for it is a plan for that card); else
+    the free memory of a real card; else none (the emulated device)."""
     if spec.hardware.device_memory is not None:
         return parse_bytes(spec.hardware.device_memory)
+    if spec.hardware.device_memory_gib is not None:
+        return int(spec.hardware.device_memory_gib * (1 << 30))
     if _device_kind(spec) == "cuda":
         import torch
         return torch.cuda.mem_get_info()[0]
@@ -123,12 +129,18 @@ def plan_of(spec: RunSpec, placement: str | None = None, options: dict[str, Any]
     cap_bytes = spec.capacity_bytes if uses and placement is None and cap is None else None
     if uses and cap is None and cap_bytes is None:
         cap = "auto"
-    w, m = spec.workload, spec.model_config
+    w, m = spec.workload, spec.planned_config
     dt = m.torch_dtype if spec.model.dtype == "auto" else spec.model.dtype
     return plan_memory(m, name, cap, budget_of(spec), session_tokens(w.context_tokens, w.gen_tokens, w.turn_tokens),
                        w.batch, w.ubatch, dtype_bytes(dt), opts, device_kind=_device_kind(spec),
                        capacity_bytes=cap_bytes, kv_dtype=spec.kv_dtype if _plans_memory(spec) else None,
-                       all_logits=spec.all_logits, cpu_threads=job_threads(spec))
+                       all_logits=spec.all_logits, cpu_threads=job_threads(spec), transient=_engine().get(
+                           spec.engine).transient_rule(spec))
+
+
+def _engine():
+    from harness.engines.registry import ENGINES
+    return ENGINES
 
 
 def _plans_memory(spec: RunSpec) -> bool:
@@ -179,7 +191,15 @@ def _header(spec: RunSpec) -> str:
     return (f"{spec.model_label} ({m.family}, {m.n_moe_layers} MoE layers x {m.n_experts} experts, top-{m.top_k}), "
             f"dtype {spec.model.dtype}, {spec.placement}, context {w.context_tokens} (+{w.gen_tokens} generated, "
             f"+2 turns of {w.turn_tokens}) x batch {w.batch}, ubatch {w.ubatch}, device {_device_kind(spec)}"
-            f"{threads}, budget {fmt_bytes(b) if b is not None else 'unlimited'}")
+            f"{threads}, budget {fmt_bytes(b) if b is not None else 'unlimited'}{_budget_source(spec)}\n"
+            f"engine={spec.engine}: weights {spec.weights_note}")
+
+
+def _budget_source(spec: RunSpec) -> str:
+    hw = spec.hardware
+    if hw.device_memory is None and hw.device_memory_gib is not None:
+        return f" (hardware={hw.name}'s {hw.device_memory_gib:g} GiB card)"
+    return ""
 
 
 def report(spec: RunSpec) -> tuple[bool, str]:
@@ -260,11 +280,18 @@ def fit_cpu_layers(spec: RunSpec) -> tuple[int | None, str]:
     hybrid = lambda n: replace(spec, placement="hybrid", placement_options={"n_cpu_layers": n}, capacity=None)  # noqa: E731
     for n in range(m.n_moe_layers + 1):           # fewest first; monotone, but the range is small
         if verdict(hybrid(n)).fits:
-            return n, (f"fewest CPU layers that fit (placement=hybrid placement.n_cpu_layers={n}; llama.cpp "
-                       f"--n-cpu-moe {n}) of {m.n_moe_layers}\n{verdict(hybrid(n)).message}")
+            return n, (f"fewest CPU layers that fit for engine={spec.engine} ({_rule_label(spec)}): {n} of "
+                       f"{m.n_moe_layers} (placement=hybrid placement.n_cpu_layers={n}; llama.cpp --n-cpu-moe {n})\n"
+                       f"{verdict(hybrid(n)).message}")
     last = hybrid(m.n_moe_layers)
     return None, (f"nothing fits: even every MoE layer's experts on the CPU is refused --\n{verdict(last).message}\n"
                   + _what_would(last))
+
+
+def _rule_label(spec: RunSpec) -> str:
+    """Whose memory rule a search answers with: the engine's transient rule, its weights' format."""
+    rule = _engine().get(spec.engine).transient_rule(spec)
+    return f"{rule.label if rule is not None else 'its own forward pass'}; weights {spec.weights_note}"
 
 
 def _what_would(spec: RunSpec) -> str:

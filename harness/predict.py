@@ -114,7 +114,7 @@ def row_of(job: Job, c: Candidate, hw: HardwareProfile, routing: Routing) -> dic
         row["reason"] = f"does not fit: {c.verdict.message.splitlines()[0]}"
         return row
     try:
-        p = predict(spec.model_config, c.name, shape_of(spec), hw, capacity=capacity, policy=job.cache_policy,
+        p = predict(spec.planned_config, c.name, shape_of(spec), hw, capacity=capacity, policy=job.cache_policy,
                     placement_options=c.options, dtype=spec.dtype, routing=routing, hit_rate=hit)
     except (ProfileError, ValueError) as exc:
         row["reason"] = f"cannot predict: {exc}"

@@ -92,6 +92,9 @@ def inputs_of(job: Job, hw: HardwareProfile | None, placement: str, options: dic
                            for k, unit in WORKLOAD}
     out["model.dtype"] = _entry(spec.dtype, None, conf("model.dtype"))
     out["kv.dtype"] = _entry(spec.kv_dtype, None, conf("kv.dtype", "kv"))
+    out["model.weight_format"] = _entry(spec.weights_note, None, conf("model.weight_format", "model.expert_format",
+                                                                     "model.gguf", "engine.weights"),
+                                        "the format the engine holds the weights in (engine.formats)")
     if spec.expert_quant is not None:
         out["experts.quant"] = _entry(spec.expert_quant.mode, None, conf("experts.quant", "experts"))
     budget = budget_of(spec)

@@ -119,6 +119,8 @@ class MXFP4Experts(ByteLayout, ClampedSwiGLUExperts):
     """The same expert kept in MXFP4: one uint8 buffer [biases fp32 (2I + D) | gate/up blocks
     [2I, D/32, 16] | their scales [2I, D/32] | down blocks [D, I/32, 16] | their scales [D, I/32]]."""
 
+    stored_format = "mxfp4"
+
     def __init__(self, hidden: int, intermediate: int, limit: float = 7.0,
                  prefix: str = "model.layers.{layer}.mlp.experts") -> None:
         if hidden % BLOCK or intermediate % BLOCK:

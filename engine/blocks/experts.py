@@ -37,6 +37,7 @@ RandomTensor = Callable[[str, tuple[int, ...]], "torch.Tensor"]   # name, shape 
 class ExpertLayout(ABC):
     fused_on_hub: bool = False   # the Hub stacks a layer's experts ([E, ...] tensors), not one set each
     quant: str = "none"          # the lossy treatment it stores (engine.blocks.quant_experts), "none": exact
+    stored_format: str | None = None   # a published format it keeps as stored (engine.formats); None: dense
 
     @property
     @abstractmethod

@@ -181,10 +181,10 @@ class DeepseekV3(SigmoidMoEFamily):
         return {
             "deepseek-v3": of("deepseek-v3", 3, **v3_dims, vocab_size=129280, num_heads=128, n_experts=256, n_group=8,
                               topk_group=4, routed_scaling_factor=2.5, max_position_embeddings=163840,
-                              rope_theta=10000.0, yarn_factor=40.0),
+                              rope_theta=10000.0, yarn_factor=40.0, weight_format="fp8"),   # published block-scaled FP8
             "kimi-k2": of("kimi-k2", 1, **v3_dims, vocab_size=163840, num_heads=64, n_experts=384, n_group=1,
                           topk_group=1, routed_scaling_factor=2.827, max_position_embeddings=131072,
-                          rope_theta=50000.0, yarn_factor=32.0),
+                          rope_theta=50000.0, yarn_factor=32.0, weight_format="fp8"),
             # moonshotai/Moonlight-16B-A3B config.json: no q bottleneck, no rope scaling
             "moonlight-16b-a3b": of(
                 "moonlight-16b-a3b", 1, vocab_size=163840, hidden_size=2048, num_layers=27, num_heads=16,

@@ -71,6 +71,12 @@ class ModelConf:
     # run code shipped in the checkpoint (an auto_map's .py files) where a loader would: transformers
     # (engine=hf), llama.cpp's converter (engine=llamacpp); false: such a checkpoint is refused
     trust_remote_code: bool = False
+    # the format the weights are held in (engine.formats: bf16, fp16, fp8, mxfp4, a GGUF type such as q4_k or
+    # iq4_xs, or a recipe such as q4_k_m); null: the published one (the preset's, config.json's), as the
+    # job's engine holds it (its adapter's `held_weights`)
+    weight_format: Optional[str] = None
+    expert_format: Optional[str] = None   # the routed experts' format, overriding weight_format's for them
+    gguf: Optional[str] = None            # a GGUF file: its header's per-tensor types and sizes (no tensor data read)
 
 
 PolicyOptionsConf = plugins.policy_options_schema()     # every registered policy's option fields
@@ -237,6 +243,10 @@ class RunSpec:
     # the quality pass runs on it (an engine with per-position logits, under check_reference, `quality` in
     # run.passes: harness.passes.quality)
     all_logits: bool = False
+    # the bytes the job's engine holds the weights in (engine.formats.WeightBytes) where they are not the
+    # model's blocks at model.dtype, and what the plan prints about the format (the adapter's `held_weights`)
+    weights: Any = None
+    weights_note: str = ""
 
     @property
     def lossy(self) -> bool:
@@ -254,6 +264,11 @@ class RunSpec:
         """The KV a job's sessions need: the context, the replies and two further turns (harness.contract)."""
         w = self.workload
         return session_tokens(w.context_tokens, w.gen_tokens, w.turn_tokens)
+
+    @property
+    def planned_config(self) -> ModelConfig:
+        """The model config plans and predictions count: with the bytes the engine holds its weights in."""
+        return self.model_config if self.weights is None else self.model_config.replace(weight_bytes=self.weights)
 
     @property
     def model_label(self) -> str:

@@ -169,6 +169,7 @@ def validate(cfg: DictConfig) -> RunSpec:
                    all_logits=adapter.per_position_logits and run.check_reference and "quality" in run.passes)
     try:
         adapter.check(spec)                   # the engine's own part: its KV treatment, its knobs
+        weights, note = adapter.held_weights(spec)     # the format its weights are held in, as it holds them
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    return spec
+    return dataclasses.replace(spec, weights=weights, weights_note=note)

@@ -441,8 +441,10 @@ def dense_weights(cfg: ModelConfig, dtype_bytes: int) -> DenseWeights:
     layer_specs = [spec for layer in arch.layers for _, _, spec in layer.walk()] + arch.embedding.applied()
     head = arch.head.vocab * arch.head.hidden
     norm_specs = [spec for _, _, spec in arch.head.norm.walk()]
-    return DenseWeights(per_token_params=sum(s.numel for s in layer_specs + norm_specs), head_params=head,
-                        bytes=sum(s.nbytes(dtype_bytes) for s in layer_specs + norm_specs) + head * dtype_bytes)
+    dense = sum(s.nbytes(dtype_bytes) for s in layer_specs + norm_specs) + head * dtype_bytes
+    if cfg.weight_bytes is not None:       # held in another format (engine.formats): its bytes, tensor for tensor
+        dense = int(round(dense * cfg.weight_bytes.scale(arch.non_expert_bytes(dtype_bytes))))     # in proportion
+    return DenseWeights(per_token_params=sum(s.numel for s in layer_specs + norm_specs), head_params=head, bytes=dense)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -101,6 +101,7 @@ class EngineAdapter(ABC):
     # the loader it hands a checkpoint dir to that could run code shipped in it (transformers, a
     # converter), named in the refusal (harness.remote_code); None: it runs no checkpoint code
     checkpoint_loader: ClassVar[str | None] = None
+    holds_gguf: ClassVar[bool] = False       # it holds weights in GGUF types, read from a GGUF file or converted
     compute_dtype: str | None = None   # the torch dtype its matmuls run in; None: the engine picks per tensor
     lossy: bool = False                # it runs a lossy treatment (a KV format that loses precision, ...)
     load_s: float | None = None        # its own model load, s (the load row's source=engine time_s): the
@@ -134,6 +135,38 @@ class EngineAdapter(ABC):
             spec.model_config.architecture().state_terms(4, spec.kv_dtype)
         except KVFormatError as exc:
             raise ValueError(f"kv.dtype: {exc}") from None
+
+    @classmethod
+    def held_weights(cls, spec: RunSpec) -> tuple[Any, str]:
+        """The bytes this engine holds the job's weights in (engine.formats.WeightBytes; None: the
+        model's blocks at model.dtype, what engine.planner counts itself) and a note on the format
+        for the plan. The default, an engine that loads a Hugging Face checkpoint or a preset: the
+        weights in model.dtype, a published format its blocks do not keep (DeepSeek-V3's FP8)
+        dequantised at load, one they keep (gpt-oss's MXFP4 experts) as stored; a model.weight_format
+        or expert_format other than model.dtype's, or a GGUF file, is refused (ValueError)."""
+        from engine.formats import DTYPE_FORMATS, WeightFormat, published
+        from harness.engines.registry import engines_with
+        m, own = spec.model, DTYPE_FORMATS.get(spec.dtype, spec.dtype)
+        others = " | ".join(engines_with("holds_gguf")) or "none registered"
+        if m.gguf:
+            raise ValueError(f"model.gguf: engine={cls.name} loads a Hugging Face checkpoint or a preset, not a GGUF "
+                             f"file; allowed with engine={cls.name}: model.gguf=null (a GGUF file: engine={others})")
+        asked = WeightFormat(m.weight_format or own, m.expert_format) if (m.weight_format or m.expert_format) else None
+        if asked is not None and not asked.keeps_dtype(spec.dtype):
+            raise ValueError(f"model.weight_format={m.weight_format} model.expert_format={m.expert_format}: engine="
+                             f"{cls.name} holds the weights in model.dtype ({spec.dtype}); allowed: {own} or null "
+                             f"(other formats: engine={others})")
+        pub = published(spec.model_config)
+        if pub.weights == own:
+            return None, f"{pub.label} (published)"
+        kept = f"; experts kept in {pub.experts} as published" if pub.experts else ""
+        return None, f"published {pub.weights}, held in {own} (dequantised at load){kept}"
+
+    @classmethod
+    def transient_rule(cls, spec: RunSpec) -> Any:
+        """How this engine's transient memory (activations, attention workspace) is planned
+        (engine.planner.TransientRule); None: the planner's own, for this engine's forward pass."""
+        return None
 
     @classmethod
     @abstractmethod
@@ -176,6 +209,11 @@ class EngineAdapter(ABC):
     def knobs(self) -> dict[str, Any]:
         """Engine settings that become row columns (e.g. llama.cpp's -ngl, --n-cpu-moe)."""
         return {}
+
+    def placement_map(self) -> str | None:
+        """Where each layer's experts live, one letter per layer (`CCGG`: engine.placements.base,
+        PlacementTraits.layer_map): the `placement_map` column. None: this engine has no such map."""
+        return None
 
     @classmethod
     def builds(cls) -> dict[str, str]:

@@ -136,6 +136,7 @@ class LlamaCppAdapter(EngineAdapter):
     allocates_here = False            # the server holds its device memory: this process's peaks are not its
     checkpoint_loader = CONVERTER
     kv_treatments = True              # kv.dtype as -ctk/-ctv
+    holds_gguf = True                 # GGUF types: converted to, or a GGUF file's (model.gguf, plans only)
     # its configuration, GGUF type and knobs as row columns, and the knobs a llama-bench import keeps
     knob_columns = ("llamacpp_config", "gguf_type", *KNOB_COLUMNS.values(), *BENCH_ONLY_KNOBS)
     commands = {"setup llamacpp": Command("harness.llamacpp.build:main", "",
@@ -149,6 +150,16 @@ class LlamaCppAdapter(EngineAdapter):
         spec.engine_options.flags(None, None, None, spec.kv_dtype)      # FlagError: a ValueError
         spec.engine_options.weights_for(spec.dtype)
 
+    @classmethod
+    def held_weights(cls, spec: RunSpec) -> tuple[Any, str]:
+        from harness.llamacpp.memory import held_weights
+        return held_weights(spec)
+
+    @classmethod
+    def transient_rule(cls, spec: RunSpec) -> Any:
+        from harness.llamacpp.memory import transient_rule
+        return transient_rule(spec)
+
     def __init__(self, spec: RunSpec, options: LlamaCppOptions) -> None:
         from harness.llamacpp.build import find_binaries, server_backend
         from harness.llamacpp.convert import convert, convert_preset
@@ -161,7 +172,7 @@ class LlamaCppAdapter(EngineAdapter):
         self.options = options
         self.binaries = find_binaries()        # a clear error saying how to build when missing
         threads = job_threads(spec)
-        self.weights = options.weights_for(spec.dtype)
+        self.weights = _run_type(spec, options)
         self.flags = options.flags(spec.workload.ubatch, spec.session_tokens + 1, threads,
                                    spec.kv_dtype, spec.dtype)
         # lossy: weights or a KV cache type other than the model dtype's own, or flash attention
@@ -346,6 +357,21 @@ class LlamaCppAdapter(EngineAdapter):
             self.server.stop()
             self.server = None
         shutil.rmtree(getattr(self, "workdir", ""), ignore_errors=True)
+
+
+def _run_type(spec: RunSpec, options: LlamaCppOptions) -> str:
+    """The GGUF type a run converts to: engine.weights, else model.weight_format, else the dtype's own."""
+    from harness.llamacpp.convert import GGUF_TYPES
+    if spec.model.gguf:
+        raise ValueError("model.gguf: a GGUF file's header sizes plans and predictions; a run converts the "
+                         "checkpoint (engine.weights); allowed for a run: model.gguf=null")
+    if options.weights is None and spec.model.weight_format:
+        from engine.formats import canonical
+        if canonical(spec.model.weight_format) not in GGUF_TYPES or spec.model.expert_format:
+            raise ValueError(f"model.weight_format={spec.model.weight_format}: a run converts to one of "
+                             f"{', '.join(GGUF_TYPES)} (no separate expert_format); plans and predictions take more")
+        return canonical(spec.model.weight_format)
+    return options.weights_for(spec.dtype)
 
 
 def refuse_nonfinite_weights(model_dir: str | Path) -> None:

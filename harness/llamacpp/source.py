@@ -2,7 +2,7 @@
 
 Owns: the pin (one `llama-cpp-python` sdist from PyPI, checked by hash), fetching it with pip,
 extracting its `vendor/llama.cpp` tree once (`source_dir`), the llama.cpp commit it vendors
-(`vendored_commit`), its place under moebench's cache (`llamacpp_root`: `cache_root()/llama.cpp`,
+(`vendored_commit`), its `gguf-py` as a module (`gguf_module`), its place under moebench's cache (`llamacpp_root`: `cache_root()/llama.cpp`,
 harness.contract) and `LlamaCppBuildError`. Does not own: compiling the tree or finding
 the binaries (`harness.llamacpp.build`, which re-exports these names).
 
@@ -57,6 +57,18 @@ def fetch_sdist(downloads: Path | None = None) -> Path:
     if digest != SDIST_SHA256:
         raise LlamaCppBuildError(f"{path} has sha256 {digest}, the pin is {SDIST_SHA256}; delete it and rerun")
     return path
+
+
+def gguf_module():
+    """The pinned tree's gguf-py (the reader and type sizes its converter writes with), imported
+    from that tree; an installed `gguf` of another version is not used."""
+    path = str(source_dir() / "gguf-py")
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    import gguf
+    if not str(getattr(gguf, "__file__", "")).startswith(path):
+        raise LlamaCppBuildError(f"an installed gguf package ({gguf.__file__}) shadows the pinned tree's {path}")
+    return gguf
 
 
 def source_dir() -> Path:
