@@ -220,6 +220,8 @@ PROCESS_STATE = {
     "engine/kernels/cpu.py": {"_fast": "the compiled kernel library, loaded into the process once",
                               "_state": "the process's kernel switch (MOEBENCH_CPU_KERNELS), flipped only "
                                         "around an A/B comparison"},
+    "engine/kernels/openmp.py": {"_state": "the process's OpenMP spin setting, decided once before torch loads "
+                                           "(an environment variable libgomp reads at start)"},
 }
 
 
