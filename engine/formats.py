@@ -218,9 +218,12 @@ def _roles(cfg) -> Iterator[tuple[str, int, tuple[int, ...], bool]]:
 
 
 def _kept_format(fmt: WeightFormat, dtype_bytes: int) -> int:
-    """Bytes per element of what `fmt` does not quantise (vectors, the router): f32 under a GGUF
-    type, else the dtype the weights are published or held in (fp8's unquantised tensors: bf16)."""
-    return 4 if fmt.gguf and not is_dtype(fmt.weights) else dtype_bytes
+    """Bytes per element of what `fmt` does not quantise (vectors, the router): a dtype format's
+    own size, f32 under a quantised GGUF type, else the dtype the weights are published or held
+    in (fp8's unquantised tensors: bf16)."""
+    if is_dtype(fmt.weights):
+        return GGUF_TYPES[fmt.weights][1]
+    return 4 if fmt.gguf else dtype_bytes
 
 
 def _matrix_bytes(t: str, shape: tuple[int, ...]) -> int:

@@ -147,15 +147,17 @@ class EngineAdapter(ABC):
         from engine.formats import DTYPE_FORMATS, WeightFormat, published
         from harness.engines.registry import engines_with
         m, own = spec.model, DTYPE_FORMATS.get(spec.dtype, spec.dtype)
-        others = " | ".join(engines_with("holds_gguf")) or "none registered"
+
+        def others() -> str:          # asked on the error paths only: it loads every adapter's declaration
+            return " | ".join(engines_with("holds_gguf")) or "none registered"
         if m.gguf:
             raise ValueError(f"model.gguf: engine={cls.name} loads a Hugging Face checkpoint or a preset, not a GGUF "
-                             f"file; allowed with engine={cls.name}: model.gguf=null (a GGUF file: engine={others})")
+                             f"file; allowed with engine={cls.name}: model.gguf=null (a GGUF file: engine={others()})")
         asked = WeightFormat(m.weight_format or own, m.expert_format) if (m.weight_format or m.expert_format) else None
         if asked is not None and not asked.keeps_dtype(spec.dtype):
             raise ValueError(f"model.weight_format={m.weight_format} model.expert_format={m.expert_format}: engine="
                              f"{cls.name} holds the weights in model.dtype ({spec.dtype}); allowed: {own} or null "
-                             f"(other formats: engine={others})")
+                             f"(other formats: engine={others()})")
         pub = published(spec.model_config)
         if pub.weights == own:
             return None, f"{pub.label} (published)"
