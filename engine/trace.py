@@ -56,7 +56,7 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 __all__ = ["RoutingTrace", "save_trace", "load_trace", "lookup_sequences",
-           "lookup_arrays", "expert_counts", "require_order", "REQUIRED_META"]
+           "lookup_arrays", "expert_counts", "distinct_per_pass", "require_order", "REQUIRED_META"]
 
 REQUIRED_META = ("n_experts", "expert_bytes")
 ARRAYS = ("experts", "weights", "step", "sequence", "counts")
@@ -407,3 +407,20 @@ def expert_counts(trace: RoutingTrace) -> np.ndarray:
     L, E = trace.n_layers, trace.n_experts
     flat = trace.experts.astype(np.int64) + (np.arange(L, dtype=np.int64) * E)[None, :, None]   # [N, L, k]
     return np.bincount(flat.reshape(-1), minlength=L * E).reshape(L, E)
+
+
+def distinct_per_pass(trace: RoutingTrace) -> tuple[np.ndarray, np.ndarray]:
+    """float [L] each: the mean distinct experts per forward pass, over decode passes (one token per
+    sequence) and over prefill passes (more than one); NaN where there is no such pass."""
+    N, L = trace.n_tokens, trace.n_layers
+    step = trace.step if trace.step is not None else np.arange(N)
+    seq = trace.sequence if trace.sequence is not None else np.zeros(N, dtype=np.int64)
+    decode: list[list[int]] = [[] for _ in range(L)]
+    prefill: list[list[int]] = [[] for _ in range(L)]
+    bounds = np.flatnonzero(np.diff(step)) + 1                         # passes: runs of equal step
+    for rows in np.split(np.arange(N), bounds) if N else []:
+        one_each = len(np.unique(seq[rows])) == len(rows)
+        for l in range(L):
+            (decode if one_each else prefill)[l].append(len(np.unique(trace.experts[rows, l, :])))
+    mean = lambda xs: float(np.mean(xs)) if xs else np.nan            # noqa: E731
+    return np.array([mean(x) for x in decode]), np.array([mean(x) for x in prefill])

@@ -178,7 +178,7 @@ def load_engine(job: Job, spec: RunSpec, sample: WorkloadSample, reference: Refe
              expert_cache="cold")
     known = dict(ubatch=spec.workload.ubatch, token_source=sample.token_source,
                  resolved_capacity=eng.resolved_capacity, placement_options=repr(spec.placement_options),
-                 expert_cache_mode=spec.run.expert_cache)
+                 placement_map=eng.placement_map(), expert_cache_mode=spec.run.expert_cache)
     knobs = dict(eng.knobs())                   # an engine's own knobs (llama.cpp's -ngl, -ub, -t ...)
     knobs.pop("kv_dtype", None)                 # the factor column names the kv.dtype treatment; llama.cpp's
     known.update(knobs)                         # own cache types stay in cache_type_k / cache_type_v

@@ -121,6 +121,7 @@ RULES: dict[str, dict[str, tuple[str, ...]]] = {
                                   "harness.engines.base", "harness.config.schema", "harness.machine",
                                   "harness.measure",
                                   "engine.formats", "engine.dtypes", "engine.planner",   # its memory rule for the plan
+                                  "engine.placements",        # the same per-layer map as placement=hybrid
                                   "engine.kernels.openmp"),     # the server's environment as the user gave it
                          "third": ("gguf", "sentencepiece", "pynvml")},
     # engine adapters: ours, transformers; the checked job (RunSpec) for their type hints

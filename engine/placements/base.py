@@ -76,6 +76,15 @@ class PlacementTraits:
     def uses_cpu(self) -> bool:
         return bool(self.cpu_layers)
 
+    def layer_map(self, cfg: ModelConfig) -> str:
+        """One letter per layer, where a decode step finds its experts: `C` run on the CPU, `F`
+        fetched or streamed to the device over the link, `G` resident on the device, `-` a dense
+        layer (no experts). The `placement_map` column: hybrid's first_n and last_n are `CCGG` and
+        `GGCC`."""
+        moe = set(cfg.moe_layers)
+        return "".join("-" if l not in moe else "C" if l in self.cpu_layers else "F" if self.copies_experts else "G"
+                       for l in range(cfg.num_layers))
+
 
 class Placement(ABC):
     name: ClassVar[str] = ""

@@ -9,6 +9,7 @@ sessions, passes, KV displacement, counters, instrumentation and the emulated de
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -63,6 +64,11 @@ class MoebenchAdapter(EngineAdapter):
         self.has_expert_cache = self.engine.placement.cache is not None
         self.compute_dtype = self.engine.options["dtype"]
         self.lossy = self.engine.lossy
+
+    def placement_map(self) -> str:
+        placement = self.engine.placement
+        options = dataclasses.asdict(placement.options) if dataclasses.is_dataclass(placement.options) else {}
+        return type(placement).traits(self.engine.cfg, options).layer_map(self.engine.cfg)
 
     @classmethod
     def build(cls, spec: RunSpec, options: Any, **kw: Any) -> "MoebenchAdapter":

@@ -40,17 +40,20 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from engine.placements.base import PlacementTraits
+from engine.placements.hybrid import HybridOptions, cpu_layer_set
 from harness.engines.base import Command, EngineAdapter, Produced, refuse_truncation
 from harness.llamacpp.convert import LOADER as CONVERTER
-from harness.llamacpp.flags import BENCH_ONLY_KNOBS, KNOB_COLUMNS, OWN_TYPES
+from harness.llamacpp.flags import BENCH_ONLY_KNOBS, KNOB_COLUMNS, OWN_TYPES, cpu_expert_layers
 from harness.llamacpp.responses import logprob_of
 from harness.machine import job_threads
 
 if TYPE_CHECKING:
+    from engine.config import ModelConfig
     from harness.config.schema import RunSpec
 
 log = logging.getLogger(__name__)
@@ -67,6 +70,11 @@ class LlamaCppOptions:
     cpu_moe: bool = False                  # --cpu-moe: every layer's experts on the CPU
     n_cpu_moe: int | None = None           # --n-cpu-moe N: the experts of the first N layers on the CPU
     override_tensor: str | None = None     # -ot PATTERN=BUFFER[,PATTERN=BUFFER...]
+    # which n_cpu_moe layers: first_n (--n-cpu-moe), last_n or by_working_set (a routing trace's layers
+    # with the fewest distinct experts per prefill pass), the latter two as `-ot` entries: the same
+    # map as placement=hybrid placement.cpu_layers=... (engine.placements.hybrid.cpu_layer_set)
+    cpu_layers: str = "first_n"
+    working_set_trace: str | None = None
     batch: int | None = None               # -b: logical batch (tokens)
     cache_type_k: str | None = None        # -ctk: overrides the config's
     cache_type_v: str | None = None        # -ctv
@@ -93,7 +101,22 @@ class LlamaCppOptions:
         if self.n_gpu_layers is not None and not (str(self.n_gpu_layers).isdigit()
                                                   or self.n_gpu_layers in ("auto", "all")):
             raise ValueError(f"n_gpu_layers: allowed an integer >= 0, 'auto' or 'all', got {self.n_gpu_layers!r}")
+        if self.cpu_layers != "first_n" and self.n_cpu_moe is None:
+            raise ValueError(f"cpu_layers={self.cpu_layers}: says which layers, n_cpu_moe how many; give "
+                             "engine.n_cpu_moe=N (or cpu_layers=first_n)")
+        HybridOptions(self.n_cpu_moe or 0, self.cpu_layers, self.working_set_trace)   # its checks, one wording
         self.flags(ubatch=None, ctx=None, threads=None)        # the knob checks of LlamaFlags, before any launch
+
+    def mapped(self, cfg: ModelConfig) -> LlamaCppOptions:
+        """These options with a last_n / by_working_set map spelled as llama.cpp runs it: the chosen
+        layers' `-ot` entries (flags.cpu_layers_override) in place of --n-cpu-moe."""
+        if self.cpu_layers == "first_n":
+            return self
+        from harness.llamacpp.flags import cpu_layers_override
+        layers = cpu_layer_set(cfg, HybridOptions(self.n_cpu_moe, self.cpu_layers, self.working_set_trace))
+        ot = [p for p in (self.override_tensor or "").split(",") if p] + list(cpu_layers_override(layers))
+        return replace(self, n_cpu_moe=None, cpu_layers="first_n", working_set_trace=None,
+                                   override_tensor=",".join(ot) or None)
 
     def weights_for(self, dtype: str) -> str:
         """The GGUF type the job runs: `weights`, or the model dtype's own."""
@@ -147,7 +170,7 @@ class LlamaCppAdapter(EngineAdapter):
     @classmethod
     def check(cls, spec: RunSpec) -> None:
         """kv.dtype as -ctk/-ctv, checked with the engine.* knobs; a GGUF type for the model's dtype."""
-        spec.engine_options.flags(None, None, None, spec.kv_dtype)      # FlagError: a ValueError
+        spec.engine_options.mapped(spec.model_config).flags(None, None, None, spec.kv_dtype)   # FlagError: ValueError
         spec.engine_options.weights_for(spec.dtype)
 
     @classmethod
@@ -169,7 +192,8 @@ class LlamaCppAdapter(EngineAdapter):
             raise ValueError(f"engine=llamacpp: workload.batch={spec.workload.batch}; this adapter drives one "
                              "server slot per job, so allowed: workload.batch=1")
         refuse_truncation(spec, self.name)
-        self.options = options
+        self.options = options = options.mapped(spec.model_config)
+        self.cfg = spec.model_config
         self.binaries = find_binaries()        # a clear error saying how to build when missing
         threads = job_threads(spec)
         self.weights = _run_type(spec, options)
@@ -232,6 +256,12 @@ class LlamaCppAdapter(EngineAdapter):
                 "this llama.cpp build runs on the CPU: nothing is on a device to hold to it")
 
     # --- rows ---------------------------------------------------------------------------------
+    def placement_map(self) -> str | None:
+        """Where its flags put each layer's routed experts (flags.cpu_expert_layers), in the letters of
+        engine.placements.base.PlacementTraits.layer_map; None under -ngl auto (decided at load)."""
+        cpu = cpu_expert_layers(self.flags, self.cfg.num_layers)
+        return None if cpu is None else PlacementTraits(cpu_layers=cpu).layer_map(self.cfg)
+
     def knobs(self) -> dict[str, Any]:
         """llama.cpp's knobs under their row names (harness.llamacpp.flags.KNOB_COLUMNS; `threads` and
         `ubatch` are the run's own columns too, with the same values), the configuration and weights;

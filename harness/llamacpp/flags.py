@@ -22,6 +22,7 @@ import dataclasses
 import logging
 import re
 import subprocess
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from functools import lru_cache
 from pathlib import Path
@@ -162,7 +163,8 @@ class LlamaFlags:
 
 
 # What llama-server's --cpu-moe does: the routed experts' tensors of every layer in host memory
-CPU_MOE_OVERRIDE = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps=CPU"
+EXPERT_TENSORS = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"     # llama.cpp's LLM_FFN_EXPS_REGEX
+CPU_MOE_OVERRIDE = EXPERT_TENSORS + "=CPU"
 
 
 # The configuration that reproduces the fp32 reference (see module docstring), and llama.cpp's own.
@@ -286,3 +288,31 @@ def validate(pairs: list[tuple[str, str, str | None]], spec: HelpSpec, binary: s
         allowed = spec.choices.get(flag)
         if allowed and value is not None and value not in allowed:
             raise FlagError(f"knob {knob}={value!r}: this {binary} accepts {flag} {'|'.join(allowed)}")
+
+
+def cpu_layers_override(layers: Iterable[int]) -> tuple[str, ...]:
+    """-ot entries putting these layers' routed experts on the CPU: the pattern --n-cpu-moe adds per
+    layer (common.h's llm_ffn_block_regex), so any set of layers is a map llama.cpp runs."""
+    return tuple(rf"blk\.{i}{EXPERT_TENSORS}=CPU" for i in sorted(layers))
+
+
+def cpu_expert_layers(flags: LlamaFlags, n_layers: int) -> frozenset[int] | None:
+    """The layers whose routed experts these flags leave on the CPU: --cpu-moe, --n-cpu-moe N (the
+    first N), each `-ot PATTERN=CPU` matching a layer's expert tensors (searched as llama.cpp does),
+    and the layers -ngl N does not offload (llama.cpp offloads the last N). None where it is not
+    decided before launch (-ngl auto, the pinned llama.cpp's default: it fits at load)."""
+    ngl = flags.n_gpu_layers
+    if ngl in (None, "auto"):
+        return None
+    below = n_layers - min(ngl, n_layers) if isinstance(ngl, int) else 0          # "all": every layer offloaded
+    cpu = set(range(below))
+    if flags.cpu_moe:
+        cpu.update(range(n_layers))
+    cpu.update(range(min(flags.n_cpu_moe or 0, n_layers)))
+    for ot in flags.override_tensor:
+        pattern, _, buffer = ot.rpartition("=")
+        if buffer.upper() == "CPU":
+            rx = re.compile(pattern)
+            cpu.update(i for i in range(n_layers) if any(rx.search(f"blk.{i}.ffn_{p}_exps.weight")
+                                                         for p in ("up", "down", "gate", "gate_up")))
+    return frozenset(cpu)

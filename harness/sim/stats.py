@@ -50,7 +50,7 @@ from math import comb, log2
 import numpy as np
 import pandas as pd
 
-from engine.trace import RoutingTrace, expert_counts, require_order
+from engine.trace import RoutingTrace, distinct_per_pass, expert_counts, require_order
 
 __all__ = ["trace_stats", "format_stats", "previous_token", "popularity", "route_digest", "STAT_COLUMNS",
            "POPULARITY_COLUMNS"]
@@ -116,23 +116,6 @@ def trace_stats(trace: RoutingTrace) -> pd.DataFrame:
 def _jaccard_random(E: int, k: int) -> float:
     """E[c / (2k - c)], c = |S ∩ S'| of two independent uniform k-subsets of E (hypergeometric)."""
     return sum(comb(k, c) * comb(E - k, k - c) / comb(E, k) * c / (2 * k - c) for c in range(k + 1))
-
-
-def distinct_per_pass(trace: RoutingTrace) -> tuple[np.ndarray, np.ndarray]:
-    """float [L] each: the mean distinct experts per forward pass, over decode passes (one token per
-    sequence) and over prefill passes (more than one); NaN where there is no such pass."""
-    N, L = trace.n_tokens, trace.n_layers
-    step = trace.step if trace.step is not None else np.arange(N)
-    seq = trace.sequence if trace.sequence is not None else np.zeros(N, dtype=np.int64)
-    decode: list[list[int]] = [[] for _ in range(L)]
-    prefill: list[list[int]] = [[] for _ in range(L)]
-    bounds = np.flatnonzero(np.diff(step)) + 1                         # passes: runs of equal step
-    for rows in np.split(np.arange(N), bounds) if N else []:
-        one_each = len(np.unique(seq[rows])) == len(rows)
-        for l in range(L):
-            (decode if one_each else prefill)[l].append(len(np.unique(trace.experts[rows, l, :])))
-    mean = lambda xs: float(np.mean(xs)) if xs else np.nan            # noqa: E731
-    return np.array([mean(x) for x in decode]), np.array([mean(x) for x in prefill])
 
 
 def route_digest(trace: RoutingTrace) -> str:

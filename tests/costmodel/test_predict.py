@@ -331,3 +331,26 @@ def test_cache_replay_equals_the_engine_on_the_same_routing(policy, capacity):
     eb = preset("tiny-mixtral").expert_params * 4
     p = predict("tiny-mixtral", spec, SHAPE, "rtx4090-pcie4-x16", routing=routing)
     assert p.phases["decode"].h2d_bytes == measured["decode"]["h2d_bytes"] == measured["decode"]["expert_misses"] * eb
+
+
+def test_first_n_against_last_n_follows_the_layers_working_sets():
+    """A trace whose first MoE layer spreads a prefill over all 8 experts and whose last uses 2:
+    the CPU reads each distinct expert once per pass, so putting the last layer on the CPU
+    (last_n) predicts a faster prefill than the first (first_n); a decode token routes to top-k
+    experts in either layer, so decode predicts the same."""
+    from engine.trace import RoutingTrace
+    cfg = preset("tiny-mixtral")
+    N, L, k, E = 256, cfg.n_moe_layers, cfg.top_k, cfg.n_experts
+    rng = np.random.default_rng(0)
+    experts = np.stack([rng.permutation(E)[:k] for _ in range(N * L)]).reshape(N, L, k)
+    experts[:, -1, :] = rng.permutation(2)[None, :].repeat(N, axis=0)     # the last layer: experts 0 and 1
+    trace = RoutingTrace(experts.astype(np.int32), {"n_experts": E, "expert_bytes": cfg.expert_bytes(4)},
+                         step=np.zeros(N, dtype=np.int32), sequence=np.zeros(N, dtype=np.int32))
+    shape = WorkloadShape(context_tokens=128, gen_tokens=8, turn_tokens=16)
+    got = {which: predict(cfg, "hybrid", shape, "rtx4090-pcie4-x16", placement_options={
+        "n_cpu_layers": 1, "cpu_layers": which}, routing=Routing.from_trace(trace)) for which in ("first_n", "last_n")}
+    first, last = (got[w].phases["prefill_fresh"] for w in ("first_n", "last_n"))
+    cpu = lambda p: p.spent_s["host RAM bandwidth"] + p.spent_s["CPU compute"]     # noqa: E731
+    assert cpu(last) < cpu(first) and first.spent_s["host RAM bandwidth"] > 0
+    assert last.time_s < first.time_s
+    assert got["last_n"].phases["decode"].time_s == pytest.approx(got["first_n"].phases["decode"].time_s, rel=0.05)

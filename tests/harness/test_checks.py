@@ -250,9 +250,11 @@ def test_transformers_runs_the_second_wave_presets(tmp_path, model):
 def test_load_rows_carry_the_settings_columns_every_other_row_has(tmp_path):
     """Tables and comparisons tell configs apart by these columns: a load row without them would
     pool `placement.n_cpu_layers=0` with `=2` (its placement_options null on both)."""
-    out, df = job(tmp_path, "placement=hybrid", "placement.n_cpu_layers=1", "run.repeats=1", "run.ablation=false", *SMALL)
+    out, df = job(tmp_path, "placement=hybrid", "placement.n_cpu_layers=1", "placement.cpu_layers=last_n",
+                  "run.repeats=1", "run.ablation=false", *SMALL)
     assert out.error is None, out.error
-    cols = ["placement_options", "ubatch", "token_source", "resolved_capacity", "expert_cache_mode", "threads"]
+    assert set(df.placement_map) == {"GGGC"}           # the last layer's experts on the CPU
+    cols = ["placement_options", "placement_map", "ubatch", "token_source", "resolved_capacity", "expert_cache_mode", "threads"]
     load, decode = df[df.phase == "load"], df[(df.phase == "decode") & (df.profiler == "none")]
     assert len(load) and load[[c for c in cols if c != "resolved_capacity"]].notna().all().all()   # no cache: null
     assert load[cols].drop_duplicates().values.tolist() == decode[cols].drop_duplicates().values.tolist()

@@ -118,7 +118,8 @@ def test_a_sweep_is_one_row_per_job_at_the_hit_rate_it_gives():
     assert fetch[0.9]["decode_tok_s"] > fetch[0.5]["decode_tok_s"]
     assert fetch[0.9]["prefill_tok_s"] == fetch[0.5]["prefill_tok_s"]     # the rate is decode's; prefill's simulated
     hybrid = [r for r in rows if r["placement"] == "hybrid"]
-    assert all("hit_rate" not in r["inputs"] and r["options"] == {"n_cpu_layers": 16} for r in hybrid)
+    assert all("hit_rate" not in r["inputs"] and r["options"]["n_cpu_layers"] == 16
+               and r["options"]["cpu_layers"] == "first_n" for r in hybrid)
 
 
 @pytest.mark.slow

@@ -125,6 +125,20 @@ def test_knobs_are_sweep_axes_in_one_table_beside_our_hybrid(tmp_path):
     assert len(table.strip().splitlines()) == 1 + 6
 
 
+def test_a_last_n_map_is_the_same_on_both_engines(tmp_path):
+    """engine.cpu_layers=last_n becomes llama.cpp's -ot list for the last layer; ours runs the same
+    map as placement.cpu_layers=last_n; both rows say GGGC."""
+    lean = [*SMALL, "run.passes=[speed]", "run.sweep_id=map"]
+    cli(["-m", *lean, "engine.n_gpu_layers=all", "engine.n_cpu_moe=1", "engine.cpu_layers=last_n"], tmp_path)
+    cli(["-m", "placement=hybrid", "placement.n_cpu_layers=1", "placement.cpu_layers=last_n", "run.resume=add",
+         *[a for a in lean if a != "engine=llamacpp"]], tmp_path)
+    df = results.load(tmp_path / "results" / "sweeps" / "map" / results.SWEEP_TABLE)
+    assert (df.status == "ok").all() and set(df.engine) == {"llamacpp", "moebench"}
+    assert set(df.placement_map) == {"GGGC"}
+    ll = df[df.engine == "llamacpp"].iloc[0]
+    assert ll.override_tensor == r"blk\.3\.ffn_(up|down|gate|gate_up)_(ch|)exps=CPU" and ll.n_cpu_moe is None
+
+
 def test_unsupported_knobs_fail_before_any_server_starts(tmp_path):
     proc = cli([*SMALL, "engine.cache_type_k=q9_9"], tmp_path, check=False)
     assert proc.returncode == 1

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.llamacpp.flags import CPU_MOE_OVERRIDE, DEFAULTS, EXACT, FlagError, LlamaFlags, help_spec, kv_treatment
+from harness.llamacpp.flags import (CPU_MOE_OVERRIDE, DEFAULTS, EXACT, FlagError, LlamaFlags, cpu_expert_layers,
+                                    cpu_layers_override, help_spec, kv_treatment)
 
 
 def test_argv_spelling_server_and_bench():
@@ -91,3 +92,17 @@ def test_llamacpp_maps_kv_dtype_to_cache_types():
         kv_treatment(EXACT, "q8", {"cache_type_k": "f32"})
     with pytest.raises(FlagError, match=r"engine.flash_attn=off was given"):
         kv_treatment(EXACT, "q4", {"flash_attn": "off"})
+
+
+def test_the_cpu_layers_of_each_flag():
+    """Which layers' experts stay on the CPU, as llama.cpp reads its flags (no launch needed)."""
+    assert cpu_expert_layers(EXACT, 6) is None                                   # -ngl auto: decided at load
+    full = EXACT.replace(n_gpu_layers="all")
+    assert cpu_expert_layers(full, 6) == frozenset()
+    assert cpu_expert_layers(full.replace(n_cpu_moe=2), 6) == {0, 1}
+    assert cpu_expert_layers(full.replace(cpu_moe=True), 6) == set(range(6))
+    assert cpu_expert_layers(full.replace(override_tensor=cpu_layers_override([1, 4])), 6) == {1, 4}
+    assert cpu_expert_layers(EXACT.replace(n_gpu_layers=4), 6) == {0, 1}            # the last 4 offloaded
+    # one layer's pattern matches that layer only (blk.1 is not blk.10)
+    assert cpu_expert_layers(full.replace(override_tensor=cpu_layers_override([1])), 12) == {1}
+    assert cpu_expert_layers(full.replace(override_tensor=("attn=CPU",)), 6) == frozenset()
