@@ -55,6 +55,7 @@ through these modes.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,7 +66,7 @@ import numpy as np
 from engine.config import ModelConfig, preset
 from engine.dtypes import dtype_bytes
 from engine.placements import PlacementTraits
-from engine.planner import plan_memory
+from engine.planner import PlanError, plan_memory
 from harness.contract import session_tokens
 from harness.costmodel.profiles import HardwareProfile, Overheads, load_profile
 from harness.costmodel.work import (EVENTS, PhaseWork, PlacementSpec, Routing, WorkloadShape, apply_counts,
@@ -228,17 +229,28 @@ def predict(model: str | ModelConfig, placement: str | PlacementSpec, shape: Wor
                 apply_hit_rate(work[phase], float(h))
     ovh = overheads if overheads is not None else hw.overheads
     phases = {ph: estimate_phase(cfg, w, hw, dtype, spec, overlap, ovh) for ph, w in work.items()}
-    planned = planned_bytes(cfg, spec, shape, dt)
-    fits = None if hw.device_memory_gib is None else planned <= hw.device_memory_gib * 2**30
+    budget = None if hw.device_memory_gib is None else int(hw.device_memory_gib * 2**30)
+    planned, fits = planned_bytes(cfg, spec, shape, dt, budget)
     return Prediction(name, cfg, spec, shape, hw, dtype, label, overlap, phases, planned, fits)
 
 
-def planned_bytes(cfg: ModelConfig, spec: PlacementSpec, shape: WorkloadShape, dtype_bytes: int) -> int:
-    """Device bytes the engine's planner would reserve for this run (no budget, no reserve)."""
+def planned_bytes(cfg: ModelConfig, spec: PlacementSpec, shape: WorkloadShape, dtype_bytes: int,
+                  budget: int | None = None) -> tuple[int, bool | None]:
+    """Device bytes the engine's planner would reserve for this run (no budget, no reserve), and
+    the planner's verdict on `budget` (None: no verdict) -- with the reserve it keeps from a budget,
+    the verdict `moebench plan` gives, so the what-if and the plan never disagree on "fits"."""
     context = session_tokens(shape.context_tokens, shape.gen_tokens, shape.turn_tokens)
-    plan = plan_memory(cfg, spec.name, spec.capacity if spec.uses_cache else None, None, context, shape.batch,
-                       shape.ubatch, dtype_bytes, dict(spec.options), kv_dtype=shape.kv_dtype)
-    return plan.total
+    plan = functools.partial(plan_memory, cfg, spec.name, spec.capacity if spec.uses_cache else None,
+                             context=context, batch=shape.batch, ubatch=shape.ubatch, dtype_bytes=dtype_bytes,
+                             placement_options=dict(spec.options), kv_dtype=shape.kv_dtype)
+    total = plan(budget=None).total
+    if budget is None:
+        return total, None
+    try:
+        plan(budget=budget)
+    except PlanError:
+        return total, False
+    return total, True
 
 
 def what_if(model: str | ModelConfig, placement: str | PlacementSpec, shape: WorkloadShape,
