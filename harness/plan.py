@@ -161,6 +161,70 @@ def job_plan(spec: RunSpec) -> MemoryPlan | None:
     return plan_of(spec)
 
 
+@dataclass(frozen=True)
+class HostPlan:
+    """What stays in host RAM for a job (`terms`: printout line, bytes) against the host's RAM
+    (hardware.host_memory_gib; None: not given, so no verdict). Weights that do not fit are paged
+    in from disk as they are touched (an mmap'd checkpoint), which the prediction bounds by
+    hardware.disk_read_gbps."""
+
+    terms: tuple[tuple[str, int], ...]
+    budget: int | None
+    expert_bytes: int               # the routed experts' share of the terms (what a decode step pages)
+
+    @property
+    def total(self) -> int:
+        return sum(b for _, b in self.terms)
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.budget is None else self.total <= self.budget
+
+    @property
+    def paged_fraction(self) -> float:
+        """The share of the host-held experts that RAM cannot hold (0 when it fits or is unknown)."""
+        if not self.fits and self.budget is not None and self.expert_bytes:
+            return min(1.0, (self.total - self.budget) / self.expert_bytes)
+        return 0.0
+
+    def lines(self) -> list[str]:
+        w = max(40, *(len(name) for name, _ in self.terms)) if self.terms else 40
+        out = [f"  {name:<{w}} {fmt_bytes(b):>12}" for name, b in self.terms]
+        out.append(f"  {'= total':<{w}} {fmt_bytes(self.total):>12}")
+        if self.budget is None:
+            out.append(f"  {'host RAM':<{w}} {'unknown':>12}  (hardware.host_memory_gib: no host verdict)")
+        else:
+            out.append(f"  {'host RAM':<{w}} {fmt_bytes(self.budget):>12}")
+            if not self.fits:
+                out.append(f"  does not fit the host RAM: {fmt_bytes(self.total - self.budget)} over; "
+                           f"{self.paged_fraction:.0%} of the host-held experts page in from disk as they are "
+                           "touched (predict bounds decode by hardware.disk_read_gbps)")
+        return out
+
+
+def host_plan(spec: RunSpec, placement: str | None = None, options: dict[str, Any] | None = None,
+              device_plan: MemoryPlan | None = None) -> HostPlan:
+    """What the job keeps in host RAM: the routed experts its placement leaves on the host (the
+    CPU layers', or every layer's store a device cache copies from), the session's KV offloaded
+    for the restored turn, and the reference model when run.check_reference loads one."""
+    name = placement or spec.placement
+    opts = spec.placement_options if placement is None else (options or {})
+    cfg = spec.planned_config
+    dt = dtype_bytes(cfg.torch_dtype if spec.model.dtype == "auto" else spec.model.dtype)
+    tr = PLACEMENTS.get(name).traits(cfg, opts)
+    held = [layer for layer in cfg.moe_layers if tr.copies_experts or layer in tr.cpu_layers]
+    per_layer = cfg.n_experts * cfg.expert_bytes(dt)
+    terms = [(f"experts on the host [{name}] ({len(held)} of {cfg.n_moe_layers} MoE layers)", len(held) * per_layer)]
+    if device_plan is not None:
+        terms.append(("KV offloaded (the restored turn)", device_plan.kv))
+    if spec.run.check_reference:
+        arch = cfg.architecture()
+        non_expert = arch.non_expert_bytes(dt) if cfg.weight_bytes is None else cfg.weight_bytes.non_expert
+        terms.append(("reference model (run.check_reference)", non_expert + cfg.n_moe_layers * per_layer))
+    gib = spec.hardware.host_memory_gib
+    return HostPlan(tuple(terms), None if gib is None else int(gib * (1 << 30)), len(held) * per_layer)
+
+
 @dataclass
 class Verdict:
     fits: bool
@@ -208,6 +272,8 @@ def report(spec: RunSpec) -> tuple[bool, str]:
     lines = [_header(spec), v.message]
     if v.plan is not None and spec.capacity == "auto":
         lines.append(f"cache.capacity=auto -> {v.plan.capacity} expert slots per MoE layer")
+    if v.plan is not None:
+        lines += ["host memory plan:", *host_plan(spec, device_plan=v.plan).lines()]
     lines.append("every registered placement at this context and budget (its default options):")
     width = max(map(len, PLACEMENTS.names()))
     for name, other in registered_verdicts(spec):

@@ -29,10 +29,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from engine.devices import fmt_bytes
+from engine.dtypes import dtype_bytes
 from engine.registry import PLACEMENTS
 from harness.config import BAD_CONFIG, ConfigError, RunSpec, config_error_line, validate
 from harness.predict_inputs import Job
-from harness.plan import Verdict, budget_of, composer, compose_once, expand, registered_verdicts, verdict
+from harness.plan import (Verdict, budget_of, composer, compose_once, expand, host_plan, registered_verdicts,
+                          verdict)
 
 if TYPE_CHECKING:
     from harness.costmodel import HardwareProfile, Routing
@@ -126,11 +128,38 @@ def row_of(job: Job, c: Candidate, hw: HardwareProfile, routing: Routing) -> dic
         if est is not None:
             row["bound"][k] = est.bound
             row["spent_s"][k] = {r: _num(s) for r, s in est.spent_s.items()}
+    _host_bound(row, job, c, hw, decode)
     if uses_cache and decode is not None and decode.expert_hits + decode.expert_misses > 0:
         row["hit_rate"] = _num(decode.expert_hits / (decode.expert_hits + decode.expert_misses))
         if job.hit_rate is None:                     # the synthetic trace's, as replayed
             row["inputs"]["hit_rate"]["value"] = row["hit_rate"]
     return row
+
+
+def _host_bound(row: dict[str, Any], job: Job, c: Candidate, hw: HardwareProfile, decode: Any) -> None:
+    """Host RAM as a budget (harness.plan.host_plan): when what stays on the host does not fit, the
+    experts RAM cannot hold page in from disk as a decode step touches them, so decode is bounded
+    by hardware.disk_read_gbps (bound `disk`); without that figure decode has no figure."""
+    hp = host_plan(job.spec, c.name, c.options, c.verdict.plan)
+    row.update(host_bytes=hp.total, host_budget_bytes=hp.budget, host_fits=hp.fits)
+    if hp.fits is not False or decode is None or decode.tokens == 0:
+        return
+    cfg = job.spec.planned_config
+    cpu = len(PLACEMENTS.get(c.name).traits(cfg, c.options).cpu_layers)
+    per_token = (decode.h2d_bytes / decode.tokens                           # copies a device cache makes
+                 + cfg.top_k * cpu * cfg.expert_bytes(dtype_bytes(job.spec.dtype)))   # CPU layers' reads
+    paged = hp.paged_fraction * per_token
+    if hw.disk_read_gbps is None:
+        row.update(decode_tok_s=None, reason=f"host RAM does not hold what stays on the host ({hp.total / 2**30:.1f} "
+                                             f"GiB > {hp.budget / 2**30:.1f} GiB): decode pages experts from disk; "
+                                             "set hardware.disk_read_gbps to bound it")
+        row["bound"]["decode"] = None
+        return
+    disk_s = paged / (hw.disk_read_gbps * 1e9)                                 # per token
+    if disk_s * decode.tokens > decode.time_s:
+        row["decode_tok_s"] = _num(1 / disk_s)
+        row["bound"]["decode"] = "disk"
+        row["spent_s"]["decode"] = {**(row["spent_s"]["decode"] or {}), "disk": _num(disk_s * decode.tokens)}
 
 
 def blank_row(overrides: list[str], **known: Any) -> dict[str, Any]:
@@ -139,7 +168,7 @@ def blank_row(overrides: list[str], **known: Any) -> dict[str, Any]:
         "model": None, "placement": None, "options": {}, "fits": False, "plan_bytes": None, "budget_bytes": None,
         "context_tokens": None, "dtype": None, "prefill_tok_s": None, "ttft_s": None, "decode_tok_s": None,
         "hit_rate": None, "bound": {"prefill": None, "decode": None}, "spent_s": {"prefill": None, "decode": None},
-        "reason": None, "overrides": overrides, "inputs": {}}
+        "host_bytes": None, "host_budget_bytes": None, "host_fits": None, "reason": None, "overrides": overrides, "inputs": {}}
     return {**row, **known}
 
 
@@ -206,6 +235,9 @@ def human(blocks: list[tuple[Job, list[dict[str, Any]], list[str]]]) -> str:
                 out.append(f"  {r['placement']}: {r['reason']}")
             elif "hit_rate_source" in r["inputs"]:
                 out.append(f"  {r['placement']}: decode hit rate from {r['inputs']['hit_rate_source']}")
+            if r["host_fits"] is False and r["bound"]["decode"] == "disk":
+                out.append(f"  {r['placement']}: host RAM holds {fmt_bytes(r['host_budget_bytes'])} of "
+                           f"{fmt_bytes(r['host_bytes'])} it keeps there: decode pages experts from disk")
         out += [f"  not applicable: {s}" for s in skipped]
     return "\n".join(out)
 

@@ -106,7 +106,7 @@ def inputs_of(job: Job, hw: HardwareProfile | None, placement: str, options: dic
         dt = spec.dtype
         traits = PLACEMENTS.get(placement).traits(spec.model_config, options)
         figures = [("h2d_gbps", "GB/s", None), ("device_mem_gbps", "GB/s", None), ("device_tflops", "TFLOP/s", dt),
-                   ("device_gemv_gbps", "GB/s", dt)]
+                   ("device_gemv_gbps", "GB/s", dt), ("host_memory_gib", "GiB", None), ("disk_read_gbps", "GB/s", None)]
         if traits.uses_cpu:
             figures += [("d2h_gbps", "GB/s", None), ("cpu_mem_gbps", "GB/s", None), ("cpu_gflops", "GFLOP/s", dt),
                         ("cpu_gemv_gbps", "GB/s", dt)]

@@ -148,6 +148,8 @@ class HardwareConf:
     device_memory_gib: Optional[float] = None
     cpu_gflops: Optional[float] = None       # CPU matmul GFLOP/s (all cores) at the profile's dtype
     cpu_mem_gbps: Optional[float] = None     # host RAM bandwidth GB/s
+    host_memory_gib: Optional[float] = None  # host RAM: what stays on the host must fit it (harness.plan.host_plan)
+    disk_read_gbps: Optional[float] = None   # read rate of the disk the weights are on: what pages in when RAM does not hold them
     dtype: Optional[str] = None              # dtype device_tflops and cpu_gflops are for
     # the dtype-dependent figures of other dtypes (and GEMV weight-read GB/s), per dtype name:
     # {bfloat16: {device_tflops: .., cpu_gflops: .., device_gemv_gbps: .., cpu_gemv_gbps: ..}}

@@ -33,7 +33,7 @@ run's dtype; a figure the profile does not give for that dtype is refused (`requ
 naming the figure and the dtype) -- never borrowed from another dtype. The GEMV figures are
 optional: without one the weight-read roof is the memory bandwidth (dtype-independent).
 
-Units: GB/s and GFLOP/s are decimal (1e9), TFLOP/s 1e12, device_memory_gib binary (2**30).
+Units: GB/s and GFLOP/s are decimal (1e9), TFLOP/s 1e12, device_memory_gib and host_memory_gib binary (2**30).
 """
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ OVERHEADS_SUFFIX = ".overheads.json"
 SOURCES = ("datasheet", "measured")
 CONF_FIELDS = tuple(f.name for f in dataclasses.fields(HardwareConf))
 NUMERIC_FIELDS = ("h2d_gbps", "d2h_gbps", "device_tflops", "device_mem_gbps", "device_memory_gib", "cpu_gflops",
-                  "cpu_mem_gbps")
+                  "cpu_mem_gbps", "host_memory_gib", "disk_read_gbps")
 # the dtype-dependent figures (dtype_rates entries); the first two are also plain fields, at `dtype`
 RATE_FIGURES = ("device_tflops", "cpu_gflops", "device_gemv_gbps", "cpu_gemv_gbps")
 PLAIN_RATES = ("device_tflops", "cpu_gflops")
@@ -139,6 +139,8 @@ class HardwareProfile:
     device_memory_gib: float | None = None
     cpu_gflops: float | None = None
     cpu_mem_gbps: float | None = None
+    host_memory_gib: float | None = None
+    disk_read_gbps: float | None = None
     dtype: str | None = None
     dtype_rates: dict[str, dict[str, float]] | None = None
     notes: str | None = None
