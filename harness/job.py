@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from omegaconf import DictConfig
 
+from engine.registry import PLACEMENTS
 from harness import results
 from harness.contract import PREFIX_CACHE
 from harness.dtype_speed import dtype_speed
@@ -177,7 +178,8 @@ def load_engine(job: Job, spec: RunSpec, sample: WorkloadSample, reference: Refe
     job.emit(0, "load", {"time_s": eng.load_s if loaded else None}, "engine", model_load=model_load,
              expert_cache="cold")
     known = dict(ubatch=spec.workload.ubatch, token_source=sample.token_source,
-                 resolved_capacity=eng.resolved_capacity, placement_options=repr(spec.placement_options),
+                 resolved_capacity=eng.resolved_capacity, placement_options=repr(PLACEMENTS.get(spec.placement).recorded_options(
+                     spec.placement_options)),
                  placement_map=eng.placement_map(), expert_cache_mode=spec.run.expert_cache)
     knobs = dict(eng.knobs())                   # an engine's own knobs (llama.cpp's -ngl, -ub, -t ...)
     knobs.pop("kv_dtype", None)                 # the factor column names the kv.dtype treatment; llama.cpp's

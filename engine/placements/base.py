@@ -130,6 +130,16 @@ class Placement(ABC):
     def check_model(cls, cfg: ModelConfig, options: dict[str, Any]) -> None:
         """Raise ValueError naming the option when these options cannot apply to this model."""
 
+    # options added after rows first recorded this placement's options, with the default that keeps
+    # the earlier behaviour: at that default they are left out of the `placement_options` column,
+    # so a row of today and a baseline from before name the same configuration alike
+    added_options: ClassVar[dict[str, Any]] = {}
+
+    @classmethod
+    def recorded_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """The options as the `placement_options` column records them (added_options)."""
+        return {k: v for k, v in options.items() if k not in cls.added_options or cls.added_options[k] != v}
+
     @classmethod
     def describe(cls, options: dict[str, Any]) -> str:
         """A few words for these options where a figure or a table names a configuration

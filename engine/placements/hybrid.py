@@ -71,6 +71,7 @@ def working_set_ranking(cfg: ModelConfig, path: str) -> list[int]:
 class Hybrid(Placement):
     name = "hybrid"
     Options = HybridOptions
+    added_options = {"cpu_layers": "first_n", "working_set_trace": None}
 
     def __init__(self, ctx: Any, **options: Any) -> None:
         super().__init__(ctx, **options)

@@ -38,8 +38,7 @@ DEVICE_COLUMNS = ["device_kind", "device_name", "emulated"]
 # the columns that tell one configuration from another beside the factors: a cache given in bytes
 # (cache_capacity "bytes"), placement options, the micro-batch, the token source, the expert-cache
 # start, the thread count; then every registered engine's knob columns (CONFIG_COLUMNS)
-JOB_COLUMNS = ("cache_capacity_bytes", "placement_options", "placement_map", "ubatch", "token_source",
-               "expert_cache_mode", "threads")
+JOB_COLUMNS = ("cache_capacity_bytes", "placement_options", "ubatch", "token_source", "expert_cache_mode", "threads")
 REQUIRED_COLUMNS = ROW_COLUMNS + FACTOR_COLUMNS + DEVICE_COLUMNS
 
 STATUSES = ("ok", "failed")

@@ -77,7 +77,7 @@ def test_unknown_policy_lists_known():
 
 
 def test_unknown_placement_option():
-    with pytest.raises(TypeError, match=r"unknown option\(s\) \['n_cpu_layer'\]; allowed: \['n_cpu_layers'\]"):
+    with pytest.raises(TypeError, match=r"unknown option\(s\) \['n_cpu_layer'\]; allowed: \['n_cpu_layers', 'cpu_layers', 'working_set_trace'\]"):
         Engine.from_pretrained("tiny-mixtral", device="cpu", placement="hybrid", n_cpu_layer=2)
 
 
