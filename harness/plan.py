@@ -139,14 +139,14 @@ def plan_of(spec: RunSpec, placement: str | None = None, options: dict[str, Any]
 
 
 def _engine():
+    """The engine registry, imported when asked: `moebench plan` loads no adapter it does not use."""
     from harness.engines.registry import ENGINES
     return ENGINES
 
 
 def _plans_memory(spec: RunSpec) -> bool:
     """The job's engine plans device memory with engine.planner (under the job's kv.dtype)."""
-    from harness.engines.registry import ENGINES
-    return ENGINES.get(spec.engine).memory_plan
+    return _engine().get(spec.engine).memory_plan
 
 
 def job_plan(spec: RunSpec) -> MemoryPlan | None:
