@@ -46,6 +46,8 @@ QUALITY_TABLE = (("kl_div_mean", "KL mean nat", "{:.2e}", 1), ("kl_div_max", "KL
                  ("top1_agreement", "top-1 agr.", "{:.3f}", 1), ("ppl_ratio", "ppl ratio", "{:.5f}", 1),
                  ("max_abs_logit_diff", "max|Δlogit|", "{:.1e}", 1), ("token_agreement", "token agr.", "{:.3f}", 1),
                  ("quality_positions", "positions", "{:.0f}", 1))
+PREDICTION_TABLE = (("predicted_tok_per_s", "predicted tok/s", "{:.1f}", 1),
+                    ("prediction_residual", "measured/pred. - 1", "{:+.2f}", 1))
 ABLATION_METRICS = (("exposed_copy_ablation_s", "ablation s", "{:.4f}", 1),
                     ("exposed_copy_ablation_ci_low_s", "95% low", "{:.4f}", 1),
                     ("exposed_copy_ablation_ci_high_s", "95% high", "{:.4f}", 1))
@@ -143,7 +145,8 @@ class Reporter:
         """Per job: the speed table (median, min-max, n over un-instrumented repeats, per phase,
         flagged repeats excluded), its reference check and flagged repeats, the transfer table
         from the instrumented timeline pass when present, the paired ablation, the quality pass
-        against the exact reference, and every failed job or pass with its error."""
+        against the exact reference, the cost model's prediction beside the measurement, and every
+        failed job or pass with its error."""
         if self.quiet or df.empty:
             return
         from harness.checks import job_checks
@@ -169,19 +172,21 @@ class Reporter:
                 self.console.print(self._table("paired copy ablation: this placement minus every expert resident "
                                                "(median difference; 95% interval of the sign-flip test, from 6 pairs)",
                                                abl, ABLATION_METRICS, spread=False))
-        timeline = df[(df["status"] == "ok") & (df.get("profiler", pd.Series(index=df.index)) == "timeline")]
-        for job_id, job in timeline.groupby("job_id", sort=False):
+        for job_id, job, tl in _pass_rows(df, "timeline"):
             caption = "transfers (timeline pass, instrumented)"
             if bool(job["emulated"].iloc[0]):
                 caption += f" -- {EMULATED_OVERLAP_NOTE}"
-            tl = spread_table(job.assign(profiler="none"))
             self.console.print(self._table(f"job {job_id} {caption}", tl, TRANSFER_METRICS, spread=False))
-        quality = df[(df["status"] == "ok") & (df.get("profiler", pd.Series(index=df.index)) == "quality")]
-        for job_id, job in quality.groupby("job_id", sort=False):
-            q = spread_table(job.assign(profiler="none"))
+        for job_id, job, q in _pass_rows(df, "quality"):
             if q["median"].notna().any():
                 self.console.print(self._table(f"job {job_id} quality vs the exact reference (kv_dtype="
                                                f"{job['kv_dtype'].iloc[0]})", q, QUALITY_TABLE, spread=False))
+        for job_id, job, p in _pass_rows(df, "prediction"):
+            if p["median"].notna().any():
+                self.console.print(self._table(f"job {job_id} predicted by the cost model (profile "
+                                               f"{job['prediction_profile'].iloc[0]}, "
+                                               f"{job['prediction_routing'].iloc[0]} routing)", p, PREDICTION_TABLE,
+                                               spread=False))
         failed = df[df["status"] == "failed"]
         for _, row in failed.iterrows():
             self.console.print(Text(f"job {row['job_id']} failed ({row['phase']}): {row.get('error')}", style="red"))
@@ -349,3 +354,10 @@ class _ProgressLines:
     def __rich_console__(self, console: Console, options: Any) -> Iterator[Text]:
         for line in self.sweep.status_lines(options.max_width):
             yield Text(line, no_wrap=True, overflow="crop")
+
+
+def _pass_rows(df: pd.DataFrame, profiler: str):
+    """(job id, its ok rows of a pass's `profiler` label, their spread table) per job that has some."""
+    rows = df[(df["status"] == "ok") & (df.get("profiler", pd.Series(index=df.index)) == profiler)]
+    for job_id, job in rows.groupby("job_id", sort=False):
+        yield job_id, job, spread_table(job.assign(profiler="none"))

@@ -94,7 +94,7 @@ def assumptions(spec: RunSpec, counted: bool) -> str:
     return "; ".join(parts)
 
 
-def _profile(spec: RunSpec):
+def machine_profile(spec: RunSpec):
     """(the job's hardware figures when it gives measured rates, True) else (this machine's
     calibration, False), or (None, False)."""
     from harness.costmodel.profiles import ProfileError, load_profile, profile_from_dict, profile_path
@@ -115,20 +115,18 @@ def roofline(spec: RunSpec, counts: dict[str, dict[str, float]], capacity: int |
     """The bound of each measured phase for this job, given its measured cache counts per phase, its
     resolved cache capacity and its intra-op `threads` (the machine's read bandwidth is measured
     at that count, unless the job gives its hardware figures; None: the profile's read figures)."""
-    from harness.costmodel import WorkloadShape, predict
+    from harness.costmodel import predict
+    from harness.predict_inputs import shape_of
     from harness.costmodel.profiles import Overheads, ProfileError
 
     try:
-        profile, given = _profile(spec)
+        profile, given = machine_profile(spec)
     except (ProfileError, ValueError) as exc:
         return Roofline(None, reason=f"the hardware figures are unusable: {exc}")
     if profile is None:
         return Roofline(None, reason="no measured rates for this machine: run `moebench calibrate` "
                                      "(writes conf/hardware/measured.yaml) or give hardware=<a measured profile>")
-    w = spec.workload
-    shape = WorkloadShape(context_tokens=w.context_tokens, gen_tokens=w.gen_tokens, batch=w.batch,
-                          turn_tokens=w.turn_tokens, ubatch=w.ubatch, kv_dtype=spec.kv_dtype)
-    dtype = spec.model_config.torch_dtype if spec.model.dtype == "auto" else spec.model.dtype
+    shape, dtype = shape_of(spec), spec.dtype
     read, method = None, GIVEN if given else f"profile {profile.name!r}'s figures"
     if threads is not None and not given:
         read = machine_read(threads)

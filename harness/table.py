@@ -32,6 +32,7 @@ from harness.order import natural_key
 from harness.results import CONFIG_COLUMNS
 
 FORMATS = ("md", "csv", "json", "latex")
+PREDICTION = "prediction"          # the prediction pass's rows (harness.passes.prediction)
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,13 @@ COLUMNS = (Column("pp tok/s", "prefill_fresh", "tok_per_s", "client", fmt=".1f")
            # the quality pass against the exact reference (0 and 1 for an exact run; null with its
            # reason where the pass did not run or the engine gives no per-position logits)
            Column("KL mean", QUALITY_PHASE, "kl_div_mean", "engine", fmt=".2e", profiler=QUALITY_PHASE),
-           Column("top-1 agr.", QUALITY_PHASE, "top1_agreement", "engine", profiler=QUALITY_PHASE))
+           Column("top-1 agr.", QUALITY_PHASE, "top1_agreement", "engine", profiler=QUALITY_PHASE),
+           # the prediction pass: the cost model's figure for the job's own config on this machine's
+           # calibrated profile, and measured / predicted - 1 (shown where a profile made one)
+           Column("pred pp tok/s", "prefill_fresh", "predicted_tok_per_s", "model", fmt=".1f", profiler=PREDICTION),
+           Column("pp resid.", "prefill_fresh", "prediction_residual", "model", fmt="+.2f", profiler=PREDICTION),
+           Column("pred tg tok/s", "decode", "predicted_tok_per_s", "model", fmt=".1f", profiler=PREDICTION),
+           Column("tg resid.", "decode", "prediction_residual", "model", fmt="+.2f", profiler=PREDICTION))
 
 # per job beside the metric columns: the expert-cache slots per layer its engine resolved (what
 # cache.capacity=auto or cache.capacity_bytes came to; rows' `resolved_capacity`), the reference

@@ -133,7 +133,8 @@ RULES: dict[str, dict[str, tuple[str, ...]]] = {
                                 "harness.ablation", "harness.checks", "harness.config", "harness.job",
                                 "harness.outliers", "harness.quality", "harness.reference", "harness.report",
                                 "harness.roofline", "harness.scenario", "harness.session",
-                                "harness.sim.stats"),     # the trace pass's routing statistics
+                                "harness.sim.stats",      # the trace pass's routing statistics
+                                "harness.costmodel", "harness.predict_inputs"),   # the prediction pass's
                        "third": ("torch",)},
     # the application: configuration, runner, CLI, reports, analysis entry points
     "harness": {"ours": ("harness", "engine", "workloads"),
@@ -141,7 +142,7 @@ RULES: dict[str, dict[str, tuple[str, ...]]] = {
                           "IPython")},
     # measurements and reports of their own; they may use anything moebench has
     "benchmarks": {"ours": ("engine", "harness", "workloads"),
-                   "third": (*SCIENCE, "torch", "transformers", "hydra", "pytest", "pytest_benchmark")},
+                   "third": (*SCIENCE, "torch", "transformers", "hydra", "pytest", "pytest_benchmark", "yaml")},
 }
 
 # Known exceptions to the lists, each with why, kept until its import goes (none today).

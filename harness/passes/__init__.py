@@ -24,12 +24,13 @@ from typing import Any
 
 from engine.registry import Registry, UnknownPluginError
 
-DEFAULT_PASSES: tuple[str, ...] = ("speed", "quality", "roofline", "timeline", "trace", "torch_profile", "nsys",
-                                   "ablation")
+DEFAULT_PASSES: tuple[str, ...] = ("speed", "quality", "roofline", "prediction", "timeline", "trace", "torch_profile",
+                                   "nsys", "ablation")
 PASSES = Registry("pass", "moebench.passes", {
     "speed": "harness.passes.speed:SpeedPass",
     "quality": "harness.passes.quality:QualityPass",
     "roofline": "harness.passes.roofline:RooflinePass",
+    "prediction": "harness.passes.prediction:PredictionPass",
     "timeline": "harness.passes.timeline:TimelinePass",
     "trace": "harness.passes.trace:TracePass",
     "torch_profile": "harness.passes.torch_profile:TorchProfilePass",

@@ -93,6 +93,35 @@ class Pass(ABC):
         return self.profiler or self.name
 
 
+class ModelPass(Pass):
+    """A pass that puts the cost model's figure beside what speed measured (roofline, prediction):
+    it reads speed's repeats and the resolved capacity, never the engine, and applies only to an
+    engine whose placements and cache the cost model describes (its adapter's `cost_model`)."""
+
+    needs = ("speed",)
+    uses_engine = False
+
+    def skip_reason(self, ctx: RunContext) -> str | None:
+        if not ctx.adapter.cost_model:
+            return (f"engine={ctx.spec.engine}: the cost model describes this engine's placements and cache, "
+                    "which this one is not")
+        return None
+
+    @staticmethod
+    def measured(ctx: RunContext, side: str, metrics: tuple[str, ...]) -> dict[str, dict[str, float]]:
+        """phase -> metric -> the median over speed's measured repeats, of the `side` (client or
+        engine) metrics given; every phase the repeats have, with the metrics it has values of."""
+        import statistics
+        values: dict[str, dict[str, list[float]]] = {}
+        for res in ctx.measured or ():
+            for ph in res.phases:
+                got, mine = getattr(ph, side), values.setdefault(ph.phase, {})
+                for m in metrics:
+                    if got.get(m) is not None:
+                        mine.setdefault(m, []).append(got[m])
+        return {ph: {m: statistics.median(v) for m, v in d.items()} for ph, d in values.items()}
+
+
 @dataclass
 class RunContext:
     """What the passes of one job see, from the engine stop on."""

@@ -12,39 +12,21 @@ Does not own: the bound (harness.roofline, harness.costmodel), the read (harness
 """
 from __future__ import annotations
 
-import statistics
-
 from harness.contract import MEASURED_PHASES
-from harness.passes.base import Pass, RunContext
+from harness.passes.base import ModelPass, RunContext
 from harness.roofline import Roofline, frac, roofline, wrong
 
 COUNTS = ("expert_hits", "expert_misses")
 
 
-class RooflinePass(Pass):
+class RooflinePass(ModelPass):
     name = "roofline"
     summary = "the bound bytes and FLOPs put on each phase at this machine's rates; the fraction reached"
-    needs = ("speed",)
-    uses_engine = False                  # reads the measured repeats and the resolved capacity only
-
-    def skip_reason(self, ctx: RunContext) -> str | None:
-        if not ctx.adapter.cost_model:
-            return (f"engine={ctx.spec.engine}: the bound models an engine the cost model predicts (its placements "
-                    "and cache), which this one is not")
-        return None
 
     def run(self, ctx: RunContext) -> None:
-        by_phase: dict[str, dict[str, list[float]]] = {}
-        for res in ctx.measured:
-            for ph in res.phases:
-                d = by_phase.setdefault(ph.phase, {})
-                for m in COUNTS:
-                    if ph.engine.get(m) is not None:
-                        d.setdefault(m, []).append(ph.engine[m])
-                if ph.client.get("tok_per_s") is not None:
-                    d.setdefault("tok_per_s", []).append(ph.client["tok_per_s"])
-        med = {ph: {m: statistics.median(v) for m, v in d.items() if v} for ph, d in by_phase.items()}
-        counts = {ph: {m: d[m] for m in COUNTS if m in d} for ph, d in med.items()}
+        counts = self.measured(ctx, "engine", COUNTS)
+        speeds = self.measured(ctx, "client", ("tok_per_s",))
+        med = {ph: {**counts[ph], **speeds[ph]} for ph in counts}          # the same phases, both sides
         import torch                                  # loaded by the job that ran; not for --help or checks
         try:                                          # the job's threads: the runner set them
             bound = roofline(ctx.spec, {ph: c for ph, c in counts.items() if c}, ctx.adapter.resolved_capacity,

@@ -10,7 +10,6 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,6 +26,7 @@ from harness.engines import session_tokens_of
 from harness.passes import DEFAULT_PASSES, PASSES
 from harness.report import Reporter
 from harness.runner import JobContext, run_job
+from tests.cli_runner import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = ["workload=chat", "workload.context_tokens=256", "workload.gen_tokens=4", "run.repeats=1", "run.quiet=true"]
@@ -35,8 +35,7 @@ SMALL = ["workload=chat", "workload.context_tokens=256", "workload.gen_tokens=4"
 def cli(args: list[str], cwd: Path, pythonpath: str = "") -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), pythonpath) if p),
            "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=600)
+    return run_cli(args, cwd, env, timeout=600)
 
 
 def only_run(cwd: Path) -> Path:
@@ -82,12 +81,13 @@ def test_a_skipped_pass_records_its_reason_once(tmp_path):
     passes = manifest_passes(job_dir)
     assert [p["name"] for p in passes] == list(DEFAULT_PASSES)
     why = {p["name"]: p["reason"] for p in passes if p["status"] == "skipped"}
-    assert {p["name"]: p["status"] for p in passes if p["name"] not in why} == {"speed": "ran", "roofline": "ran"}
+    assert {p["name"]: p["status"] for p in passes if p["name"] not in why} == {"speed": "ran", "roofline": "ran",
+                                                                                     "prediction": "ran"}
     assert why == {"quality": "no exact reference (run.check_reference=false)", "timeline": "run.timeline=false",
                    "trace": "run.record_trace=false", "torch_profile": "run.profiler=none",
                    "nsys": "run.profiler=none", "ablation": "run.ablation=false"}
     df = results.load(job_dir)
-    assert set(df.profiler) == {"none", "quality"}
+    assert set(df.profiler) == {"none", "quality", "prediction"}
     quality = df[df.profiler == "quality"]
     assert set(quality.metric) == set(QUALITY_METRICS) and quality.value.isna().all()
     assert set(quality.quality_reason) == {why["quality"]}
@@ -107,7 +107,7 @@ def test_a_refused_list_is_a_failed_job_in_one_line(tmp_path):
 
 def test_an_unknown_repeated_or_out_of_order_list_is_refused_in_one_line():
     cases = {
-        ("run.passes=[speed,specd]",): r"run.passes: unknown pass 'specd'; allowed: ablation, nsys, quality, "
+        ("run.passes=[speed,specd]",): r"run.passes: unknown pass 'specd'; allowed: ablation, nsys, prediction, quality, "
                                        r"roofline, speed, timeline, torch_profile, trace \(third-party passes .*"
                                        r"'moebench.passes'\); got run.passes=\[speed,specd\]$",
         ("run.passes=[speed,speed]",): r"run.passes: speed is listed twice .*; got run.passes=\[speed,speed\]$",

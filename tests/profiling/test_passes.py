@@ -73,7 +73,7 @@ def test_perfetto_trace_has_expected_spans(tmp_path):
 def test_profiled_rows_never_reach_the_speed_summary(tmp_path):
     df = job(tmp_path, "placement=fetch", "cache.capacity=2", "workload=chat", "workload.context_tokens=256",
              "workload.gen_tokens=4", "run.repeats=2", "run.ablation=false", "run.profiler=torch")
-    assert set(df.profiler) == {"none", "timeline", "torch", "quality"}
+    assert set(df.profiler) == {"none", "timeline", "torch", "quality", "prediction"}
     torch_rows = df[df.source == "torch"].set_index("metric")["value"]
     assert torch_rows["main_thread_copy_bytes"] > 0 and torch_rows["memcpy_events"] > 0
     assert "cpu_copy_bytes" not in torch_rows        # the profiler sees no op of the copy worker thread
