@@ -29,6 +29,7 @@ reading a GGUF file's header (harness.gguf_header), running anything in these fo
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -191,6 +192,7 @@ class WeightBytes:
     expert_mean: float            # the mean routed expert over the MoE layers (what an average copy moves)
     label: str                    # the format, as plans and predictions print it
     source: str = "recipe"        # recipe (this module's rules) | gguf header (the file's real sizes)
+    expert_type: str | None = None  # the routed experts' type (most of their bytes): the rates a profile gives it
 
     def scale(self, dense_non_expert: int) -> float:
         """This format's non-expert bytes over the dense ones: the cost model's per-pass weight reads scale by it."""
@@ -247,12 +249,15 @@ def weight_bytes(cfg, fmt: WeightFormat, dtype_bytes: int = 2) -> WeightBytes:
     D, I = cfg.hidden_size, cfg.moe_intermediate_size
     params = cfg.expert_params
     extra = params - 3 * D * I                    # biases beside a SwiGLU expert's three matrices
-    per_layer = []
+    per_layer, types = [], Counter()             # types: the routed experts' parameters per type
     for layer in cfg.moe_layers:
+        gate_up, down = fmt.expert_type(layer, n_layers, E), fmt.expert_type(layer, n_layers, E, "ffn_down")
         if extra >= 0:
-            b = (_matrix_bytes(fmt.expert_type(layer, n_layers, E), (2 * I, D))
-                 + _matrix_bytes(fmt.expert_type(layer, n_layers, E, "ffn_down"), (D, I)) + extra * kept)
+            b = _matrix_bytes(gate_up, (2 * I, D)) + _matrix_bytes(down, (D, I)) + extra * kept
+            types.update({gate_up: 2 * I * D}), types.update({down: D * I})
         else:                                     # another layout: its parameters as rows of `hidden`
-            b = _matrix_bytes(fmt.expert_type(layer, n_layers, E), (params // D, D))
+            b = _matrix_bytes(gate_up, (params // D, D))
+            types.update({gate_up: params})
         per_layer.append(b)
-    return WeightBytes(non_expert, max(per_layer), sum(per_layer) / len(per_layer), fmt.label)
+    return WeightBytes(non_expert, max(per_layer), sum(per_layer) / len(per_layer), fmt.label,
+                       expert_type=types.most_common(1)[0][0] if types else None)

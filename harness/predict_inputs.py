@@ -82,6 +82,7 @@ def inputs_of(job: Job, hw: HardwareProfile | None, placement: str, options: dic
               routing: Routing) -> dict[str, Any]:
     """Every input of the row's prediction with its source (the module docstring)."""
     from harness.costmodel.profiles import figure_origin
+    from harness.costmodel.timemodel import expert_type_of
     from engine.registry import PLACEMENTS
 
     spec, given = job.spec, given_keys(job.overrides)
@@ -118,6 +119,15 @@ def inputs_of(job: Job, hw: HardwareProfile | None, placement: str, options: dic
                                            f"hardware.dtype_rates.{at}.{fig}"} if at is not None else set())
             name = f"hardware.{fig}" + (f"[{at}]" if at is not None else "")
             out[name] = _entry(value, unit, "overridden" if given & keys else figure_origin(hw, fig))
+        et = expert_type_of(spec.planned_config)              # the routed experts' own rates, where given
+        for fig, unit in (("device_tflops", "TFLOP/s"), ("device_gemv_gbps", "GB/s"), ("cpu_gflops", "GFLOP/s"),
+                          ("cpu_gemv_gbps", "GB/s")):
+            value = (hw.dtype_rates or {}).get(et or "", {}).get(fig)
+            if value is None or (fig.startswith("cpu") and not traits.uses_cpu):
+                continue
+            keys = {"hardware.dtype_rates", f"hardware.dtype_rates.{et}", f"hardware.dtype_rates.{et}.{fig}"}
+            out[f"hardware.{fig}[{et}]"] = _entry(value, unit, "overridden" if given & keys else figure_origin(hw, fig),
+                                                  f"the routed experts' ({et}) rate, in place of the {dt} one")
         o = hw.overheads
         out["software_overheads"] = _entry("fitted" if o.fitted else "none", None,
                                            "measured" if o.fitted else "assumed",

@@ -33,6 +33,13 @@ run's dtype; a figure the profile does not give for that dtype is refused (`requ
 naming the figure and the dtype) -- never borrowed from another dtype. The GEMV figures are
 optional: without one the weight-read roof is the memory bandwidth (dtype-independent).
 
+Rates per weight format: what a GEMV over quantised weights achieves depends on the format too
+(unpacking 4-bit blocks costs a CPU more per byte than reading 8-bit ones), so `dtype_rates` may
+also be keyed by a quantised weight type (engine.formats: q4_k, q8_0, mxfp4, fp8, ...), e.g.
+{q4_k: {cpu_gemv_gbps: 40.0}}: the rates of the routed experts held in that type (their weight
+reads and, where given, their FLOPs). The time model asks the experts' type first (`expert_rate`)
+and falls back to the run's dtype's figure, so a profile without one predicts as before.
+
 Units: GB/s and GFLOP/s are decimal (1e9), TFLOP/s 1e12, device_memory_gib and host_memory_gib binary (2**30).
 """
 from __future__ import annotations
@@ -47,6 +54,7 @@ from typing import Any
 import yaml
 
 from engine.dtypes import DTYPE_NAMES
+from engine.formats import DTYPE_FORMATS, TYPES
 from harness.config import HardwareConf
 
 PROFILE_DIR = Path(__file__).resolve().parents[2] / "conf" / "hardware"
@@ -57,6 +65,8 @@ NUMERIC_FIELDS = ("h2d_gbps", "d2h_gbps", "device_tflops", "device_mem_gbps", "d
                   "cpu_mem_gbps", "host_memory_gib", "disk_read_gbps")
 # the dtype-dependent figures (dtype_rates entries); the first two are also plain fields, at `dtype`
 RATE_FIGURES = ("device_tflops", "cpu_gflops", "device_gemv_gbps", "cpu_gemv_gbps")
+# the other keys dtype_rates takes: quantised weight types (a dtype's own format is its dtype's entry)
+FORMAT_KEYS = tuple(t for t in TYPES if t not in DTYPE_FORMATS.values())
 PLAIN_RATES = ("device_tflops", "cpu_gflops")
 
 
@@ -179,6 +189,12 @@ class HardwareProfile:
             v = getattr(self, figure)
         return v
 
+    def expert_rate(self, figure: str, expert_type: str | None, dtype: str) -> float | None:
+        """`figure` for routed experts held in `expert_type` (a quantised weight type): its
+        dtype_rates entry when the profile gives one, else the figure at the run's `dtype`."""
+        v = (self.dtype_rates or {}).get(expert_type, {}).get(figure) if expert_type in FORMAT_KEYS else None
+        return v if v is not None else self.rate(figure, dtype)
+
     def require_rates(self, dtype: str, *figures: str, why: str = "") -> None:
         """Raise ProfileError naming every listed figure this profile lacks at `dtype`, and what
         it does have (a figure for another dtype is not used for this one)."""
@@ -289,8 +305,9 @@ def _dtype_rates(raw: dict[str, Any], source: str) -> dict[str, dict[str, float]
         raise ProfileError(f"{source}: field 'dtype_rates' must be a mapping dtype -> {{figure: number}}, got {rates!r}")
     out: dict[str, dict[str, float]] = {}
     for dt, figs in rates.items():
-        if dt not in DTYPE_NAMES:
-            raise ProfileError(f"{source}: dtype_rates key {dt!r} is not a dtype; allowed: {list(DTYPE_NAMES)}")
+        if dt not in DTYPE_NAMES and dt not in FORMAT_KEYS:
+            raise ProfileError(f"{source}: dtype_rates key {dt!r} is neither a dtype nor a quantised weight type; "
+                               f"allowed: {list(DTYPE_NAMES)} or one of {', '.join(FORMAT_KEYS)}")
         if not isinstance(figs, dict):
             raise ProfileError(f"{source}: dtype_rates.{dt} must be a mapping of {list(RATE_FIGURES)}, got {figs!r}")
         unknown = sorted(set(figs) - set(RATE_FIGURES))

@@ -312,11 +312,18 @@ class Rates:
     cpu_weights: float
     h2d: float
     d2h: float
+    # the routed experts' (their weight type's figures where the profile gives them, else the above)
+    dev_expert_flops: float = float("inf")
+    dev_expert_weights: float = float("inf")
+    cpu_expert_flops: float = float("inf")
+    cpu_expert_weights: float = float("inf")
 
 
-def rates(hw: HardwareProfile, dtype: str, traits: PlacementTraits, why: str = "") -> Rates:
-    """The profile's rates at `dtype` for a placement with these traits; ProfileError names any
-    figure it needs and lacks (at this dtype: a figure for another dtype is not used)."""
+def rates(hw: HardwareProfile, dtype: str, traits: PlacementTraits, why: str = "",
+          expert_type: str | None = None) -> Rates:
+    """The profile's rates at `dtype` for a placement with these traits, the routed experts' at
+    their `expert_type` where the profile gives figures for it; ProfileError names any figure it
+    needs and lacks (at this dtype: a figure for another dtype is not used)."""
     hw.require("device_mem_gbps", "h2d_gbps", why=why + " (h2d_gbps: KV restore)")
     hw.require_rates(dtype, "device_tflops", why=why)
     if traits.uses_cpu:
@@ -328,10 +335,21 @@ def rates(hw: HardwareProfile, dtype: str, traits: PlacementTraits, why: str = "
 
     def weights(gemv: str, mem: float | None) -> float:
         return gb(hw.rate(gemv, dtype) or mem)
+
+    def experts(figure: str, fallback: float | None) -> float:
+        return gb(hw.expert_rate(figure, expert_type, dtype) or fallback)
     return Rates(dev_flops=(hw.rate("device_tflops", dtype) or float("inf")) * 1e12,
                  dev_weights=weights("device_gemv_gbps", hw.device_mem_gbps), dev_mem=gb(hw.device_mem_gbps),
                  cpu_flops=gb(hw.rate("cpu_gflops", dtype)), cpu_weights=weights("cpu_gemv_gbps", hw.cpu_mem_gbps),
-                 h2d=gb(hw.h2d_gbps), d2h=gb(hw.d2h_gbps))
+                 h2d=gb(hw.h2d_gbps), d2h=gb(hw.d2h_gbps),
+                 dev_expert_flops=experts("device_tflops", None) * 1e3, cpu_expert_flops=experts("cpu_gflops", None),
+                 dev_expert_weights=experts("device_gemv_gbps", hw.device_mem_gbps),
+                 cpu_expert_weights=experts("cpu_gemv_gbps", hw.cpu_mem_gbps))
+
+
+def expert_type_of(cfg: ModelConfig) -> str | None:
+    """The routed experts' weight type when the config holds them in a format (engine.formats)."""
+    return cfg.weight_bytes.expert_type if cfg.weight_bytes is not None else None
 
 
 def physical_terms(cfg: ModelConfig, work: PhaseWork, hw: HardwareProfile, dtype: str,
@@ -340,7 +358,7 @@ def physical_terms(cfg: ModelConfig, work: PhaseWork, hw: HardwareProfile, dtype
     except that the fixed per-expert overheads (expert_s, slot_s) count as compute that copies
     issued ahead hide under, and the FLOP side of each roof is scaled by `overheads.compute_scale`."""
     tr = placement.traits(cfg)
-    r = rates(hw, dtype, tr, why=f"placement={placement.name}")
+    r = rates(hw, dtype, tr, why=f"placement={placement.name}", expert_type=expert_type_of(cfg))
     s = overheads.compute_scale
     dtype_b = dtype_bytes(dtype)
     compute = flop_bound = copy_busy = exposed = h2d_bytes = d2h_bytes = 0.0
@@ -356,8 +374,9 @@ def physical_terms(cfg: ModelConfig, work: PhaseWork, hw: HardwareProfile, dtype
         return np.where(by_flops, s * t_f, t_b)
     for p in work.passes:
         f = pass_flops(cfg, p, dtype_b, work.kv_dtype)
-        dev_experts = roof(f.dev_expert_flops, f.dev_expert_bytes, r.dev_flops, r.dev_weights)       # [M]
-        cpu_experts = roof(f.cpu_expert_flops, f.cpu_expert_bytes, r.cpu_flops, r.cpu_weights, cpu=True)   # [M]
+        dev_experts = roof(f.dev_expert_flops, f.dev_expert_bytes, r.dev_expert_flops, r.dev_expert_weights)   # [M]
+        cpu_experts = roof(f.cpu_expert_flops, f.cpu_expert_bytes, r.cpu_expert_flops, r.cpu_expert_weights,
+                           cpu=True)                                                              # [M]
         comp = float(roof(f.dense_flops, f.dense_bytes, r.dev_flops, r.dev_weights)
                      + roof(f.attn_flops, f.attn_bytes, r.dev_flops, r.dev_mem)
                      + dev_experts.sum() + cpu_experts.sum())

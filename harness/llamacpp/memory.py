@@ -46,12 +46,14 @@ def gguf_weight_bytes(path: str | Path, cfg: ModelConfig) -> WeightBytes:
     elements: dict[int, int] = {}
     non_expert = 0
     by_type: Counter[str] = Counter()
+    expert_types: Counter[str] = Counter()       # the routed experts' parameters per type
     for t in reader.tensors:
         by_type[t.tensor_type.name.lower()] += int(t.n_bytes)
         m = EXPERT_TENSOR.match(t.name)
         if m is None:
             non_expert += int(t.n_bytes)
             continue
+        expert_types[t.tensor_type.name.lower()] += int(t.n_elements)
         layer = int(m.group(1))
         per_layer[layer] = per_layer.get(layer, 0) + int(t.n_bytes)
         elements[layer] = elements.get(layer, 0) + int(t.n_elements)
@@ -67,7 +69,8 @@ def gguf_weight_bytes(path: str | Path, cfg: ModelConfig) -> WeightBytes:
     mean = sum(per_layer.values()) / (len(per_layer) * E)
     total = sum(by_type.values())
     mix = ", ".join(f"{name} {100 * b / total:.0f}%" for name, b in by_type.most_common())
-    return WeightBytes(non_expert, slot, mean, f"GGUF {p.name}: {mix} of bytes", source="gguf header")
+    return WeightBytes(non_expert, slot, mean, f"GGUF {p.name}: {mix} of bytes", source="gguf header",
+                       expert_type=expert_types.most_common(1)[0][0])
 
 
 def held_weights(spec: RunSpec) -> tuple[WeightBytes, str]:

@@ -27,6 +27,7 @@ def test_an_f32_header_is_the_dense_weights(gguf_f32, mixtral):
     assert (got.non_expert, got.expert_slot, got.expert_mean) == (want.non_expert, want.expert_slot,
                                                                  want.expert_mean)
     assert got.source == "gguf header" and "f32 100%" in got.label
+    assert got.expert_type == want.expert_type == "f32"
 
 
 def test_a_q8_0_file_has_the_experts_the_recipe_counts(bins, gguf_f32, mixtral, tmp_path):
@@ -40,6 +41,7 @@ def test_a_q8_0_file_has_the_experts_the_recipe_counts(bins, gguf_f32, mixtral, 
     want = weight_bytes(cfg, WeightFormat("q8_0"))
     assert got.expert_slot == want.expert_slot == cfg.expert_params * 34 // 32
     assert got.expert_mean == want.expert_mean
+    assert got.expert_type == want.expert_type == "q8_0"          # the rates a profile gives q8_0 experts apply
 
 
 def test_a_header_for_another_model_is_refused(gguf_f32, mixtral):
