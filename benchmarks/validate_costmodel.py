@@ -12,10 +12,12 @@
       and most of a decode step; its timeline pass is on, so the measured copy_busy_s and
       exposed_copy_s check the copy term itself.
 3. Predict every measured job and report |error| of time_s per placement with hits and misses
-   simulated from routing replayed through the job's cache policy -- the job's recorded trace
-   (the headline), and uniform routing (nothing measured about the run goes in) -- and taken
-   from the measured rows (the time model alone), against the median repeat and the fastest
-   repeat; the regime separately, by phase, with the copy metrics beside it. Replaying a job's
+   simulated from routing replayed through the job's cache policy -- uniform routing (the
+   headline: trace-free, nothing measured about the run goes in, what `moebench predict` and the
+   prediction pass do) and the job's recorded trace -- and taken from the measured rows (the time
+   model alone), against the median repeat and the fastest repeat; the regime separately, by
+   phase, with the copy metrics beside it; last, the headline and the regime (part and
+   placement) where it is worst. Replaying a job's
    own trace reproduces the engine's hits and misses exactly (tests/costmodel/test_predict.py),
    so the trace and measured lines differ only where the model spreads totals differently.
 
@@ -94,14 +96,16 @@ def markdown(summary: pd.DataFrame, key: str, ways: tuple[str, ...]) -> str:
 
 
 def three_ways(meas: pd.DataFrame, profile, inputs: dict, stat: str, traced: bool) -> tuple[pd.DataFrame, tuple[str, ...]]:
-    """two_ways, plus (when jobs recorded traces) the simulated counts from uniform routing, counts="uniform"."""
+    """two_ways, plus (when jobs recorded traces) the simulated counts from uniform routing,
+    counts="uniform" -- the headline, listed first; without traces two_ways' simulated counts are
+    the uniform ones, and are labelled so."""
     from harness.costmodel.validate import prediction_errors, predict_for, two_ways
     table = two_ways(meas, profile, inputs=inputs, stat=stat)
     if not traced:
-        return table, ("simulated", "measured")
+        return table.replace({"counts": {"simulated": "uniform"}}), ("uniform", "measured")
     untraced = {k: dataclasses.replace(v, trace=None) for k, v in inputs.items()}
     uniform = prediction_errors(predict_for(meas, profile, inputs=untraced), meas, stat=stat).assign(counts="uniform")
-    return pd.concat([table, uniform], ignore_index=True), ("simulated", "uniform", "measured")
+    return pd.concat([table, uniform], ignore_index=True), ("uniform", "simulated", "measured")
 
 
 def main() -> None:
@@ -172,8 +176,8 @@ def main() -> None:
     parts = {"main": measured[~regime], "copy-bound": measured[regime]}
     md = [f"torch threads {torch.get_num_threads()}; load average {load_before[0]:.2f} before, {load_after[0]:.2f} "
           f"after the sweeps; calibration {'quick' if args.quick else 'full'}; routing: "
-          f"{'uniform synthetic' if args.no_trace else 'the recorded trace of each job'}"]
-    lines = []
+          f"uniform synthetic (the headline){'' if args.no_trace else ' and the recorded trace of each job'}"]
+    lines, regimes = [], []
     traced = any(i.trace is not None for i in inputs.values())
     for stat in ("median", "best"):
         for name, meas in parts.items():
@@ -187,6 +191,7 @@ def main() -> None:
                   f"{' | '.join(WAY_LABELS[w] for w in ways)}:")
             print(summary.to_string(**fmt))
             if stat == "median":
+                regimes += [(r["uniform_median"], name, r[by[0]]) for _, r in summary.iterrows() if r[by[0]] != "all"]
                 md += [f"\n{name}, vs the median repeat:\n", markdown(summary, by[0], ways)]
                 by_phase = summarize_two_ways(table, by=("phase",), ways=ways)
                 print("   by phase:")
@@ -224,6 +229,15 @@ def main() -> None:
     for name, counts, stat, med, p90, mx in lines:
         flag = "ok" if med <= TARGET else f"ABOVE the {TARGET:.0%} target"
         print(f"  {name:10s} {counts:9s} {stat:6s} {med:6.1%} {p90:6.1%} {mx:6.1%}  {flag}")
+    headline = next((med for name, counts, stat, med, *_ in lines
+                     if (name, counts, stat) == ("main", WAY_LABELS["uniform"], "median")), None)
+    if headline is not None and regimes:
+        worst = max(regimes, key=lambda r: r[0])
+        text = (f"headline (trace-free: uniform routing, nothing measured about a run goes in): median |error| of "
+                f"time_s {headline:.1%} against the median repeat; worst regime: {worst[1]} {worst[2]} "
+                f"(median {worst[0]:.1%})")
+        print("\n" + text)
+        md.insert(1, f"\n{text}\n")
     (out / "tables.md").write_text("\n".join(md) + "\n")
     print(f"\nmarkdown tables: {out / 'tables.md'}")
 

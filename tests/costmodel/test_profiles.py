@@ -54,8 +54,12 @@ def test_shipped_profiles_are_datasheet_figures_with_sources(name):
         pytest.skip("measured profile")
     assert hw.source == "datasheet"
     assert "datasheet" in hw.notes and "GB/s" in hw.notes and "achievable" in hw.notes
-    assert hw.link and hw.link.startswith("PCIe")
     assert not any(hw.overheads.as_dict().values())   # no software overheads for a datasheet figure
+    if hw.emulated:                                   # CPU only: the "device" is the CPU and its RAM
+        assert "CPU only" in hw.link and "CPU-only run" in hw.notes
+        assert hw.device_mem_gbps == hw.cpu_mem_gbps == hw.h2d_gbps and hw.device_tflops * 1e3 == hw.cpu_gflops
+        return
+    assert hw.link and hw.link.startswith("PCIe")
     assert hw.h2d_gbps < {"3.0": 15.76, "4.0": 31.51, "5.0": 63.01}[hw.link.split()[1]] * int(hw.link.split("x")[-1]) / 16
 
 
@@ -67,11 +71,14 @@ def test_shipped_profiles_say_which_dtype_each_rate_is_for(name):
     assert hw.dtype in DTYPE_NAMES and "Dtypes:" in hw.notes
     assert hw.rate("device_tflops", hw.dtype) == hw.device_tflops
     fp32 = hw.rate("device_tflops", "float32")
-    assert fp32 is not None and fp32 < hw.device_tflops           # FP32 without tensor cores: below the tensor peak
     assert hw.rate("cpu_gflops", "float32") is not None            # the CPU estimates are FP32 ones
+    if hw.emulated:                                               # CPU only: every dtype at the FP32 rate, said so
+        assert fp32 == hw.device_tflops and "at the FP32 rate" in hw.notes
+        return
+    assert fp32 is not None and fp32 < hw.device_tflops           # FP32 without tensor cores: below the tensor peak
     for dt in DTYPE_NAMES:                                        # a CPU figure for a 16-bit dtype only where stated
         if dt != "float32" and hw.rate("cpu_gflops", dt) is not None:
-            assert "native bf16 matmul" in hw.notes and dt == "bfloat16"
+            assert ("native bf16 matmul" in hw.notes and dt == "bfloat16") or "at the FP32 rate" in hw.notes
 
 
 def test_unknown_profile_lists_the_available_ones():
