@@ -243,10 +243,17 @@ def verdict(spec: RunSpec, **kw: Any) -> Verdict:
 
 
 def registered_verdicts(spec: RunSpec) -> list[tuple[str, Verdict]]:
-    """Every registered placement's verdict at this job's context and budget, each with its default
-    options and the job's cache capacity (else auto): what `moebench plan` lists under a job's plan."""
+    """Every registered placement the job's engine can lay out (its adapter's `placements`), with
+    its verdict at this job's context and budget, default options and the job's cache capacity
+    (else auto): what `moebench plan` lists under a job's plan."""
     capacity = spec.capacity if spec.capacity is not None else "auto"
-    return [(name, verdict(spec, placement=name, capacity=capacity)) for name in PLACEMENTS.names()]
+    return [(name, verdict(spec, placement=name, capacity=capacity)) for name in engine_placements(spec)]
+
+
+def engine_placements(spec: RunSpec) -> list[str]:
+    """The registered placements the job's engine lays out, in registry order."""
+    own = _engine().get(spec.engine).placements
+    return [name for name in PLACEMENTS.names() if own is None or name in own]
 
 
 def _header(spec: RunSpec) -> str:
@@ -274,7 +281,9 @@ def report(spec: RunSpec) -> tuple[bool, str]:
         lines.append(f"cache.capacity=auto -> {v.plan.capacity} expert slots per MoE layer")
     if v.plan is not None:
         lines += ["host memory plan:", *host_plan(spec, device_plan=v.plan).lines()]
-    lines.append("every registered placement at this context and budget (its default options):")
+    which = ("every registered placement" if _engine().get(spec.engine).placements is None
+             else f"every placement engine={spec.engine} lays out")
+    lines.append(f"{which} at this context and budget (its default options):")
     width = max(map(len, PLACEMENTS.names()))
     for name, other in registered_verdicts(spec):
         total = fmt_bytes(other.plan.total) if other.plan else other.message.splitlines()[0]

@@ -33,8 +33,8 @@ from engine.dtypes import dtype_bytes
 from engine.registry import PLACEMENTS
 from harness.config import BAD_CONFIG, ConfigError, RunSpec, config_error_line, validate
 from harness.predict_inputs import Job
-from harness.plan import (Verdict, budget_of, composer, compose_once, expand, host_plan, registered_verdicts,
-                          verdict)
+from harness.plan import (Verdict, budget_of, composer, compose_once, engine_placements, expand, host_plan,
+                          registered_verdicts, verdict)
 
 if TYPE_CHECKING:
     from harness.costmodel import HardwareProfile, Routing
@@ -85,8 +85,11 @@ def candidates(job: Job) -> tuple[list[Candidate], list[str]]:
     if chooses_placement(job.overrides):
         asked = spec.capacity if spec.capacity is not None else spec.capacity_bytes and fmt_bytes(spec.capacity_bytes)
         return [Candidate(spec.placement, dict(spec.placement_options), verdict(spec), asked)], []
-    out, skipped = [], []
+    out = []
     asked = spec.capacity if spec.capacity is not None else "auto"      # as harness.plan.registered_verdicts asks
+    laid_out = engine_placements(spec)
+    skipped = [f"{name}: engine={spec.engine} has no such layout (its knobs lay out {', '.join(laid_out)})"
+               for name in PLACEMENTS.names() if name not in laid_out]
     for name, v in registered_verdicts(spec):
         try:
             PLACEMENTS.get(name).check_model(spec.model_config, {})

@@ -82,6 +82,9 @@ class EngineAdapter(ABC):
     memory_plan: ClassVar[bool] = False     # it plans device memory with engine.planner before loading (so a job's
                                             # plan, under its kv.dtype, is checked before any weight is read)
     cost_model: ClassVar[bool] = False      # the cost model and the roofline predict its time (harness.costmodel)
+    # the placements whose layout its own knobs express (what `moebench plan` and `predict` list for it when no
+    # placement is chosen); None: every registered placement
+    placements: ClassVar[tuple[str, ...] | None] = None
     # its knobs' row columns (what `knobs()` returns beside the factors): configuration a results table groups
     # by (harness.results.CONFIG_COLUMNS)
     knob_columns: ClassVar[tuple[str, ...]] = ()

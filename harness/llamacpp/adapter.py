@@ -155,6 +155,9 @@ class LlamaCppAdapter(EngineAdapter):
     name = "llamacpp"
     Options = LlamaCppOptions
     uses_placement = False            # its offload knobs are engine.*; moebench's placement/cache do not apply
+    # the layouts those knobs express: -ngl 99 (resident), --cpu-moe (cpu), --n-cpu-moe N / -ot (hybrid); no
+    # expert cache, no streaming
+    placements = ("resident", "cpu", "hybrid")
     threads_at_load = True            # the server's -t
     allocates_here = False            # the server holds its device memory: this process's peaks are not its
     checkpoint_loader = CONVERTER

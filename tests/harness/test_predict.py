@@ -20,6 +20,7 @@ from harness.plan import gpu_driver_present, plan_main
 from harness.predict_inputs import SOURCES
 from tests.harness.test_cli_help import LOADED
 from tests.harness.test_trust import REPO, cli
+from tests.plugins import needs_engine
 
 REQUIRED = {"placement": str, "options": dict, "fits": bool, "prefill_tok_s": (float, type(None)),
             "ttft_s": (float, type(None)), "decode_tok_s": (float, type(None)), "bound": dict, "inputs": dict}
@@ -185,3 +186,18 @@ def test_a_skewed_synthetic_trace_is_stated_and_raises_the_hit_rate():
     assert row["inputs"]["hit_rate_source"] == "synthetic routing trace (zipf=1.2, reuse=0.3)"
     assert row["inputs"]["hit_rate"]["source"] == "assumed" and row["inputs"]["hit_rate"]["value"] == row["hit_rate"]
     assert row["hit_rate"] > 0.6
+
+
+@needs_engine("llamacpp")
+def test_an_engine_lists_only_the_placements_its_knobs_lay_out(tmp_path):
+    """llama.cpp has -ngl, --cpu-moe and --n-cpu-moe (resident, cpu, hybrid): no expert cache and
+    no streaming, so neither predict nor plan lists fetch or stream for it, and predict says why."""
+    args = ["model=qwen3-30b-a3b", "model.weight_format=q4_k_m", "engine=llamacpp", "cache.capacity=auto", *BOX]
+    assert sorted(r["placement"] for r in rows_of(args)) == ["cpu", "hybrid", "resident"]
+    text = cli(["predict", *args], tmp_path).stdout
+    assert "not applicable: fetch: engine=llamacpp has no such layout (its knobs lay out cpu, hybrid, resident)" in text
+    plan = cli(["plan", *args], tmp_path).stdout
+    listed = plan.split("every placement engine=llamacpp lays out at this context and budget")[1].splitlines()[1:]
+    assert [line.split()[0] for line in listed] == ["cpu", "hybrid", "resident"]
+    ours = rows_of([a for a in args if not a.startswith(("engine=", "model.weight_format"))])
+    assert {"fetch", "stream"} <= {r["placement"] for r in ours}          # ours lays out every registered one
