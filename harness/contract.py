@@ -87,6 +87,8 @@ METRIC_UNITS: dict[str, str] = {
     "token_agreement": "ratio",
     "roofline_tok_per_s": "tok/s",     # the physical bound (source=model, harness.roofline)
     "frac_of_roofline": "ratio",
+    "predicted_tok_per_s": "tok/s",    # the cost model's trace-free prediction (source=model, the prediction pass)
+    "prediction_residual": "ratio",    # measured median / predicted - 1
     # beyond §5: prefetch accounting, the emulated device's accounted peak, the paired ablation
     "prefetch_issued": "count",
     "prefetch_used": "count",

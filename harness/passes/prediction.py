@@ -20,9 +20,6 @@ from __future__ import annotations
 from harness.contract import MEASURED_PHASES
 from harness.passes.base import ModelPass, RunContext
 
-METRICS = {"predicted_tok_per_s": "tok/s", "prediction_residual": "ratio"}
-
-
 class PredictionPass(ModelPass):
     name = "prediction"
     summary = "the cost model's trace-free prediction of each phase on this machine's profile; the residual"
@@ -41,7 +38,7 @@ class PredictionPass(ModelPass):
                       f"the cost model does not predict the {phase} phase" if est is None else
                       None if tok_s else "predicted 0 tok/s")
             ctx.emit(None, phase, {"predicted_tok_per_s": tok_s, "prediction_residual": residual}, "model",
-                     self.name, units=METRICS, prediction_bound=est.bound if est is not None else None,
+                     self.name, prediction_bound=est.bound if est is not None else None,
                      **{**labels, "prediction_reason": reason})
 
 

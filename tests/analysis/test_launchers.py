@@ -5,14 +5,13 @@ its host (in the manifest)."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from harness import results
 from harness.compare import read_manifests
+from tests.cli_runner import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 SWEEP = ["placement=resident,fetch", "workload.seed=0,1", "cache.capacity=4", "workload=chat", "workload.context_tokens=128",
@@ -24,8 +23,7 @@ def sweep(out: Path, *extra: str) -> Path:
     # one intra-op thread per process: submitit_local starts every job at once, and several
     # multi-threaded torch processes on a 2-core box slow each other down 10-100x
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "-m", *SWEEP, *extra, f"run.out={out}"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    proc = run_cli(["-m", *SWEEP, *extra, f"run.out={out}"], REPO, env, timeout=600)
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
     return out / "sweeps" / "s"
 

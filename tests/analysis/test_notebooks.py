@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import fcntl
 import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from harness import results
+from tests.cli_runner import run_cli
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
@@ -101,8 +100,7 @@ def test_executes_on_the_samples(path: Path, monkeypatch, kernel_env) -> None:
 def _make(name: str, cwd: Path) -> Path:
     overrides, statuses = RESULT_SETS[name]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "-m", *FAST, *overrides, f"run.sweep_id={name}"],
-                          cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    proc = run_cli(["-m", *FAST, *overrides, f"run.sweep_id={name}"], cwd, env, timeout=600)
     sweep = cwd / "results" / "sweeps" / name
     df = results.load(sweep)
     assert set(df.status) == statuses and df.job_id.nunique() == 2, (proc.returncode, proc.stderr[-2000:])

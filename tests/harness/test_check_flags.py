@@ -9,11 +9,11 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from tests.cli_runner import run_cli
 from tests.plugins import needs_engine
 
 from harness import results
@@ -57,8 +57,7 @@ def plugin_path(tmp_path) -> Path:
 def cli(args: list[str], cwd: Path, site: Path | None = None) -> subprocess.CompletedProcess:
     path = os.pathsep.join([str(REPO), *([str(site)] if site else [])])
     env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=600)
+    return run_cli(args, cwd, env, timeout=600)
 
 
 def verdicts(df: pd.DataFrame) -> pd.DataFrame:

@@ -14,6 +14,7 @@ import pytest
 
 from harness import results
 from harness.contract import ALL_PHASES, MEASURED_PHASES
+from tests.cli_runner import run_cli
 
 pytestmark = pytest.mark.slow     # subprocess/CLI or multi-second runs: `make test` runs them, `-m "not slow"` skips
 REPO = Path(__file__).resolve().parents[2]
@@ -23,8 +24,7 @@ PHASES = set(ALL_PHASES)
 
 def moebench(args: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=600)
+    proc = run_cli(args, cwd, env, timeout=600)
     if check and proc.returncode != 0:
         raise AssertionError(f"moebench {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -77,7 +77,8 @@ def test_multirun_table(tmp_path):
     assert sorted(everything.groupby("job_id").placement.first()) == ["cpu", "fetch", "fetch", "resident"]
     twins = [d for d in sd.iterdir() if d.is_dir() and "cache.capacity=4" in d.name and "placement=fetch" not in d.name]
     assert len(twins) == 2 and not any((d / results.ROWS_FILE).exists() for d in twins)
-    assert set(everything.profiler) == {"none", "timeline", "ablation", "quality"}   # passes beside the speed rows labelled
+    # passes beside the speed rows labelled
+    assert set(everything.profiler) == {"none", "timeline", "ablation", "quality", "prediction"}
     df = everything[everything.profiler == "none"]               # the speed table
     # every job x phase x metric that applies
     per_job = df.groupby("job_id").apply(lambda j: set(zip(j.phase, j.metric)), include_groups=False)

@@ -7,8 +7,6 @@ the same checkpoints: tests/llamacpp/test_nonfinite_cli.py."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -20,6 +18,7 @@ from harness import results
 from harness.contract import QUALITY_METRICS, QUALITY_PHASE
 from harness.quality import QualityRun, compare_explained, quality_run
 from tests.engine.test_nonfinite import EXPERT_W1, FILE, poison, rewritten, scaled_experts
+from tests.cli_runner import run_cli
 
 pytestmark = pytest.mark.slow     # subprocess/CLI runs
 REPO = Path(__file__).resolve().parents[2]
@@ -31,8 +30,7 @@ def sweep(args: list[str], cwd: Path, sweep_id: str, rc: int) -> pd.DataFrame:
     """The sweep's loaded table, after the CLI exited with `rc` and no traceback."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     cwd.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "-m", f"run.sweep_id={sweep_id}", *SMALL, *args],
-                          cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    proc = run_cli(["-m", f"run.sweep_id={sweep_id}", *SMALL, *args], cwd, env, timeout=900)
     assert proc.returncode == rc, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     return results.load(cwd / "results" / "sweeps" / sweep_id / results.SWEEP_TABLE)

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -16,6 +14,7 @@ import pytest
 from harness import results as R
 from harness.outliers import MIN_REPEATS, flag_outliers, outliers
 from harness.table import sweep_table
+from tests.cli_runner import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 FACTORS = {"engine": "moebench", "model": "tiny-mixtral", "cache_policy": "lru", "prefetch": "none",
@@ -77,8 +76,7 @@ def test_table_and_summary_name_flagged_repeats_and_leave_them_out(tmp_path):
     R.write_job(sweep / "3", rows_of("3", "hybrid", [0.081, 0.079, STALL]), {"t": 1})   # from before the column
     R.write_sweep(sweep)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "table", str(sweep), "--format", "md"],
-                          capture_output=True, text=True, env=env, timeout=120)
+    proc = run_cli(["table", str(sweep), "--format", "md"], Path.cwd(), env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     lines = [line for line in proc.stdout.splitlines() if line.startswith("|")]
     table = {r[0]: dict(zip(cells(lines[0]), r)) for r in map(cells, lines[2:])}

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +11,7 @@ import pytest
 from harness import results as R
 from harness.plan import fit_context, fit_cpu_layers, fit_capacity, fit_main, plan_main, plan_of, spec_of, verdict
 from harness.table import FORMATS, render, sweep_table
+from tests.cli_runner import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"
@@ -142,8 +141,8 @@ def test_table_rows_columns_and_failed_jobs(tmp_path):
     assert "workload" not in t                                         # only the factors that vary
     assert t.loc[0, "tg tok/s"] == 110.0 and t.loc[0, "tg tok/s ±"] == 10.0 and t.loc[0, "tg tok/s n"] == 3
     assert t.loc[3, "status"] == "failed" and t.loc[3, "error"] == "PlanError: does not fit"
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "table", str(tmp_path / "s"), "--format", "md"],
-                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    proc = run_cli(["table", str(tmp_path / "s"), "--format", "md"], Path.cwd(), {**os.environ, "PYTHONPATH": str(REPO)},
+                   timeout=120)
     assert proc.returncode == 0 and proc.stdout == render(t, "md")
 
 
@@ -152,8 +151,7 @@ def test_table_rows_columns_and_failed_jobs(tmp_path):
 def test_sweep_progress_is_shown_unless_quiet(tmp_path, quiet):
     args = ["-m", "placement=resident,cpu", "workload=chat", "workload.context_tokens=256", "workload.gen_tokens=2",
             "run.repeats=1", "run.timeline=false", "run.ablation=false", f"run.quiet={str(quiet).lower()}"]
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=tmp_path, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}, timeout=600)
+    proc = run_cli(args, tmp_path, {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}, timeout=600)
     assert proc.returncode == 0, proc.stderr
     lines = [l for l in proc.stderr.splitlines() if l.startswith("job ")]
     if quiet:

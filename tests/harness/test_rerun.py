@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +14,7 @@ from harness import results
 from harness.machine import physical_cores_available
 from harness.manifest import env_recorded
 from tests.harness.test_trust import REPO, SMALL, cli
+from tests.cli_runner import run_cli
 
 pytestmark = pytest.mark.slow     # subprocess/CLI or multi-second runs: `make test` runs them, `-m "not slow"` skips
 
@@ -37,8 +36,7 @@ def exact_env(**recorded: str) -> dict[str, str]:
 
 def rerun(job: Path, out: Path, cwd: Path, env: dict[str, str]):
     """`moebench rerun` in exactly `env` (a recorded variable absent from it is unset)."""
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "rerun", str(job), "--out", str(out)], cwd=cwd,
-                          env=env, capture_output=True, text=True, timeout=600)
+    proc = run_cli(["rerun", str(job), "--out", str(out)], cwd, env, timeout=600)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     return proc, manifest(out)
 

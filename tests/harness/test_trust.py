@@ -16,6 +16,7 @@ import pytest
 from harness import results
 from harness.contract import ALL_PHASES
 from harness.sweep import stale_jobs
+from tests.cli_runner import run_cli
 
 pytestmark = pytest.mark.slow     # subprocess/CLI or multi-second runs: `make test` runs them, `-m "not slow"` skips
 REPO = Path(__file__).resolve().parents[2]
@@ -25,9 +26,9 @@ KEY = ["job_id", "repeat", "phase", "metric", "source", "profiler"]
 
 
 def cli(args: list[str], cwd: Path, env: dict[str, str] | None = None, **kw) -> subprocess.CompletedProcess:
+    """`python -m harness.cli *args` (forked warm: tests/cli_runner.py)."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=600, **kw)
+    return run_cli(args, cwd, env, **{"timeout": 600, **kw})
 
 
 def popen(args: list[str], cwd: Path) -> subprocess.Popen:

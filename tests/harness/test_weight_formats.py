@@ -10,6 +10,7 @@ import pytest
 from engine.config import preset
 from engine.formats import GGUF_TYPES, WeightFormat, published, tensor_bytes, use_more_bits, weight_bytes
 from tests.harness.test_trust import cli
+from tests.plugins import needs_engine
 
 QWEN = ["model=qwen3-30b-a3b", "model.dtype=bfloat16", "cache.capacity=auto"]
 
@@ -59,6 +60,7 @@ def test_plan_on_a_profile_plans_for_its_card(tmp_path):
     assert r.stdout.splitlines()[0].endswith("budget 8.00 GiB")       # an explicit budget wins
 
 
+@needs_engine("llamacpp")
 def test_weight_format_sizes_the_plan(tmp_path):
     base = ["plan", *QWEN, "hardware=rtx4090-pcie4-x16", "engine=llamacpp", "placement=fetch"]
     q4 = cli([*base, "model.weight_format=Q4_K_M"], tmp_path)
@@ -79,9 +81,11 @@ def test_published_fp8_is_dequantised_by_our_engine(tmp_path):
 
 @pytest.mark.parametrize("args, words", [
     (["model.weight_format=q4_k_m"], "engine=moebench holds the weights in model.dtype (bfloat16); allowed: bf16"),
-    (["engine=llamacpp", "model.weight_format=fp8"], "engine=llamacpp holds GGUF types; allowed:"),
+    pytest.param(["engine=llamacpp", "model.weight_format=fp8"], "engine=llamacpp holds GGUF types; allowed:",
+                 marks=needs_engine("llamacpp")),
     (["model.weight_format=q9_k"], "model.weight_format: allowed types f32"),
-    (["engine=llamacpp", "model.weight_format=q8_0", "engine.weights=q4_k_m"], "disagree"),
+    pytest.param(["engine=llamacpp", "model.weight_format=q8_0", "engine.weights=q4_k_m"], "disagree",
+                 marks=needs_engine("llamacpp")),
 ])
 def test_a_format_the_engine_does_not_hold_is_one_line(tmp_path, args, words):
     r = cli(["plan", *QWEN, *args], tmp_path)
@@ -89,6 +93,7 @@ def test_a_format_the_engine_does_not_hold_is_one_line(tmp_path, args, words):
     assert words in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
+@needs_engine("llamacpp")
 def test_fit_answers_for_the_engine_asked(tmp_path):
     """gpt-oss-120b at 32k on a 24 GB card: llama.cpp with flash attention needs no score matrix, so
     fewer layers' experts go to the CPU than for ours, whose math attention materialises it."""

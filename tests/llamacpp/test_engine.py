@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from harness import results
+from tests.cli_runner import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = ["engine=llamacpp", "workload=chat", "workload.context_tokens=256", "workload.gen_tokens=8",
@@ -30,8 +31,7 @@ def _built(bins):          # the real build (tests/llamacpp/conftest.py): skip o
 
 def cli(args: list[str], cwd: Path, check: bool = True, **env_extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **env_extra}
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=900)
+    proc = run_cli(args, cwd, env, timeout=900)
     if check:
         assert proc.returncode == 0, f"{args}\n{proc.stdout}\n{proc.stderr}"
     return proc
