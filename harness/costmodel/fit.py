@@ -35,7 +35,8 @@ from engine import Engine, EngineOptions
 from engine.config import ModelConfig
 from harness.costmodel.timemodel import phase_events, physical_terms
 from harness.costmodel.profiles import HardwareProfile, Overheads
-from harness.costmodel.work import EVENTS, PassWork, PhaseWork, PlacementSpec
+from harness.costmodel.passcost import EVENTS
+from harness.costmodel.work import PassWork, PhaseWork, PlacementSpec
 from harness.measure import sync
 
 log = logging.getLogger(__name__)

@@ -80,7 +80,7 @@ class Overheads:
     compute scale (1 = the profile's peak rates; a calibrated machine's achieved/peak ratio at
     the engine's small, oddly shaped matmuls, attention and elementwise work).
 
-    Events (counted by harness.costmodel.work for every forward pass):
+    Events (counted by harness.costmodel.passcost for every forward pass):
       pass_s          one forward pass (embedding, rope, final norm, lm_head call, argmax sync)
       layer_s         one decoder layer (attention-block ops, norms, router, the expert loop's setup)
       expert_s        one expert invocation (token gather, expert FFN ops, scatter-add)

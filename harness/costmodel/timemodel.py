@@ -4,7 +4,8 @@ Owns: the time model -- a roofline per piece of work (max of FLOPs/rate and byte
 on the device or the CPU), copies at link speed with an overlap rule, plus the fitted
 software overheads times their event counts -- and turning it into tidy rows with
 `source="model"` (harness.results.make_rows, the same schema as measured rows).
-Does not own: the work itself (harness.costmodel.work), profiles, calibration, validation.
+Does not own: the work itself (harness.costmodel.work, harness.costmodel.passcost), profiles,
+calibration, validation.
 
     from harness.costmodel import predict, WorkloadShape
     p = predict("mixtral-8x7b", "fetch", WorkloadShape(4096, gen_tokens=64), "rtx4090-pcie4-x16",
@@ -69,8 +70,9 @@ from engine.placements import PlacementTraits
 from engine.planner import PlanError, plan_memory
 from harness.contract import session_tokens
 from harness.costmodel.profiles import HardwareProfile, Overheads, load_profile
-from harness.costmodel.work import (EVENTS, PhaseWork, PlacementSpec, Routing, WorkloadShape, apply_counts,
-                                    apply_hit_rate, expert_bytes, kv_bytes, pass_events, pass_flops, scenario_work)
+from harness.costmodel.passcost import EVENTS, expert_bytes, kv_bytes, pass_events, pass_flops
+from harness.costmodel.work import (PhaseWork, PlacementSpec, Routing, WorkloadShape, apply_counts, apply_hit_rate,
+                                    scenario_work)
 
 if TYPE_CHECKING:     # the rows and tables load pandas; a prediction alone (moebench predict) does not
     import pandas as pd

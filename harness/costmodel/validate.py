@@ -52,7 +52,8 @@ from harness.config import ModelConf, expert_quant_of, model_config_of
 from harness.contract import SPEED_PROFILER, profiled_rows
 from harness.costmodel.timemodel import predict
 from harness.costmodel.profiles import HardwareProfile
-from harness.costmodel.work import PHASES, PlacementSpec, Routing, WorkloadShape, expert_bytes
+from harness.costmodel.passcost import expert_bytes
+from harness.costmodel.work import PHASES, PlacementSpec, Routing, WorkloadShape
 from engine.kvquant import KV_DTYPES
 from harness.results import FACTOR_COLUMNS, MANIFEST_FILE, job_complete
 

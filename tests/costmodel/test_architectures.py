@@ -9,7 +9,8 @@ import pytest
 
 from engine.config import preset
 from harness.costmodel import WorkloadShape, predict
-from harness.costmodel.work import PassWork, attention_cost, dense_weights, expert_bytes, kv_bytes, pass_flops
+from harness.costmodel.passcost import attention_cost, dense_weights, expert_bytes, kv_bytes, pass_flops
+from harness.costmodel.work import PassWork
 
 
 def decode_pass(cfg, past: int) -> PassWork:

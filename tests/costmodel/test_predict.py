@@ -15,7 +15,8 @@ from harness import results
 from harness.costmodel import PlacementSpec, ProfileError, Routing, WorkloadShape, predict
 from harness.costmodel.profiles import profile_from_dict
 from harness.costmodel.timemodel import pipelined_exposed
-from harness.costmodel.work import PHASES, PassWork, pass_flops, phase_passes, routed_slot_bytes, scenario_work
+from harness.costmodel.passcost import pass_flops, routed_slot_bytes
+from harness.costmodel.work import PHASES, PassWork, phase_passes, scenario_work
 from engine.config import preset
 
 MIXTRAL = WorkloadShape(context_tokens=1024, gen_tokens=16, turn_tokens=32)

@@ -182,7 +182,7 @@ def test_job_inputs_give_the_jobs_model_and_its_recorded_trace(tmp_path):
 def test_job_inputs_carry_the_jobs_expert_treatment(tmp_path):
     """An int4 job is predicted at int4's stored bytes (its manifest's experts group), not the exact model's."""
     from engine.blocks.quant_experts import ExpertQuant
-    from harness.costmodel.work import expert_bytes
+    from harness.costmodel.passcost import expert_bytes
     meas = _fetch_job(context=40)
     model = {"name": "tiny-mixtral", "path": None, "dtype": "float32", "num_layers": None, "seed": 0}
     manifest = {"sweep_id": "sweep", "job_id": "job-fetch",

@@ -16,7 +16,7 @@ from engine.blocks.quant_experts import ExpertQuant
 from harness import results as R
 from harness.cli import CONF_DIR
 from harness.config import ConfigError, validate
-from harness.costmodel.work import expert_bytes
+from harness.costmodel.passcost import expert_bytes
 from harness.plan import plan_of
 from harness.report import Reporter
 from harness.factors import factors_of

@@ -15,7 +15,7 @@ from engine.config import preset
 from harness import results
 from harness.config import ConfigError
 from harness.contract import METRIC_UNITS, QUALITY_METRICS, QUALITY_PHASE
-from harness.costmodel.work import kv_bytes
+from harness.costmodel.passcost import kv_bytes
 from harness.quality import quality_metrics, quality_run
 
 PROMPT = [[(37 * i + 11) % 512 for i in range(96)]]
