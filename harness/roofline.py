@@ -10,7 +10,8 @@ the profile they came from. Without measured rates the rows are null with the re
 guess). The CPU's read bandwidth (weights and KV read from host RAM: the emulated device's and CPU
 experts') is the machine's, not a kernel's: a STREAM-class read at the run's thread count
 (harness.read_bandwidth, measured when `roofline` is given the threads), unless the job gives its
-own hardware figures, which are then the bound's as given. A measurement above ROOFLINE_SLACK x its bound means the
+own hardware figures, which are then the bound's as given (`machine_rates`: the profile a job is
+judged on, which the prediction pass uses too). A measurement above ROOFLINE_SLACK x its bound means the
 bound is wrong (`wrong`), never a fraction to print. Does not own: the arithmetic
 (harness.costmodel: work, timemodel), the rates (harness.costmodel.calibrate) or the read
 (harness.read_bandwidth).
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING
 from harness.config import RunSpec
 
 if TYPE_CHECKING:
+    from harness.costmodel.profiles import HardwareProfile
     from harness.read_bandwidth import ReadBandwidth
 
 MEASURED_PROFILE = "measured"          # what `moebench calibrate` writes by default (conf/hardware/measured.yaml)
@@ -110,6 +112,36 @@ def machine_profile(spec: RunSpec):
     return None, False
 
 
+@dataclass
+class MachineRates:
+    """This machine's profile as a job is judged on it (the roofline, the prediction pass): the
+    profile with its CPU read rate at the job's threads, where that rate came from -- or None and
+    why there is none."""
+
+    profile: HardwareProfile | None
+    reason: str | None = None
+    read: ReadBandwidth | None = None
+    method: str | None = None
+
+
+def machine_rates(spec: RunSpec, threads: int | None) -> MachineRates:
+    """`machine_profile`, with the machine's read bandwidth measured at `threads` in place of the
+    profile's (unless the job gives its hardware figures, or `threads` is None)."""
+    from harness.costmodel.profiles import ProfileError
+
+    try:
+        profile, given = machine_profile(spec)
+    except (ProfileError, ValueError) as exc:
+        return MachineRates(None, reason=f"the hardware figures are unusable: {exc}")
+    if profile is None:
+        return MachineRates(None, reason="no measured rates for this machine: run `moebench calibrate` "
+                                         "(writes conf/hardware/measured.yaml) or give hardware=<a measured profile>")
+    if threads is None or given:
+        return MachineRates(profile, method=GIVEN if given else f"profile {profile.name!r}'s figures")
+    read = machine_read(threads)
+    return MachineRates(with_read_bandwidth(profile, read.gbps, spec.dtype), read=read, method=read.method)
+
+
 def roofline(spec: RunSpec, counts: dict[str, dict[str, float]], capacity: int | None,
              threads: int | None = None) -> Roofline:
     """The bound of each measured phase for this job, given its measured cache counts per phase, its
@@ -119,22 +151,14 @@ def roofline(spec: RunSpec, counts: dict[str, dict[str, float]], capacity: int |
     from harness.predict_inputs import shape_of
     from harness.costmodel.profiles import Overheads, ProfileError
 
+    m = machine_rates(spec, threads)
+    if m.profile is None:
+        return Roofline(None, reason=m.reason)
+    profile, read, method = m.profile, m.read, m.method
     try:
-        profile, given = machine_profile(spec)
-    except (ProfileError, ValueError) as exc:
-        return Roofline(None, reason=f"the hardware figures are unusable: {exc}")
-    if profile is None:
-        return Roofline(None, reason="no measured rates for this machine: run `moebench calibrate` "
-                                     "(writes conf/hardware/measured.yaml) or give hardware=<a measured profile>")
-    shape, dtype = shape_of(spec), spec.dtype
-    read, method = None, GIVEN if given else f"profile {profile.name!r}'s figures"
-    if threads is not None and not given:
-        read = machine_read(threads)
-        profile, method = with_read_bandwidth(profile, read.gbps, dtype), read.method
-    try:
-        p = predict(spec.model_config, spec.placement, shape, profile, capacity=capacity, policy=spec.policy or "lru",
-                    placement_options=spec.placement_options, dtype=dtype, counts=counts or None,
-                    overlap="full", overheads=Overheads())
+        p = predict(spec.model_config, spec.placement, shape_of(spec), profile, capacity=capacity,
+                    policy=spec.policy or "lru", placement_options=spec.placement_options, dtype=spec.dtype,
+                    counts=counts or None, overlap="full", overheads=Overheads())
     except (ProfileError, ValueError, KeyError) as exc:
         return Roofline(profile.name, reason=f"cannot bound this job on profile {profile.name!r}: {exc}",
                         read=read, read_method=method)

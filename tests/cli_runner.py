@@ -32,7 +32,7 @@ LOAD_TIME = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "PYTHON", "LD_", "MAL
 _zygote: subprocess.Popen | None = None
 
 
-def ZYGOTE_ENV() -> dict[str, str]:      # noqa: N802 -- a constant, computed when first asked
+def zygote_env() -> dict[str, str]:
     """The zygote's environment: this process's, with the checkout first on PYTHONPATH (as every
     CLI helper sets it); a run whose load-time variables differ from it runs as a real process."""
     return {**os.environ, "PYTHONPATH": str(REPO)}
@@ -57,9 +57,9 @@ def run_cli(args: list[str], cwd: str | Path, env: dict[str, str] | None = None,
     subprocess.run(..., capture_output=True, text=True) would return it."""
     env = dict(os.environ if env is None else env)
     argv = [sys.executable, "-m", "harness.cli", *map(str, args)]
-    if input is not None or env.get("MOEBENCH_TEST_FORK") == "0" or _load_time(env) != _load_time(ZYGOTE_ENV()):
+    if input is not None or env.get("MOEBENCH_TEST_FORK") == "0" or _load_time(env) != _load_time(zygote_env()):
         return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, input=input)
-    zygote = _zygote if _zygote is not None and _zygote.poll() is None else _start(ZYGOTE_ENV())
+    zygote = _zygote if _zygote is not None and _zygote.poll() is None else _start(zygote_env())
     with tempfile.TemporaryDirectory(prefix="cli-") as tmp:
         out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
         request = {"args": argv[3:], "cwd": str(cwd), "env": env, "stdout": str(out), "stderr": str(err),

@@ -315,10 +315,10 @@ class Rates:
     h2d: float
     d2h: float
     # the routed experts' (their weight type's figures where the profile gives them, else the above)
-    dev_expert_flops: float = float("inf")
-    dev_expert_weights: float = float("inf")
-    cpu_expert_flops: float = float("inf")
-    cpu_expert_weights: float = float("inf")
+    dev_expert_flops: float
+    dev_expert_weights: float
+    cpu_expert_flops: float
+    cpu_expert_weights: float
 
 
 def rates(hw: HardwareProfile, dtype: str, traits: PlacementTraits, why: str = "",
@@ -335,18 +335,17 @@ def rates(hw: HardwareProfile, dtype: str, traits: PlacementTraits, why: str = "
     def gb(v: float | None) -> float:
         return float("inf") if v is None else v * 1e9
 
-    def weights(gemv: str, mem: float | None) -> float:
-        return gb(hw.rate(gemv, dtype) or mem)
-
-    def experts(figure: str, fallback: float | None) -> float:
-        return gb(hw.expert_rate(figure, expert_type, dtype) or fallback)
-    return Rates(dev_flops=(hw.rate("device_tflops", dtype) or float("inf")) * 1e12,
-                 dev_weights=weights("device_gemv_gbps", hw.device_mem_gbps), dev_mem=gb(hw.device_mem_gbps),
-                 cpu_flops=gb(hw.rate("cpu_gflops", dtype)), cpu_weights=weights("cpu_gemv_gbps", hw.cpu_mem_gbps),
-                 h2d=gb(hw.h2d_gbps), d2h=gb(hw.d2h_gbps),
-                 dev_expert_flops=experts("device_tflops", None) * 1e3, cpu_expert_flops=experts("cpu_gflops", None),
-                 dev_expert_weights=experts("device_gemv_gbps", hw.device_mem_gbps),
-                 cpu_expert_weights=experts("cpu_gemv_gbps", hw.cpu_mem_gbps))
+    def rate(figure: str, fallback: float | None = None, experts: bool = False) -> float:
+        """A RATE_FIGURES figure at the run's dtype (the experts' type's first, for `experts`), else
+        `fallback` (a GEMV's: the memory bandwidth), in base units."""
+        v = hw.expert_rate(figure, expert_type if experts else None, dtype) or fallback
+        return float("inf") if v is None else v * (1e12 if figure == "device_tflops" else 1e9)
+    return Rates(dev_flops=rate("device_tflops"), dev_weights=rate("device_gemv_gbps", hw.device_mem_gbps),
+                 dev_mem=gb(hw.device_mem_gbps), cpu_flops=rate("cpu_gflops"),
+                 cpu_weights=rate("cpu_gemv_gbps", hw.cpu_mem_gbps), h2d=gb(hw.h2d_gbps), d2h=gb(hw.d2h_gbps),
+                 dev_expert_flops=rate("device_tflops", experts=True), cpu_expert_flops=rate("cpu_gflops", experts=True),
+                 dev_expert_weights=rate("device_gemv_gbps", hw.device_mem_gbps, experts=True),
+                 cpu_expert_weights=rate("cpu_gemv_gbps", hw.cpu_mem_gbps, experts=True))
 
 
 def expert_type_of(cfg: ModelConfig) -> str | None:

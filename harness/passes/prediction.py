@@ -3,8 +3,8 @@ configuration on this machine, and how far the measurement is from it.
 
 Owns: per measured phase, the prediction `moebench predict` makes for this job -- its model,
 placement and options, resolved cache capacity and policy, workload shape and dtype, on this
-machine's calibrated profile (harness.roofline.machine_profile: `moebench calibrate`'s, with
-its fitted overheads, its CPU read rate at the job's threads; or the job's own measured figures)
+machine's calibrated profile (harness.roofline.machine_rates: `moebench calibrate`'s, with its
+fitted overheads, its CPU read rate at the job's threads; or the job's own measured figures)
 -- trace-free: the cache's hits and misses come from uniform synthetic routing replayed through
 its policy, nothing measured about the run goes in. Its rows (source=model, profiler
 `prediction`): `predicted_tok_per_s` and `prediction_residual` = measured median / predicted - 1
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from harness.contract import MEASURED_PHASES
 from harness.passes.base import ModelPass, RunContext
+
 
 class PredictionPass(ModelPass):
     name = "prediction"
@@ -46,27 +47,18 @@ def predicted(ctx: RunContext, threads: int) -> tuple[dict, dict[str, str | None
     """(phase -> the cost model's estimate, the rows' labels), or ({}, labels with the reason)."""
     from harness.costmodel import ProfileError, Routing, predict
     from harness.predict_inputs import shape_of
-    from harness.roofline import machine_profile, machine_read, with_read_bandwidth
+    from harness.roofline import machine_rates
 
-    spec = ctx.spec
-    routing = Routing.synthetic()
-    labels: dict[str, str | None] = {"prediction_profile": None, "prediction_routing": routing.label,
-                                     "prediction_reason": None}
+    spec, routing = ctx.spec, Routing.synthetic()
+    m = machine_rates(spec, threads)
+    labels: dict[str, str | None] = {"prediction_profile": m.profile and m.profile.name,
+                                     "prediction_routing": routing.label, "prediction_reason": m.reason}
+    if m.profile is None:
+        return {}, labels
     try:
-        profile, given = machine_profile(spec)
-    except (ProfileError, ValueError) as exc:
-        return {}, {**labels, "prediction_reason": f"the hardware figures are unusable: {exc}"}
-    if profile is None:
-        return {}, {**labels, "prediction_reason": "no calibrated profile for this machine: run `moebench calibrate` "
-                                                   "(writes conf/hardware/measured.yaml) or give hardware=<a measured "
-                                                   "profile>"}
-    labels["prediction_profile"] = profile.name
-    if not given:
-        profile = with_read_bandwidth(profile, machine_read(threads).gbps, spec.dtype)
-    try:
-        p = predict(spec.planned_config, spec.placement, shape_of(spec), profile,
+        p = predict(spec.planned_config, spec.placement, shape_of(spec), m.profile,
                     capacity=ctx.adapter.resolved_capacity, policy=spec.policy or "lru",
                     placement_options=spec.placement_options, dtype=spec.dtype, routing=routing)
     except (ProfileError, ValueError, KeyError) as exc:
-        return {}, {**labels, "prediction_reason": f"cannot predict this job on profile {profile.name!r}: {exc}"}
+        return {}, {**labels, "prediction_reason": f"cannot predict this job on profile {m.profile.name!r}: {exc}"}
     return p.phases, labels
