@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_runner import run_python, shim_env
+
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 HISTORY = DOCS / "history"
@@ -135,9 +137,11 @@ def test_block_runs(block: Block, tmp_path: Path) -> None:
         allowed = {int(code) for code in block.markers["exit"][0].split("|")}
     env = {**os.environ, "PYTHONPATH": str(REPO),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    argv = ["bash", "-eo", "pipefail", "-c", block.body] if block.lang == "bash" else [sys.executable, "-c", block.body]
-    proc = subprocess.run(argv, cwd=_workdir(tmp_path), env=env, capture_output=True, text=True,
-                          timeout=BLOCK_TIMEOUT_S)
+    if block.lang == "bash":      # the project's commands in it forked warm (tests/cli_runner.py)
+        proc = subprocess.run(["bash", "-eo", "pipefail", "-c", block.body], cwd=_workdir(tmp_path),
+                              env=shim_env(env), capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S)
+    else:
+        proc = run_python(block.body, _workdir(tmp_path), env, timeout=BLOCK_TIMEOUT_S)
     assert proc.returncode in allowed, (f"{block.id} exited {proc.returncode} (allowed {sorted(allowed)})\n"
                                         f"{block.body}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}")
     if block.expected is not None:

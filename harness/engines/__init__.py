@@ -92,6 +92,10 @@ class EngineCache:
         self._held[key] = adapter
         return adapter, True
 
+    def loaded(self) -> bool:
+        """Whether an engine is held."""
+        return bool(self._held)
+
     def release(self) -> None:
         """Free the cached measured engine (before something else needs its memory)."""
         _close_all(self._held)

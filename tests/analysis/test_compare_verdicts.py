@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,6 +15,7 @@ import pandas as pd
 import pytest
 
 from harness import results
+from tests.cli_runner import run_module
 from tests.conftest import hf_model, save
 from tests.harness.test_trust import REPO, cli
 
@@ -37,9 +36,8 @@ def compare(base: Path, new: Path, *args: str, tmp: Path) -> tuple[int, str, str
     """The CLI in a subprocess: (exit code, stdout + stderr, the markdown report, the table)."""
     report, table = tmp / "report.md", tmp / "table.csv"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "harness.analysis_cli", "compare", str(base), str(new), *args,
-                           "--report", str(report), "--table", str(table)], env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = run_module("harness.analysis_cli", ["compare", str(base), str(new), *args, "--report", str(report),
+                                               "--table", str(table)], os.getcwd(), env, timeout=300)
     df = pd.read_csv(table, keep_default_na=False, na_values=[""]) if table.exists() else pd.DataFrame()
     return proc.returncode, proc.stdout + proc.stderr, report.read_text() if report.exists() else "", df
 

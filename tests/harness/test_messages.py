@@ -10,7 +10,6 @@ import os
 import shutil
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +17,7 @@ import pytest
 
 from engine.config import ModelConfig
 from harness import results
+from tests.cli_runner import run_module
 from tests.harness.test_remote_code import job_dir_of, lines_naming
 from tests.harness.test_trust import REPO, cli
 from tests.plugins import needs_engine
@@ -123,8 +123,7 @@ def test_a_server_that_exits_1_is_reported_as_failing(tmp_path):
 
 def sim(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "harness.sim.cli", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return run_module("harness.sim.cli", args, cwd, env, timeout=300)
 
 
 @pytest.mark.slow

@@ -5,13 +5,12 @@ nsys writes its own."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from harness import results
+from tests.cli_runner import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "nsys_small.sqlite"
@@ -35,9 +34,8 @@ def test_a_sweep_under_nsys_profiles_every_job_and_keeps_only_its_own_rows(tmp_p
     exe.write_text(STANDIN.format(fixture=FIXTURE))
     exe.chmod(0o755)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "NSYS": str(exe)}
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "-m", *BASE, "cache.capacity=2,4",
-                           "run.profiler=nsys", f"run.out={tmp_path / 'out'}", "run.sweep_id=n"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    proc = run_cli(["-m", *BASE, "cache.capacity=2,4", "run.profiler=nsys", f"run.out={tmp_path / 'out'}",
+                    "run.sweep_id=n"], tmp_path, env, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     sweep = tmp_path / "out" / "sweeps" / "n"
     df = results.load(sweep)

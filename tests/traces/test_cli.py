@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +20,7 @@ from engine.trace import RoutingTrace, load_trace
 from engine.trace_recorder import TraceRecorder
 from harness import results
 from harness.sim.replay import replay
+from tests.cli_runner import run_module
 from tests.traces import fixtures as fx
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,8 +31,7 @@ SMALL = ["model=tiny-mixtral", "workload=chat", "workload.context_tokens=256", "
 
 def run(module: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=600)
+    return run_module(module, args, cwd, env)             # forked warm (tests/cli_runner.py)
 
 
 def moebench(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
