@@ -34,7 +34,7 @@ llamacpp: $(STAMP)
 # The llama.cpp tests run when `make llamacpp` has built it and otherwise skip, in one summary line
 # that says so; MOEBENCH_REQUIRE_LLAMACPP=1 (.ci/run) makes them fail instead when it is missing.
 test: $(STAMP)
-	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) -m pytest -q -n auto
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) -m pytest -q -n auto --dist worksteal
 
 # Micro-benchmarks (benchmarks/micro, pytest-benchmark; not part of `make test`). Each run is saved
 # under $(BENCH_STORAGE) (machine-local, git-ignored) and compared with the previous saved run;

@@ -32,11 +32,13 @@ def test_entry_point_plugin_is_found(third_party, monkeypatch):
     fresh = Registry("placement", "moebench.placements", {"resident": "engine.placements.resident:Resident"})
     assert "mirror" in fresh.names()
     assert fresh.get("mirror").__name__ == "Mirror"
+    # the scan adds to copies: after the test the registry is the one it was, without "mirror"
+    monkeypatch.setattr(PLACEMENTS, "_targets", dict(PLACEMENTS._targets))
+    monkeypatch.setattr(PLACEMENTS, "_loaded", dict(PLACEMENTS._loaded))
     monkeypatch.setattr(PLACEMENTS, "_scanned", False)
     eng = Engine.from_pretrained("tiny-mixtral", device="cpu", placement="mirror")
     ref = Engine.from_pretrained("tiny-mixtral", device="cpu")
     assert eng.generate([[1, 2, 3]], 4).tokens == ref.generate([[1, 2, 3]], 4).tokens
-    monkeypatch.setattr(PLACEMENTS, "_targets", {k: v for k, v in PLACEMENTS._targets.items() if k != "mirror"})
 
 
 def test_builtins_are_lazy_and_errors_list_names():
