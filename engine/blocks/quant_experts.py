@@ -11,9 +11,11 @@ Owns:
   copy: [fp32: each matrix's scales | the layout's other values (biases) | uint8: each matrix's
   int4 zero points | its int8 / packed int4 values], padded to 16 bytes. `run`, for a SwiGLU
   expert's few rows (<= engine.kernels.cpu.MAX_ROWS, fp32) on the CPU, runs the CPU kernel on
-  the packed bytes themselves (each weight dequantised in registers: bitwise the dense kernel on
-  the dequantised expert, without writing it); otherwise it dequantises into a dense expert in
-  the activation dtype and runs the dense kernel on it.
+  the packed bytes themselves (integer values converted in registers, each scale applied once to
+  a row's or a group's sum: the dequantised expert's product up to fp32 rounding, without writing
+  it; every placement runs the same path for the same rows, so the invariant holds within a
+  treatment); otherwise it dequantises into a dense expert in the activation dtype and runs the
+  dense kernel on it.
 - `MixedExperts`: per MoE layer, the most popular experts kept in int8 and the rest in int4.
   Every row of the store and every cache slot is the int8 size (the larger), an int4 expert uses
   its first bytes; an expert's stored bytes (`expert_numel`) are what is copied and counted,

@@ -9,9 +9,10 @@ many threads as `torch.set_num_threads` says (the caller and helpers on torch's 
 caller never waits for a helper that another process keeps off its core; OpenMP's idle workers
 kept off the helpers' cores: engine.kernels.openmp) and reads fp32 or bf16
 weights directly, and the lossy treatments' int8 / int4 expert matrices from their packed bytes
-(dequantised in registers, bitwise the dense kernel on the dequantised matrix);
-each output is one dot product in a fixed order, the same bits whatever the batch or thread
-count. Above `MAX_ROWS` rows it is the BLAS GEMM (`at::mm`, bitwise `F.linear`; for bf16 on a CPU
+(integer values converted in registers, a scale applied once to the row's or the group's sum:
+the dequantised matrix's product up to fp32 rounding, at a fraction of the dense kernel's work
+per weight); each output is one dot product in a fixed order, the same bits whatever the batch
+or thread count. Above `MAX_ROWS` rows it is the BLAS GEMM (`at::mm`, bitwise `F.linear`; for bf16 on a CPU
 without bf16 arithmetic, fp32 on widened copies, rounded once: torch's bf16 GEMM there runs at a
 fraction of the fp32 rate), so one call site serves prefill and decode. bf16 weights are thus
 never converted at load (no second copy in memory) and never run at the emulated rate.
@@ -216,9 +217,9 @@ def int4_group_ok(group: int) -> bool:
 
 def int8_linear(x: torch.Tensor, packed: torch.Tensor, q_at: int, scale_at: int, O: int, K: int) -> torch.Tensor:
     """x [n, K] fp32 @ dequant(w)^T -> [n, O] fp32 for the int8 matrix w [O, K] in the uint8 buffer
-    `packed` (its values from byte q_at, its fp32 per-row scales from byte scale_at): each weight
-    q * scale in registers, the bits engine.blocks.intquant.dequantize_int8 gives, then small_linear's
-    fixed-order dot products -- bitwise small_linear on the dequantised matrix."""
+    `packed` (its values from byte q_at, its fp32 per-row scales from byte scale_at): scale x the
+    fixed-order dot product of q and x -- engine.blocks.intquant.dequantize_int8's matrix times x up
+    to fp32 rounding, the same bits at any batch and thread count."""
     return _ops().int8_linear(x, packed, q_at, scale_at, O, K)
 
 
@@ -226,7 +227,7 @@ def int4_linear(x: torch.Tensor, packed: torch.Tensor, q_at: int, scale_at: int,
                 group: int) -> torch.Tensor:
     """As `int8_linear` for the int4 matrix w [O, K]: two values a byte (low nibble first) from
     q_at, fp32 scales [O, K/group] from scale_at, uint8 zero points [O, K/group] from zero_at;
-    each weight (q - zero) * scale, dequantize_int4's bits. `group`: see int4_group_ok."""
+    the sum over groups of scale x the dot product of (q - zero) and x. `group`: see int4_group_ok."""
     return _ops().int4_linear(x, packed, q_at, scale_at, zero_at, O, K, group)
 
 

@@ -9,8 +9,12 @@
 // it is at::mm (the BLAS GEMM, which threads itself; bf16 on widened fp32 copies where the CPU has
 // no bf16 arithmetic), so one call site covers every batch. The same kernel reads the lossy
 // treatments' quantised expert matrices straight from their packed bytes (int8 with a per-row
-// scale; int4 two a byte with a scale and zero point per group), dequantised in registers to the
-// bits the dense dequantised matrix would hold, so nothing the size of the matrix is written per call.
+// scale; int4 two a byte with a scale and zero point per group), so nothing the size of the matrix
+// is written per call: the integer values (int4: less the group's zero point, in integers) are
+// converted in registers, exactly, and multiplied with x; a scale multiplies a sum once -- the
+// row's (int8) or each group's (int4) -- not each weight, which is what makes the quantised kernel
+// cheaper per weight than the dense one. So a row's output is the dequantised matrix's product up
+// to fp32 rounding (not its bits), the same bits at any batch and thread count.
 // Does not own: which call sites use it, whether this CPU can run it, building it
 // (engine/kernels/cpu.py).
 //
@@ -19,6 +23,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/linear.h>
 #include <ATen/ops/mm.h>
 #include <c10/util/BFloat16.h>
@@ -38,6 +43,8 @@
 namespace {
 
 constexpr int64_t CHUNK_ROWS = 64;       // weight rows a thread claims at a time (a multiple of every block's rows)
+constexpr int64_t PREFETCH_BYTES = 1024;  // how far ahead a quantised row is prefetched: its rows are short, the
+                                          // hardware prefetcher alone leaves a core waiting (docs/cpu_experts.md)
 constexpr int64_t TASK_ELEMS = 1 << 16;  // weights per parallel task at least: below it a thread costs more than it saves
 
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
@@ -56,78 +63,90 @@ inline float hsum(__m256 v) {                                  // a fixed tree: 
 }
 
 // The weight rows a kernel reads, as row readers: `row(o)` gives weight row o's reader, whose
-// `load16(k, w0, w1)` yields the fp32 values of inputs k..k+15 (k a multiple of 16) and `at(t)` the
-// value of input t. Quantised rows are dequantised here, in registers, with the same float32
-// operations in the same order as engine/blocks/intquant.py's dequantisers (int8: q * scale; int4:
-// (q - zero) * scale), so each weight is the very bits the dense dequantised matrix holds.
+// `load16(k, w0, w1)` yields 16 values of inputs k..k+15 (k a multiple of 16) as two 8-lane
+// vectors, matched lane for lane with 16 values of x at k (`x_of` says which: the dense and int8
+// readers' lanes are inputs k..k+7 and k+8..k+15; int4's are the low and high nibbles of 8 bytes,
+// inputs k, k+2, .., k+14 and k+1, .., k+15, so x is handed to the kernel with each 16 inputs
+// de-interleaved to match: `deinterleave16`). `at(t)` is input t's value for the scalar tail, and
+// `finish(s)` turns a row's sum into its output. Quantised readers leave their scales out of the
+// values: int8's finish multiplies by the row's scale; int4 (kGrouped) folds each group's partial
+// sums into the row's totals times the group's scale when the group ends (`scales(k)`, one per lane).
 template <typename W>
 struct DenseRows {                                             // fp32 or bf16, row stride ldw elements
+  static constexpr bool kGrouped = false;
   const W* w; int64_t ldw;
   struct Row {
     const W* p;
     inline void load16(int64_t k, __m256& w0, __m256& w1) const { w0 = load8(p + k); w1 = load8(p + k + 8); }
     inline float at(int64_t t) const { return widen(p[t]); }
+    inline float finish(float s) const { return s; }
   };
   inline Row row(int64_t o) const { return {w + o * ldw}; }
 };
 
-struct Int8Rows {                                              // int8 [O, K], fp32 scale [O]
+struct Int8Rows {                                              // int8 [O, K], fp32 scale [O]: y = scale * sum(q x)
+  static constexpr bool kGrouped = false;
   const int8_t* q; const float* scale; int64_t K;
   struct Row {
-    const int8_t* p; __m256 s; float sf;
+    const int8_t* p; float sf;
     inline __m256 half(int64_t k) const {
-      __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + k));
-      return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), s);
-    }
-    inline void load16(int64_t k, __m256& w0, __m256& w1) const { w0 = half(k); w1 = half(k + 8); }
-    inline float at(int64_t t) const { return static_cast<float>(p[t]) * sf; }
-  };
-  inline Row row(int64_t o) const { return {q + o * K, _mm256_set1_ps(scale[o]), scale[o]}; }
-};
-
-struct Int4Rows {                                              // uint8 [O, K/2] (low nibble first), fp32 scale and uint8 zero [O, K/group]
-  const uint8_t* q; const float* scale; const uint8_t* zero; int64_t K, G; int lg;   // group = 1 << lg, >= 8
-  struct Row {
-    const uint8_t* p; const float* s; const uint8_t* z; int lg;
-    inline __m256 deq(__m128i nib8, int64_t g) const {     // 8 values (bytes 0..7 of nib8), all in group g
-      __m256 v = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(nib8)), _mm256_set1_ps(static_cast<float>(z[g])));
-      return _mm256_mul_ps(v, _mm256_set1_ps(s[g]));
+      return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + k))));
     }
     inline void load16(int64_t k, __m256& w0, __m256& w1) const {
-      const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + k / 2));   // 16 nibbles
-      const __m128i m = _mm_set1_epi8(0x0F);
-      const __m128i v = _mm_unpacklo_epi8(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
+      _mm_prefetch(reinterpret_cast<const char*>(p + k + PREFETCH_BYTES), _MM_HINT_T0);
+      w0 = half(k); w1 = half(k + 8);
+    }
+    inline float at(int64_t t) const { return static_cast<float>(p[t]); }
+    inline float finish(float s) const { return s * sf; }
+  };
+  inline Row row(int64_t o) const { return {q + o * K, scale[o]}; }
+};
+
+// int4: uint8 [O, K/2] (low nibble first), fp32 scale and uint8 zero [O, K/group]; group = 1 << lg,
+// >= 8: y = sum over groups g of scale_g * sum over the group of (q - zero_g) x. A 16-wide step
+// spans one group (lg >= 4) or two (lg == 3: its lanes 0-3 in group k/8, lanes 4-7 in the next).
+struct Int4Rows {
+  static constexpr bool kGrouped = true;
+  const uint8_t* q; const float* scale; const uint8_t* zero; int64_t K, G; int lg;
+  inline bool group_ends(int64_t k) const { return lg == 3 || ((k + 16) & ((int64_t{1} << lg) - 1)) == 0; }
+  struct Row {
+    const uint8_t* p; const float* s; const uint8_t* z; int lg;
+    inline void load16(int64_t k, __m256& w0, __m256& w1) const {
+      _mm_prefetch(reinterpret_cast<const char*>(p + k / 2 + PREFETCH_BYTES), _MM_HINT_T0);
+      const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + k / 2)));
       const int64_t g = k >> lg;
-      if (lg >= 4) {                                         // one group holds all 16: its scale and zero once
-        const __m256 zf = _mm256_set1_ps(static_cast<float>(z[g])), sf = _mm256_set1_ps(s[g]);
-        w0 = _mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), zf), sf);
-        w1 = _mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8))), zf), sf);
-      } else {
-        w0 = deq(v, g);
-        w1 = deq(_mm_srli_si128(v, 8), g + 1);
-      }
+      const __m256i zv = lg >= 4 ? _mm256_set1_epi32(z[g])
+                                 : _mm256_setr_epi32(z[g], z[g], z[g], z[g], z[g + 1], z[g + 1], z[g + 1], z[g + 1]);
+      w0 = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x0F)), zv));
+      w1 = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(b, 4), zv));
+    }
+    inline __m256 scales(int64_t k) const {
+      const int64_t g = k >> lg;
+      return lg >= 4 ? _mm256_set1_ps(s[g]) : _mm256_setr_ps(s[g], s[g], s[g], s[g], s[g + 1], s[g + 1], s[g + 1], s[g + 1]);
     }
     inline float at(int64_t t) const {
       const int64_t g = t >> lg;
       const int v = (p[t / 2] >> (4 * (t & 1))) & 0x0F;
-      return (static_cast<float>(v) - static_cast<float>(z[g])) * s[g];
+      return static_cast<float>(v - static_cast<int>(z[g])) * s[g];
     }
+    inline float finish(float s) const { return s; }
   };
   inline Row row(int64_t o) const { return {q + o * (K / 2), scale + o * G, zero + o * G, lg}; }
 };
 
 // y[j * O + r] = dot(weight row o + r, x + j * K) for r < R weight rows and j < NB rows of x. Every
 // (weight row, x row) pair runs the same instructions in the same order whatever R and NB are: two
-// 8-lane accumulators over 16-wide steps, summed, reduced by hsum, then the tail one fma at a time.
+// 8-lane accumulators over 16-wide steps (grouped: a group's, folded into two totals times its
+// scales when it ends), summed, reduced by hsum, then the tail one fma at a time, then `finish`.
 // R > 1 reads R weight rows side by side: several memory streams per thread, which one core needs
 // to reach its share of the bandwidth (one stream alone reads at about 3/4 of it here).
 template <typename Rows, int64_t R, int64_t NB>
 inline void dot_block(const Rows& rows, int64_t o, const float* x, int64_t K, float* y, int64_t O) {
   typename Rows::Row rr[R];
   for (int64_t r = 0; r < R; ++r) rr[r] = rows.row(o + r);
-  __m256 a0[R][NB], a1[R][NB];
+  __m256 a0[R][NB], a1[R][NB], t0[R][NB], t1[R][NB];
   for (int64_t r = 0; r < R; ++r)
-    for (int64_t j = 0; j < NB; ++j) a0[r][j] = a1[r][j] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < NB; ++j) a0[r][j] = a1[r][j] = t0[r][j] = t1[r][j] = _mm256_setzero_ps();
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
     for (int64_t r = 0; r < R; ++r) {
@@ -138,12 +157,24 @@ inline void dot_block(const Rows& rows, int64_t o, const float* x, int64_t K, fl
         a1[r][j] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + j * K + k + 8), a1[r][j]);
       }
     }
+    if constexpr (Rows::kGrouped) {
+      if (rows.group_ends(k)) {
+        for (int64_t r = 0; r < R; ++r) {
+          const __m256 sc = rr[r].scales(k);
+          for (int64_t j = 0; j < NB; ++j) {
+            t0[r][j] = _mm256_fmadd_ps(a0[r][j], sc, t0[r][j]);
+            t1[r][j] = _mm256_fmadd_ps(a1[r][j], sc, t1[r][j]);
+            a0[r][j] = a1[r][j] = _mm256_setzero_ps();
+          }
+        }
+      }
+    }
   }
   for (int64_t r = 0; r < R; ++r)
     for (int64_t j = 0; j < NB; ++j) {
-      float s = hsum(_mm256_add_ps(a0[r][j], a1[r][j]));
+      float s = Rows::kGrouped ? hsum(_mm256_add_ps(t0[r][j], t1[r][j])) : hsum(_mm256_add_ps(a0[r][j], a1[r][j]));
       for (int64_t t = k; t < K; ++t) s = std::fma(rr[r].at(t), x[j * K + t], s);
-      y[j * O + o + r] = s;
+      y[j * O + o + r] = rr[r].finish(s);
     }
 }
 
@@ -317,6 +348,24 @@ at::Tensor quant_prologue(const at::Tensor& x, const at::Tensor& packed, int64_t
   return x.contiguous();
 }
 
+// x [n, K] with each full 16 inputs k..k+15 reordered as k, k+2, .., k+14, k+1, k+3, .., k+15 (the
+// order of int4's nibble lanes); a tail past the last full 16 stays in place.
+at::Tensor deinterleave16(const at::Tensor& x) {
+  const int64_t n = x.size(0), K = x.size(1), full = K / 16 * 16;
+  at::Tensor out = at::empty_like(x);
+  const float* src = x.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  for (int64_t j = 0; j < n; ++j, src += K, dst += K) {
+    for (int64_t k = 0; k < full; k += 16)
+      for (int64_t i = 0; i < 8; ++i) {
+        dst[k + i] = src[k + 2 * i];
+        dst[k + 8 + i] = src[k + 2 * i + 1];
+      }
+    for (int64_t t = full; t < K; ++t) dst[t] = src[t];
+  }
+  return out;
+}
+
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, int64_t q_at, int64_t scale_at, int64_t O,
                        int64_t K) {
   at::Tensor xc = quant_prologue(x, packed, K, "int8_linear");
@@ -339,7 +388,10 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, int64_t q_
                 reinterpret_cast<const float*>(packed_part(packed, scale_at, 4 * O * G, 4, "int4_linear scales")),
                 packed_part(packed, zero_at, O * G, 1, "int4_linear zero points"), K, G, lg};
   at::Tensor out = at::empty({xc.size(0), O}, xc.options());
-  if (xc.size(0) > 0) rows_kernel(xc.data_ptr<float>(), xc.size(0), rows, O, K, out.data_ptr<float>());
+  if (xc.size(0) > 0) {
+    at::Tensor xd = deinterleave16(xc);
+    rows_kernel(xd.data_ptr<float>(), xd.size(0), rows, O, K, out.data_ptr<float>());
+  }
   return out;
 }
 

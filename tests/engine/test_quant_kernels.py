@@ -1,7 +1,8 @@
 """engine.kernels.cpu's int8 / int4 paths: a quantised expert matrix read from its packed bytes.
 
-The kernel against float64 of dequantise-then-matmul, bitwise the dense kernel on the dequantised
-matrix, the same bits at any batch up to MAX_ROWS and at 1 or 2 threads; QuantExperts running it
+The kernel against float64 of dequantise-then-matmul (it applies a scale to a sum, the row's or
+a group's, not to each weight: the dequantised matrix's product up to fp32 rounding, not its
+bits), the same bits at any batch up to MAX_ROWS and at 1 or 2 threads; QuantExperts running it
 for a decode step's rows on the CPU and the dequantising path beyond MAX_ROWS, for int4 groups the
 kernel cannot read, and with the kernels off; an engine with quantised experts calling it. The
 invariant within a treatment (every placement gives resident's output) is
@@ -62,7 +63,7 @@ CASES = [("int8", O, K, 32) for O, K in SHAPES] + \
 
 @needs_kernel
 @pytest.mark.parametrize("fmt,O,K,group", CASES)
-def test_matches_float64_of_dequantise_then_matmul_and_is_the_dense_kernel_bitwise(fmt, O, K, group):
+def test_matches_float64_of_dequantise_then_matmul(fmt, O, K, group):
     w, packed, args = matrix(fmt, O, K, group, seed=O + K)
     g = torch.Generator().manual_seed(K)
     for n in range(1, cpu.MAX_ROWS + 1):
@@ -71,7 +72,6 @@ def test_matches_float64_of_dequantise_then_matmul_and_is_the_dense_kernel_bitwi
         exact = F.linear(x.double(), w.double())
         assert y.dtype == torch.float32 and y.shape == (n, O)
         assert (y.double() - exact).abs().max() <= 1e-5 * exact.abs().max(), n
-        assert torch.equal(y, cpu.small_linear(x, w)), n           # each weight dequantised to the same bits
 
 
 @needs_kernel
@@ -125,7 +125,10 @@ def test_quant_experts_run_the_kernel_up_to_max_rows_and_dequantise_beyond(fmt, 
         ran = len(calls) > before
         dense_path = layout.base.run(x, layout.unpack(packed, x.dtype))     # what run did before the kernel
         assert ran == (n <= cpu.MAX_ROWS), n
-        assert torch.equal(y, dense_path), n                                  # bitwise, either way
+        if ran:                                                               # scales applied to sums
+            assert (y - dense_path).abs().max() <= 1e-5 * dense_path.abs().max(), n
+        else:
+            assert torch.equal(y, dense_path), n                              # that very path
         with cpu.enabled(False):
             off = layout.run(x, packed)                                       # torch's path
         assert len(calls) == before + (2 if ran else 0)
