@@ -104,25 +104,27 @@ struct Int8Rows {                                              // int8 [O, K], f
 
 // int4: uint8 [O, K/2] (low nibble first), fp32 scale and uint8 zero [O, K/group]; group = 1 << lg,
 // >= 8: y = sum over groups g of scale_g * sum over the group of (q - zero_g) x. A 16-wide step
-// spans one group (lg >= 4) or two (lg == 3: its lanes 0-3 in group k/8, lanes 4-7 in the next).
+// spans one group (lg >= 4) or two (kPairs, group 8: its lanes 0-3 in group k/8, lanes 4-7 in the
+// next) -- a type of its own, so the step has no branch on it.
+template <bool kPairs>
 struct Int4Rows {
   static constexpr bool kGrouped = true;
   const uint8_t* q; const float* scale; const uint8_t* zero; int64_t K, G; int lg;
-  inline bool group_ends(int64_t k) const { return lg == 3 || ((k + 16) & ((int64_t{1} << lg) - 1)) == 0; }
+  inline bool group_ends(int64_t k) const { return kPairs || ((k + 16) & ((int64_t{1} << lg) - 1)) == 0; }
   struct Row {
     const uint8_t* p; const float* s; const uint8_t* z; int lg;
     inline void load16(int64_t k, __m256& w0, __m256& w1) const {
       _mm_prefetch(reinterpret_cast<const char*>(p + k / 2 + PREFETCH_BYTES), _MM_HINT_T0);
       const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + k / 2)));
       const int64_t g = k >> lg;
-      const __m256i zv = lg >= 4 ? _mm256_set1_epi32(z[g])
+      const __m256i zv = !kPairs ? _mm256_set1_epi32(z[g])
                                  : _mm256_setr_epi32(z[g], z[g], z[g], z[g], z[g + 1], z[g + 1], z[g + 1], z[g + 1]);
       w0 = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x0F)), zv));
       w1 = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(b, 4), zv));
     }
     inline __m256 scales(int64_t k) const {
       const int64_t g = k >> lg;
-      return lg >= 4 ? _mm256_set1_ps(s[g]) : _mm256_setr_ps(s[g], s[g], s[g], s[g], s[g + 1], s[g + 1], s[g + 1], s[g + 1]);
+      return !kPairs ? _mm256_set1_ps(s[g]) : _mm256_setr_ps(s[g], s[g], s[g], s[g], s[g + 1], s[g + 1], s[g + 1], s[g + 1]);
     }
     inline float at(int64_t t) const {
       const int64_t g = t >> lg;
@@ -136,7 +138,7 @@ struct Int4Rows {
 
 // y[j * O + r] = dot(weight row o + r, x + j * K) for r < R weight rows and j < NB rows of x. Every
 // (weight row, x row) pair runs the same instructions in the same order whatever R and NB are: two
-// 8-lane accumulators over 16-wide steps (grouped: a group's, folded into two totals times its
+// 8-lane accumulators over 16-wide steps (grouped: a group's, folded into one total times its
 // scales when it ends), summed, reduced by hsum, then the tail one fma at a time, then `finish`.
 // R > 1 reads R weight rows side by side: several memory streams per thread, which one core needs
 // to reach its share of the bandwidth (one stream alone reads at about 3/4 of it here).
@@ -144,9 +146,9 @@ template <typename Rows, int64_t R, int64_t NB>
 inline void dot_block(const Rows& rows, int64_t o, const float* x, int64_t K, float* y, int64_t O) {
   typename Rows::Row rr[R];
   for (int64_t r = 0; r < R; ++r) rr[r] = rows.row(o + r);
-  __m256 a0[R][NB], a1[R][NB], t0[R][NB], t1[R][NB];
+  __m256 a0[R][NB], a1[R][NB], t[R][NB];
   for (int64_t r = 0; r < R; ++r)
-    for (int64_t j = 0; j < NB; ++j) a0[r][j] = a1[r][j] = t0[r][j] = t1[r][j] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < NB; ++j) a0[r][j] = a1[r][j] = t[r][j] = _mm256_setzero_ps();
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
     for (int64_t r = 0; r < R; ++r) {
@@ -162,8 +164,7 @@ inline void dot_block(const Rows& rows, int64_t o, const float* x, int64_t K, fl
         for (int64_t r = 0; r < R; ++r) {
           const __m256 sc = rr[r].scales(k);
           for (int64_t j = 0; j < NB; ++j) {
-            t0[r][j] = _mm256_fmadd_ps(a0[r][j], sc, t0[r][j]);
-            t1[r][j] = _mm256_fmadd_ps(a1[r][j], sc, t1[r][j]);
+            t[r][j] = _mm256_fmadd_ps(a1[r][j], sc, _mm256_fmadd_ps(a0[r][j], sc, t[r][j]));
             a0[r][j] = a1[r][j] = _mm256_setzero_ps();
           }
         }
@@ -172,7 +173,7 @@ inline void dot_block(const Rows& rows, int64_t o, const float* x, int64_t K, fl
   }
   for (int64_t r = 0; r < R; ++r)
     for (int64_t j = 0; j < NB; ++j) {
-      float s = Rows::kGrouped ? hsum(_mm256_add_ps(t0[r][j], t1[r][j])) : hsum(_mm256_add_ps(a0[r][j], a1[r][j]));
+      float s = hsum(Rows::kGrouped ? t[r][j] : _mm256_add_ps(a0[r][j], a1[r][j]));
       for (int64_t t = k; t < K; ++t) s = std::fma(rr[r].at(t), x[j * K + t], s);
       y[j * O + o + r] = rr[r].finish(s);
     }
@@ -384,13 +385,16 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, int64_t q_
   const int64_t G = K / group;
   int lg = 0;
   while ((int64_t{1} << lg) < group) ++lg;
-  Int4Rows rows{packed_part(packed, q_at, O * K / 2, 1, "int4_linear values"),
-                reinterpret_cast<const float*>(packed_part(packed, scale_at, 4 * O * G, 4, "int4_linear scales")),
-                packed_part(packed, zero_at, O * G, 1, "int4_linear zero points"), K, G, lg};
+  const uint8_t* q = packed_part(packed, q_at, O * K / 2, 1, "int4_linear values");
+  const float* scale = reinterpret_cast<const float*>(packed_part(packed, scale_at, 4 * O * G, 4, "int4_linear scales"));
+  const uint8_t* zero = packed_part(packed, zero_at, O * G, 1, "int4_linear zero points");
   at::Tensor out = at::empty({xc.size(0), O}, xc.options());
   if (xc.size(0) > 0) {
     at::Tensor xd = deinterleave16(xc);
-    rows_kernel(xd.data_ptr<float>(), xd.size(0), rows, O, K, out.data_ptr<float>());
+    if (lg == 3)
+      rows_kernel(xd.data_ptr<float>(), xd.size(0), Int4Rows<true>{q, scale, zero, K, G, lg}, O, K, out.data_ptr<float>());
+    else
+      rows_kernel(xd.data_ptr<float>(), xd.size(0), Int4Rows<false>{q, scale, zero, K, G, lg}, O, K, out.data_ptr<float>());
   }
   return out;
 }
