@@ -30,7 +30,8 @@ llamacpp: $(STAMP)
 
 # One intra-op thread: the tests check correctness, not speed, and tiny models on a small shared
 # machine run faster and steadier without OpenMP threads spinning against other processes; one
-# pytest worker per core instead (pytest-xdist, -n auto).
+# pytest worker per core instead (pytest-xdist, -n auto), a worker that runs out of tests taking
+# queued ones from another (--dist worksteal: the suite does not end on one busy worker).
 # The llama.cpp tests run when `make llamacpp` has built it and otherwise skip, in one summary line
 # that says so; MOEBENCH_REQUIRE_LLAMACPP=1 (.ci/run) makes them fail instead when it is missing.
 test: $(STAMP)
