@@ -34,8 +34,14 @@ llamacpp: $(STAMP)
 # queued ones from another (--dist worksteal: the suite does not end on one busy worker).
 # The llama.cpp tests run when `make llamacpp` has built it and otherwise skip, in one summary line
 # that says so; MOEBENCH_REQUIRE_LLAMACPP=1 (.ci/run) makes them fail instead when it is missing.
+# Then the tests marked `alone` (timing calibrations: another worker on the cores biases them),
+# with the machine to themselves; both stages run, and either failing fails `make test`.
+PYTEST := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) -m pytest -q
 test: $(STAMP)
-	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) -m pytest -q -n auto --dist worksteal
+	@rc=0; \
+	$(PYTEST) -n auto --dist worksteal -m "not alone" || rc=$$?; \
+	$(PYTEST) -m alone || rc=$$?; \
+	exit $$rc
 
 # Micro-benchmarks (benchmarks/micro, pytest-benchmark; not part of `make test`). Each run is saved
 # under $(BENCH_STORAGE) (machine-local, git-ignored) and compared with the previous saved run;

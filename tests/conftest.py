@@ -147,6 +147,13 @@ def pytest_collection_modifyitems(config, items):
     once and the short ones fill the end, instead of a long one running alone after every other
     test is done."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    workers = getattr(config, "workerinput", {}).get("workercount", 1)
+    if workers > 1:
+        alone = pytest.mark.skip(reason=f"needs the machine to itself, not {workers} pytest workers: `make test` "
+                                        "runs it after the rest (pytest -m alone)")
+        for item in items:
+            if item.get_closest_marker("alone"):
+                item.add_marker(alone)
 
 
 @pytest.hookimpl(wrapper=True)

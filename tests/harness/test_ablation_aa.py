@@ -130,6 +130,7 @@ def test_an_aa_job_of_9_pairs_gives_no_verdict_through_the_cli(tmp_path: Path) -
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_an_aa_sweep_flags_at_most_one_job_in_20(tmp_path: Path) -> None:
     """20 A/A jobs of the tiny model through the CLI (both sides resident, 10 interleaved pairs
     each: the fewest that get a verdict) flag at most one job at 5%, counting the jobs no other
