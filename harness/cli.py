@@ -145,7 +145,7 @@ def _launch(argv: list[str], sweep_dir: Path | None, session: RunSession) -> int
         from harness.report import SweepProgress
         session.progress = SweepProgress(_sweep_jobs(argv), quiet=quiet_of(argv))
     try:
-        with hydra_raises():
+        with hydra_raises(), mode_from_flags(argv):
             build_app(session)()
         if sweep_dir is not None:        # after the last job, whatever happened to the others
             session.end_sweep(sweep_dir, quiet=quiet_of(argv) or session.quiet)
@@ -206,6 +206,34 @@ def hydra_raises() -> Iterator[None]:
 
 
 _FULL_ERROR = "HYDRA_FULL_ERROR"
+
+
+def mode_settable(argv: list[str]) -> bool:
+    """Whether anything but moebench's own config could set `hydra.mode` for this command: a
+    `hydra.mode` override, or another config source (-cp/-cd/-cn, hydra.searchpath)."""
+    flags, overrides = split_args(argv)
+    keys = {o.lstrip("+~").partition("=")[0] for o in overrides}
+    return bool(CONFIG_SOURCE_FLAGS & set(flags)) or bool(keys & {"hydra.mode", "hydra.searchpath"})
+
+
+@contextlib.contextmanager
+def mode_from_flags(argv: list[str]) -> Iterator[None]:
+    """Before it runs anything, Hydra composes the whole config once only to read `hydra.mode`
+    (`Hydra.get_mode`), then composes it again to run: ~0.35 s a command on 2 cores, as long as a
+    tiny job's measurement. moebench's config never sets the mode (tests/harness/test_hydra_mode.py
+    composes every experiment to hold it), so where the command line cannot set it either
+    (`mode_settable`), Hydra's own answer is None -- the flags decide -- and the first composition
+    is skipped; otherwise Hydra asks as it always does."""
+    if mode_settable(argv):
+        yield
+        return
+    from hydra._internal.hydra import Hydra
+    asked = Hydra.get_mode
+    Hydra.get_mode = lambda self, config_name, overrides: None
+    try:
+        yield
+    finally:
+        Hydra.get_mode = asked
 
 
 def _hydra_failed(exc: Exception, argv: list[str], sweep_dir: Path | None, session: RunSession) -> int:
