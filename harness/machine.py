@@ -1,7 +1,7 @@
 """The context of a measurement on this machine: intra-op threads, cores, and how busy the other
 processes keep them (DESIGN.md rule 7.9; CPU timings mean little on a busy machine).
 
-Owns: `MachineLoad.sample(threads)` -- the 1-minute load average, the cores this process may use,
+Owns: `MachineLoad.sample(threads)` (or a `LoadWindow` opened and closed around other work) -- the 1-minute load average, the cores this process may use,
 and the cores other processes kept busy over a short window (total CPU time minus this process's
 own, so a previous job of the same sweep does not count as "other") -- and the warning rule:
 a run is `busy` when other processes take more cores than this run leaves free.
@@ -73,16 +73,8 @@ class MachineLoad:
 
     @classmethod
     def sample(cls, threads: int, window_s: float = SAMPLE_S) -> "MachineLoad":
-        me = psutil.Process()
-        try:
-            load1 = os.getloadavg()[0]
-        except OSError:
-            load1 = None
-        t0, own0, busy0 = time.perf_counter(), _own_cpu(me), _busy_cpu()
-        time.sleep(window_s)
-        t1, own1, busy1 = time.perf_counter(), _own_cpu(me), _busy_cpu()
-        other = max(0.0, ((busy1 - busy0) - (own1 - own0)) / (t1 - t0))
-        return cls(load1, available_cores(), threads, round(other, 3))
+        """The load over a window of `window_s` from now (slept through)."""
+        return LoadWindow(threads, window_s).close()
 
     @property
     def free_cores(self) -> int:
@@ -100,6 +92,26 @@ class MachineLoad:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+class LoadWindow:
+    """Other processes' CPU use from opening to `close()`: the machine's busy CPU time less this
+    process's own, so the window may span this process's own work (a job samples it while it
+    builds its workload instead of waiting for it). `close` sleeps what is left of `window_s`."""
+
+    def __init__(self, threads: int, window_s: float = SAMPLE_S) -> None:
+        self.threads, self.window_s, self._me = threads, window_s, psutil.Process()
+        try:
+            self.load1: float | None = os.getloadavg()[0]
+        except OSError:
+            self.load1 = None
+        self._t0, self._own0, self._busy0 = time.perf_counter(), _own_cpu(self._me), _busy_cpu()
+
+    def close(self) -> MachineLoad:
+        time.sleep(max(0.0, self._t0 + self.window_s - time.perf_counter()))
+        t1, own1, busy1 = time.perf_counter(), _own_cpu(self._me), _busy_cpu()
+        other = max(0.0, ((busy1 - self._busy0) - (own1 - self._own0)) / (t1 - self._t0))
+        return MachineLoad(self.load1, available_cores(), self.threads, round(other, 3))
 
 
 def _own_cpu(p: psutil.Process) -> float:

@@ -32,7 +32,7 @@ from harness import results
 from harness.config import validate
 from harness.factors import measurement_key_of
 from harness.job import Job, JobContext, JobOutcome, load_engine, sample_of
-from harness.machine import MachineLoad, job_threads
+from harness.machine import LoadWindow, MachineLoad, job_threads
 from harness.manifest import collect_manifest
 from harness.passes import PASSES
 from harness.passes.base import RunContext, Skip
@@ -88,18 +88,24 @@ def _measure(job: Job, reporter: Reporter, session: RunSession) -> None:
     job_plan(spec)      # the engine's own memory plan: a budget it cannot fit fails here, not after the reference
     torch.set_num_threads(job_threads(spec))
     threads = torch.get_num_threads()
-    job.load_start = start = MachineLoad.sample(threads)
-    job.extra.update(threads=threads, load_avg_start=start.load_avg_1m, other_busy_cores=start.other_busy_cores,
-                     machine_busy=start.busy)
+    # other processes' load over the job's start (its workload and reference: own work, no wait of its
+    # own); closed before the engine loads, whose server (llama.cpp) is another process
+    window = LoadWindow(threads)
+    try:
+        sample = sample_of(spec, spec.workload.seed)
+        warm = sample_of(spec, spec.workload.seed + 1) if spec.run.expert_cache == "warm" else None
+        reference = None
+        if spec.run.check_reference or spec.prefetch == "trace_oracle":
+            with reporter.step("reference (every expert resident, CPU)"):
+                reference = reference_for(spec, sample, Path(spec.run.out), session.references,
+                                          session.engines.release)
+            job.extra["reference"] = reference.origin if spec.run.check_reference else None
+    finally:
+        job.load_start = start = window.close()
+        job.extra.update(threads=threads, load_avg_start=start.load_avg_1m, other_busy_cores=start.other_busy_cores,
+                         machine_busy=start.busy)
     if start.busy:
         reporter.warn(start.warning())
-    sample = sample_of(spec, spec.workload.seed)
-    warm = sample_of(spec, spec.workload.seed + 1) if spec.run.expert_cache == "warm" else None
-    reference = None
-    if spec.run.check_reference or spec.prefetch == "trace_oracle":
-        with reporter.step("reference (every expert resident, CPU)"):
-            reference = reference_for(spec, sample, Path(spec.run.out), session.references, session.engines.release)
-        job.extra["reference"] = reference.origin if spec.run.check_reference else None
     adapter = load_engine(job, spec, sample, reference, reporter, session)
     ctx = RunContext(spec, job, session, reporter, sample, warm, adapter, reference)
     run_passes(ctx, spec.run.passes)
