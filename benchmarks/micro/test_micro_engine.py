@@ -1,4 +1,5 @@
-"""Micro-benchmarks of the engine's hot paths: expert FFN, router, cache lookup, host->device copy.
+"""Micro-benchmarks of the engine's hot paths: expert FFN (dense and quantised), router, cache
+lookup, host->device copy.
 
 Shapes are real models' per-expert shapes (OLMoE-1B-7B: D=2048, I=1024, 64 experts, top-8;
 Mixtral-8x7B: D=4096, I=14336 is too large for a 2-core CI box, so its router only) and the
@@ -10,6 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+from engine.blocks.experts import SwiGLUExperts
+from engine.blocks.quant_experts import QuantExperts
 from engine.cache import ExpertCache, ExpertStore
 from engine.config import preset
 from engine.counters import Counters
@@ -34,6 +37,19 @@ def test_expert_ffn(benchmark, shape: str, tokens: int) -> None:
     w = _packed(cfg)
     out = benchmark(expert_ffn, x, w, D, I, cfg.hidden_act)
     assert out.shape == (tokens, D)
+
+
+@pytest.mark.parametrize("fmt,group", [("int8", 32), ("int4", 32), ("int4", 8)])
+def test_quant_expert_ffn(benchmark, fmt: str, group: int) -> None:
+    """A decode step's one row through a quantised expert (experts.quant) of the wide benchmark
+    shape (benchmarks/bench_vs_llamacpp.py --shape wide: D = I = 2048), from its packed bytes: the
+    CPU kernel where it is built, else the dequantising path."""
+    D = I = 2048
+    layout = QuantExperts(SwiGLUExperts(D, I, "silu", "m.{layer}"), fmt, group)
+    packed = torch.empty(layout.numel, dtype=torch.uint8)
+    layout.pack(torch.randn(layout.base.numel, generator=torch.Generator().manual_seed(0)) * 0.02, packed)
+    out = benchmark(layout.run, torch.randn(1, D), packed)
+    assert out.shape == (1, D) and torch.isfinite(out).all()
 
 
 @pytest.mark.parametrize("tokens", [1, 512])

@@ -10,10 +10,10 @@
 // no bf16 arithmetic), so one call site covers every batch. The same kernel reads the lossy
 // treatments' quantised expert matrices straight from their packed bytes (int8 with a per-row
 // scale; int4 two a byte with a scale and zero point per group), so nothing the size of the matrix
-// is written per call: the integer values (int4: less the group's zero point, in integers) are
-// converted in registers, exactly, and multiplied with x; a scale multiplies a sum once -- the
-// row's (int8) or each group's (int4) -- not each weight, which is what makes the quantised kernel
-// cheaper per weight than the dense one. So a row's output is the dequantised matrix's product up
+// is written per call: the integer values are converted in registers, exactly, and multiplied with
+// x; a scale multiplies a sum once -- the row's (int8) or each group's (int4) -- not each weight,
+// and int4's zero point multiplies the group's sum of x once (computed per call), which is what
+// makes the quantised kernel cheaper per weight than the dense one. So a row's output is the dequantised matrix's product up
 // to fp32 rounding (not its bits), the same bits at any batch and thread count.
 // Does not own: which call sites use it, whether this CPU can run it, building it
 // (engine/kernels/cpu.py).
@@ -35,6 +35,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -93,7 +94,7 @@ struct Int8Rows {                                              // int8 [O, K], f
       return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + k))));
     }
     inline void load16(int64_t k, __m256& w0, __m256& w1) const {
-      _mm_prefetch(reinterpret_cast<const char*>(p + k + PREFETCH_BYTES), _MM_HINT_T0);
+      if ((k & 63) == 0) _mm_prefetch(reinterpret_cast<const char*>(p + k + PREFETCH_BYTES), _MM_HINT_T0);
       w0 = half(k); w1 = half(k + 8);
     }
     inline float at(int64_t t) const { return static_cast<float>(p[t]); }
@@ -103,28 +104,43 @@ struct Int8Rows {                                              // int8 [O, K], f
 };
 
 // int4: uint8 [O, K/2] (low nibble first), fp32 scale and uint8 zero [O, K/group]; group = 1 << lg,
-// >= 8: y = sum over groups g of scale_g * sum over the group of (q - zero_g) x. A 16-wide step
-// spans one group (lg >= 4) or two (kPairs, group 8: its lanes 0-3 in group k/8, lanes 4-7 in the
-// next) -- a type of its own, so the step has no branch on it.
+// >= 8: y = sum over groups g of scale_g * (sum over the group of q x - zero_g * sum of the group's x).
+// The zero point leaves the inner loop: a step converts its nibbles and multiplies, nothing else,
+// and where a fold unit ends -- a group (lg >= 4), or each 16-wide step for group 8 (kPairs: its
+// lanes 0-3 in group k/8, lanes 4-7 in the next) -- the unit's lane sums of q x less zero times
+// the same lanes' sums of x (`xsum`: computed once per call, [n, U, 8]) are folded in times the
+// scales. kPairs is a type of its own, so the step has no branch on it.
 template <bool kPairs>
 struct Int4Rows {
   static constexpr bool kGrouped = true;
   const uint8_t* q; const float* scale; const uint8_t* zero; int64_t K, G; int lg;
+  const float* xs; int64_t U;                                  // x's lane sums per fold unit, U units a row of x
   inline bool group_ends(int64_t k) const { return kPairs || ((k + 16) & ((int64_t{1} << lg) - 1)) == 0; }
+  inline int64_t unit(int64_t k) const { return kPairs ? k >> 4 : k >> lg; }
+  inline __m256 xsum(int64_t j, int64_t k) const { return _mm256_loadu_ps(xs + (j * U + unit(k)) * 8); }
   struct Row {
     const uint8_t* p; const float* s; const uint8_t* z; int lg;
     inline void load16(int64_t k, __m256& w0, __m256& w1) const {
-      _mm_prefetch(reinterpret_cast<const char*>(p + k / 2 + PREFETCH_BYTES), _MM_HINT_T0);
+      if ((k & 127) == 0) _mm_prefetch(reinterpret_cast<const char*>(p + k / 2 + PREFETCH_BYTES), _MM_HINT_T0);
       const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + k / 2)));
-      const int64_t g = k >> lg;
-      const __m256i zv = !kPairs ? _mm256_set1_epi32(z[g])
-                                 : _mm256_setr_epi32(z[g], z[g], z[g], z[g], z[g + 1], z[g + 1], z[g + 1], z[g + 1]);
-      w0 = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x0F)), zv));
-      w1 = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(b, 4), zv));
+      w0 = _mm256_cvtepi32_ps(_mm256_and_si256(b, _mm256_set1_epi32(0x0F)));
+      w1 = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
     }
+    // a group's scale / zero point in every lane; kPairs: groups g and g + 1 in lanes 0-3 and 4-7,
+    // read together and spread by one permute (eight scalar inserts a step cost more than its weights)
     inline __m256 scales(int64_t k) const {
       const int64_t g = k >> lg;
-      return !kPairs ? _mm256_set1_ps(s[g]) : _mm256_setr_ps(s[g], s[g], s[g], s[g], s[g + 1], s[g + 1], s[g + 1], s[g + 1]);
+      if constexpr (!kPairs) return _mm256_set1_ps(s[g]);
+      const __m128 two = _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s + g)));
+      return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(two), _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+    }
+    inline __m256 zeros(int64_t k) const {
+      const int64_t g = k >> lg;
+      if constexpr (!kPairs) return _mm256_set1_ps(static_cast<float>(z[g]));
+      uint16_t both;
+      std::memcpy(&both, z + g, 2);
+      const __m256 two = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi32_si128(both)));
+      return _mm256_permutevar8x32_ps(two, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
     }
     inline float at(int64_t t) const {
       const int64_t g = t >> lg;
@@ -138,12 +154,12 @@ struct Int4Rows {
 
 // y[j * O + r] = dot(weight row o + r, x + j * K) for r < R weight rows and j < NB rows of x. Every
 // (weight row, x row) pair runs the same instructions in the same order whatever R and NB are: two
-// 8-lane accumulators over 16-wide steps (grouped: a group's, folded into one total times its
-// scales when it ends), summed, reduced by hsum, then the tail one fma at a time, then `finish`.
+// 8-lane accumulators over 16-wide steps (grouped: a fold unit's, summed, less its zero points
+// times x's lane sums, folded into one total times its scales when it ends), summed, reduced by hsum, then the tail one fma at a time, then `finish`.
 // R > 1 reads R weight rows side by side: several memory streams per thread, which one core needs
 // to reach its share of the bandwidth (one stream alone reads at about 3/4 of it here).
 template <typename Rows, int64_t R, int64_t NB>
-inline void dot_block(const Rows& rows, int64_t o, const float* x, int64_t K, float* y, int64_t O) {
+inline void dot_block(const Rows& rows, int64_t o, const float* x, int64_t j0, int64_t K, float* y, int64_t O) {
   typename Rows::Row rr[R];
   for (int64_t r = 0; r < R; ++r) rr[r] = rows.row(o + r);
   __m256 a0[R][NB], a1[R][NB], t[R][NB];
@@ -162,9 +178,10 @@ inline void dot_block(const Rows& rows, int64_t o, const float* x, int64_t K, fl
     if constexpr (Rows::kGrouped) {
       if (rows.group_ends(k)) {
         for (int64_t r = 0; r < R; ++r) {
-          const __m256 sc = rr[r].scales(k);
+          const __m256 sc = rr[r].scales(k), zv = rr[r].zeros(k);
           for (int64_t j = 0; j < NB; ++j) {
-            t[r][j] = _mm256_fmadd_ps(a1[r][j], sc, _mm256_fmadd_ps(a0[r][j], sc, t[r][j]));
+            const __m256 a = _mm256_fnmadd_ps(zv, rows.xsum(j0 + j, k), _mm256_add_ps(a0[r][j], a1[r][j]));
+            t[r][j] = _mm256_fmadd_ps(a, sc, t[r][j]);
             a0[r][j] = a1[r][j] = _mm256_setzero_ps();
           }
         }
@@ -185,21 +202,21 @@ template <typename Rows>
 void rows_range(const float* x, int64_t n, const Rows& w, int64_t O, int64_t K, float* y, int64_t o0, int64_t o1) {
   int64_t o = o0;
   if (n == 1) {
-    for (; o + 4 <= o1; o += 4) dot_block<Rows, 4, 1>(w, o, x, K, y, O);
+    for (; o + 4 <= o1; o += 4) dot_block<Rows, 4, 1>(w, o, x, 0, K, y, O);
   } else {
     for (; o + 2 <= o1; o += 2) {
       int64_t j = 0;
-      for (; j + 2 <= n; j += 2) dot_block<Rows, 2, 2>(w, o, x + j * K, K, y + j * O, O);
-      if (j < n) dot_block<Rows, 2, 1>(w, o, x + j * K, K, y + j * O, O);
+      for (; j + 2 <= n; j += 2) dot_block<Rows, 2, 2>(w, o, x + j * K, j, K, y + j * O, O);
+      if (j < n) dot_block<Rows, 2, 1>(w, o, x + j * K, j, K, y + j * O, O);
     }
   }
   for (; o < o1; ++o) {
     int64_t j = 0;
-    for (; j + 4 <= n; j += 4) dot_block<Rows, 1, 4>(w, o, x + j * K, K, y + j * O, O);
+    for (; j + 4 <= n; j += 4) dot_block<Rows, 1, 4>(w, o, x + j * K, j, K, y + j * O, O);
     switch (n - j) {
-      case 3: dot_block<Rows, 1, 3>(w, o, x + j * K, K, y + j * O, O); break;
-      case 2: dot_block<Rows, 1, 2>(w, o, x + j * K, K, y + j * O, O); break;
-      case 1: dot_block<Rows, 1, 1>(w, o, x + j * K, K, y + j * O, O); break;
+      case 3: dot_block<Rows, 1, 3>(w, o, x + j * K, j, K, y + j * O, O); break;
+      case 2: dot_block<Rows, 1, 2>(w, o, x + j * K, j, K, y + j * O, O); break;
+      case 1: dot_block<Rows, 1, 1>(w, o, x + j * K, j, K, y + j * O, O); break;
       default: break;
     }
   }
@@ -367,6 +384,28 @@ at::Tensor deinterleave16(const at::Tensor& x) {
   return out;
 }
 
+// Int4Rows::xsum's table from the de-interleaved x [n, K]: [n, U, 8], lane i of fold unit u the
+// sum, step by step in order, of the two inputs weight lanes i of w0 and w1 meet in each 16-wide
+// step of the unit (unit_steps steps a unit; the full steps only: a tail is summed by `at`).
+at::Tensor lane_sums(const at::Tensor& xd, int64_t unit_steps) {
+  const int64_t n = xd.size(0), K = xd.size(1), U = K / 16 / unit_steps;
+  at::Tensor out = at::empty({n, U, 8}, xd.options());
+  const float* x = xd.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t u = 0; u < U; ++u, o += 8)
+      for (int64_t i = 0; i < 8; ++i) {
+        float acc = 0.0f;
+        for (int64_t st = 0; st < unit_steps; ++st) {
+          const float* at = x + j * K + (u * unit_steps + st) * 16;
+          acc += at[i];
+          acc += at[8 + i];
+        }
+        o[i] = acc;
+      }
+  return out;
+}
+
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, int64_t q_at, int64_t scale_at, int64_t O,
                        int64_t K) {
   at::Tensor xc = quant_prologue(x, packed, K, "int8_linear");
@@ -391,10 +430,15 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, int64_t q_
   at::Tensor out = at::empty({xc.size(0), O}, xc.options());
   if (xc.size(0) > 0) {
     at::Tensor xd = deinterleave16(xc);
+    const int64_t unit_steps = lg == 3 ? 1 : group / 16;
+    at::Tensor xs = lane_sums(xd, unit_steps);
+    const int64_t U = xs.size(1);
     if (lg == 3)
-      rows_kernel(xd.data_ptr<float>(), xd.size(0), Int4Rows<true>{q, scale, zero, K, G, lg}, O, K, out.data_ptr<float>());
+      rows_kernel(xd.data_ptr<float>(), xd.size(0), Int4Rows<true>{q, scale, zero, K, G, lg, xs.data_ptr<float>(), U},
+                  O, K, out.data_ptr<float>());
     else
-      rows_kernel(xd.data_ptr<float>(), xd.size(0), Int4Rows<false>{q, scale, zero, K, G, lg}, O, K, out.data_ptr<float>());
+      rows_kernel(xd.data_ptr<float>(), xd.size(0), Int4Rows<false>{q, scale, zero, K, G, lg, xs.data_ptr<float>(), U},
+                  O, K, out.data_ptr<float>());
   }
   return out;
 }
