@@ -84,7 +84,7 @@ class Job:
         self.passes: list[dict] = []        # {name, status, reason}, in the order run
         self.adapter: EngineAdapter | None = None   # the measured engine, once built (load_engine)
         self.load_start: MachineLoad | None = None
-        self.load_end: MachineLoad | None = None
+        self.load_measured: MachineLoad | None = None     # over the passes, to the engine freed
         self.check_dtype = "float32"        # the run's dtype once the engine is built (load_engine)
 
     def emit(self, repeat: int | None, phase: str, metrics: dict, source: str, profiler: str = "none",
@@ -127,7 +127,7 @@ class Job:
                 "treatment": {"kv_dtype": self.factors.get("kv_dtype"), "expert_quant": self.factors.get("expert_quant")},
                 "passes": outcome.passes, "default_passes": list(DEFAULT_PASSES),
                 "machine_load": {"start": self.load_start and self.load_start.as_dict(),
-                                 "end": self.load_end and self.load_end.as_dict()}}
+                                 "measurement": self.load_measured and self.load_measured.as_dict()}}
 
     def record_pass(self, name: str, status: str, reason: str | None = None) -> None:
         assert status in PASS_STATUSES, status

@@ -3,7 +3,8 @@ processes keep them (DESIGN.md rule 7.9; CPU timings mean little on a busy machi
 
 Owns: `MachineLoad.sample(threads)` (or a `LoadWindow` opened and closed around other work) -- the 1-minute load average, the cores this process may use,
 and the cores other processes kept busy over a short window (total CPU time minus this process's
-own, so a previous job of the same sweep does not count as "other") -- and the warning rule:
+own and its children's, so a previous job of the same sweep, or the job's own server, does not
+count as "other") -- and the warning rule:
 a run is `busy` when other processes take more cores than this run leaves free.
 Does not own: setting threads (harness.runner) or rows.
 
@@ -96,8 +97,9 @@ class MachineLoad:
 
 class LoadWindow:
     """Other processes' CPU use from opening to `close()`: the machine's busy CPU time less this
-    process's own, so the window may span this process's own work (a job samples it while it
-    builds its workload instead of waiting for it). `close` sleeps what is left of `window_s`."""
+    process's own and its children's (`_own_cpu`), so the window may span the job's own work (it
+    samples while the job builds its workload, and over its measurement, instead of waiting).
+    `close` sleeps what is left of `window_s`."""
 
     def __init__(self, threads: int, window_s: float = SAMPLE_S) -> None:
         self.threads, self.window_s, self._me = threads, window_s, psutil.Process()
@@ -115,7 +117,18 @@ class LoadWindow:
 
 
 def _own_cpu(p: psutil.Process) -> float:
-    t = p.cpu_times()
+    """CPU seconds of this process and of its children, finished (reaped) and running: a server
+    the job started (llama-server) works for the job, not against it."""
+    total = _cpu_s(p.cpu_times())
+    for child in p.children(recursive=True):
+        try:
+            total += _cpu_s(child.cpu_times())
+        except psutil.Error:               # gone between the listing and the reading
+            pass
+    return total
+
+
+def _cpu_s(t) -> float:
     return t.user + t.system + getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0)
 
 

@@ -32,7 +32,7 @@ from harness import results
 from harness.config import validate
 from harness.factors import measurement_key_of
 from harness.job import Job, JobContext, JobOutcome, load_engine, sample_of
-from harness.machine import LoadWindow, MachineLoad, job_threads
+from harness.machine import LoadWindow, job_threads
 from harness.manifest import collect_manifest
 from harness.passes import PASSES
 from harness.passes.base import RunContext, Skip
@@ -88,8 +88,7 @@ def _measure(job: Job, reporter: Reporter, session: RunSession) -> None:
     job_plan(spec)      # the engine's own memory plan: a budget it cannot fit fails here, not after the reference
     torch.set_num_threads(job_threads(spec))
     threads = torch.get_num_threads()
-    # other processes' load over the job's start (its workload and reference: own work, no wait of its
-    # own); closed before the engine loads, whose server (llama.cpp) is another process
+    # other processes' load over the job's start (its workload and reference: own work, no wait of its own)
     window = LoadWindow(threads)
     try:
         sample = sample_of(spec, spec.workload.seed)
@@ -108,9 +107,10 @@ def _measure(job: Job, reporter: Reporter, session: RunSession) -> None:
         reporter.warn(start.warning())
     adapter = load_engine(job, spec, sample, reference, reporter, session)
     ctx = RunContext(spec, job, session, reporter, sample, warm, adapter, reference)
+    window = LoadWindow(threads)          # over the measurement: the engine's server is a child, its own
     run_passes(ctx, spec.run.passes)
     ctx.finish_engine()
-    job.load_end = MachineLoad.sample(threads)
+    job.load_measured = window.close()
 
 
 def run_passes(ctx: RunContext, names: Sequence[str]) -> None:

@@ -1,8 +1,14 @@
 """How busy other processes keep the cores, over a window that may span this process's own work:
 the machine's busy CPU time less this process's own, per second of the window, never negative;
-closing a window waits only for what is left of it."""
+closing a window waits only for what is left of it; a child process's CPU (a server the job
+started) is the job's own."""
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+
+import psutil
 import pytest
 
 from harness import machine
@@ -41,3 +47,18 @@ def test_other_use_is_never_negative(clock) -> None:
     window = machine.LoadWindow(threads=1, window_s=0.1)
     clock.update(t=100.2, own=5.3, busy=50.2)              # counters sampled apart: own ahead of the total
     assert window.close().other_busy_cores == 0.0
+
+
+def test_a_running_childs_cpu_is_the_processs_own() -> None:
+    me = psutil.Process()
+    before = machine._own_cpu(me)
+    child = subprocess.Popen([sys.executable, "-c", "import time\nt = time.process_time()\n"
+                              "while time.process_time() - t < 0.3: pass\ntime.sleep(30)"])
+    try:
+        deadline = time.monotonic() + 20
+        while sum(psutil.Process(child.pid).cpu_times()[:2]) < 0.25 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert machine._own_cpu(me) - before >= 0.25      # its CPU while it runs, not only once reaped
+    finally:
+        child.kill()
+        child.wait()

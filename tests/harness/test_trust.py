@@ -414,6 +414,7 @@ def test_rerun_replays_one_job_from_its_manifest(tmp_path):
     for key in ("command", "overrides", "machine_load", "threads", "device"):
         assert new[key] is not None, key
     assert new["machine_load"]["start"]["cores"] >= 1 and new["device"]["device_kind"] == "cpu"
+    assert new["machine_load"]["measurement"]["other_busy_cores"] >= 0
     # an override that no longer composes (a key renamed since) is refused in one line, exit 2
     m = json.loads((job / results.MANIFEST_FILE).read_text())
     m["overrides"] = [*m["overrides"], "cache.old_key=4"]
