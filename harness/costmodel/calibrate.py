@@ -78,17 +78,25 @@ def _supports(dtype: torch.dtype, device: str) -> bool:
 
 
 # --- micro-benchmarks -------------------------------------------------------------------------
+GEMM_MAX_CALL_S = 0.1     # a size whose matmul takes longer ends the dtype's sizes (see gemm_rates)
+
+
 def gemm_rates(device: str, dtypes: list[str], sizes: tuple[int, ...], repeats: int) -> dict[str, float]:
-    """GFLOP/s of square matmuls, per dtype and size: {"float32@1024": ...}."""
+    """GFLOP/s of square matmuls, per dtype and size (ascending): {"float32@1024": ...}. A dtype
+    whose matmul at one size took over GEMM_MAX_CALL_S is not timed at the larger ones: a rate that
+    low is compute-bound at every size, and 8x the work a size says nothing the last one did not
+    (bf16 on a CPU without bf16 arithmetic: ~1 GFLOP/s, 2 s a call at 1024, 18 s at 2048)."""
     out = {}
     for name in dtypes:
         dt = DTYPES[name]
         if not _supports(dt, device):
             continue
-        for n in sizes:
+        for n in sorted(sizes):
             a, b = torch.randn(n, n, device=device).to(dt), torch.randn(n, n, device=device).to(dt)
             t = best_time(lambda: a @ b, repeats, device)
             out[f"{name}@{n}"] = 2 * n ** 3 / t / 1e9
+            if t > GEMM_MAX_CALL_S:
+                break
     return out
 
 

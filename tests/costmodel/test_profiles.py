@@ -140,3 +140,14 @@ def test_calibrate_quick_writes_a_loadable_measured_profile(tmp_path):
     assert set(raw["dtype_rates"]["float32"]) == {"device_gemv_gbps", "cpu_gemv_gbps"}
     assert hw.rate("device_tflops", "bfloat16") > 0 and hw.rate("cpu_gemv_gbps", "float32") > 0
     assert hw.rate("cpu_gflops", "float16") is None       # not measured: predictions in float16 are refused
+
+
+def test_a_dtype_too_slow_at_one_size_is_not_timed_at_larger_ones(monkeypatch):
+    """Sizes run ascending; past a call of GEMM_MAX_CALL_S the dtype's larger sizes are skipped
+    (8x the work each), its rate the sizes measured."""
+    from harness.costmodel import calibrate
+    times = iter([0.01, 2 * calibrate.GEMM_MAX_CALL_S])
+    monkeypatch.setattr(calibrate, "best_time", lambda fn, repeats, kind="cpu": next(times))
+    rates = calibrate.gemm_rates("cpu", ["float32"], (1024, 256, 512), repeats=1)
+    assert list(rates) == ["float32@256", "float32@512"]
+    assert rates["float32@512"] == pytest.approx(2 * 512 ** 3 / (2 * calibrate.GEMM_MAX_CALL_S) / 1e9)
