@@ -44,8 +44,9 @@
 namespace {
 
 constexpr int64_t CHUNK_ROWS = 64;       // weight rows a thread claims at a time (a multiple of every block's rows)
-constexpr int64_t PREFETCH_BYTES = 1024;  // how far ahead a quantised row is prefetched: its rows are short, the
-                                          // hardware prefetcher alone leaves a core waiting (docs/cpu_experts.md)
+constexpr int64_t PREFETCH_ROWS = 4;    // a quantised row prefetches the same bytes this many rows on: the next
+                                         // block's (rows lie back to back and a block reads 4 at once; a shorter
+                                         // distance lands in rows the block is reading already)
 constexpr int64_t TASK_ELEMS = 1 << 16;  // weights per parallel task at least: below it a thread costs more than it saves
 
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
@@ -89,18 +90,18 @@ struct Int8Rows {                                              // int8 [O, K], f
   static constexpr bool kGrouped = false;
   const int8_t* q; const float* scale; int64_t K;
   struct Row {
-    const int8_t* p; float sf;
+    const int8_t* p; float sf; int64_t ahead;
     inline __m256 half(int64_t k) const {
       return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + k))));
     }
     inline void load16(int64_t k, __m256& w0, __m256& w1) const {
-      if ((k & 63) == 0) _mm_prefetch(reinterpret_cast<const char*>(p + k + PREFETCH_BYTES), _MM_HINT_T0);
+      if ((k & 63) == 0) _mm_prefetch(reinterpret_cast<const char*>(p + k + ahead), _MM_HINT_T0);
       w0 = half(k); w1 = half(k + 8);
     }
     inline float at(int64_t t) const { return static_cast<float>(p[t]); }
     inline float finish(float s) const { return s * sf; }
   };
-  inline Row row(int64_t o) const { return {q + o * K, scale[o]}; }
+  inline Row row(int64_t o) const { return {q + o * K, scale[o], PREFETCH_ROWS * K}; }
 };
 
 // int4: uint8 [O, K/2] (low nibble first), fp32 scale and uint8 zero [O, K/group]; group = 1 << lg,
@@ -119,9 +120,9 @@ struct Int4Rows {
   inline int64_t unit(int64_t k) const { return kPairs ? k >> 4 : k >> lg; }
   inline __m256 xsum(int64_t j, int64_t k) const { return _mm256_loadu_ps(xs + (j * U + unit(k)) * 8); }
   struct Row {
-    const uint8_t* p; const float* s; const uint8_t* z; int lg;
+    const uint8_t* p; const float* s; const uint8_t* z; int lg; int64_t ahead;
     inline void load16(int64_t k, __m256& w0, __m256& w1) const {
-      if ((k & 127) == 0) _mm_prefetch(reinterpret_cast<const char*>(p + k / 2 + PREFETCH_BYTES), _MM_HINT_T0);
+      if ((k & 127) == 0) _mm_prefetch(reinterpret_cast<const char*>(p + k / 2 + ahead), _MM_HINT_T0);
       const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + k / 2)));
       w0 = _mm256_cvtepi32_ps(_mm256_and_si256(b, _mm256_set1_epi32(0x0F)));
       w1 = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
@@ -149,7 +150,7 @@ struct Int4Rows {
     }
     inline float finish(float s) const { return s; }
   };
-  inline Row row(int64_t o) const { return {q + o * (K / 2), scale + o * G, zero + o * G, lg}; }
+  inline Row row(int64_t o) const { return {q + o * (K / 2), scale + o * G, zero + o * G, lg, PREFETCH_ROWS * (K / 2)}; }
 };
 
 // y[j * O + r] = dot(weight row o + r, x + j * K) for r < R weight rows and j < NB rows of x. Every
