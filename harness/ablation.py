@@ -35,9 +35,13 @@ measures both sides resident -- an A/A check -- and tests its false-positive rat
   (2 / 2^n): at 8, one phase whose 8 differences share a sign passes, which pure chance does for
   3% of jobs and a small order or allocation effect between two resident engines for more; at
   10 chance is 0.8% a job, and such an effect must hold over 10 pairs in a row. The floor: two resident
-  engines of one model are two allocations of the same weights, and on a quiet machine a
-  difference of a fraction of a percent between them -- where their memory landed -- can be
-  consistent enough over the pairs to pass the test; that is no cost of the placement.
+  engines of one model are two allocations of the same weights, and a difference of a few percent
+  between them -- where their memory landed -- can be consistent enough over the pairs to pass
+  the test; that is no cost of the placement. Measured (A/A sweeps of 20 tiny jobs, 10 pairs, a
+  quiet 2-core VM, 2026-12-04): the test passed in about 4% of jobs rather than 0.8%, at median
+  differences of 1.5-5.3% of the resident phase time; with a 2% floor, 2 of 20 jobs were flagged
+  in 2 of 8 such sweeps. Hence 6%: a placement's smaller cost is reported (median, interval) but
+  never called significant.
 * `exposed_copy_ablation_ci_low_s` / `_high_s`: the shifts of the differences that the (per
   phase, unadjusted) test does not reject at 95% -- null below 6 pairs, and for sequential pairs.
 * `ablation_agrees` / `ablation_note`: the timeline pass measures the copies directly
@@ -65,7 +69,7 @@ from harness.scenario import RepeatResult
 
 MODES = ("interleaved", "sequential", "skipped")
 ALPHA = 0.05                   # the job's family-wise level (Holm over its phases)
-MIN_EFFECT = 0.02              # a smaller median difference (of resident's phase time) is never significant
+MIN_EFFECT = 0.06              # a smaller median difference (of resident's phase time) is never significant
 VERDICT_PAIRS = 10             # fewer alternating pairs: too few for a significance verdict (null, with the note)
 CONFIDENCE = 0.95              # each phase's interval
 EXACT_MAX_PAIRS = 16           # 2^16 sign patterns enumerated; beyond, a seeded random sample
