@@ -38,10 +38,10 @@ measures both sides resident -- an A/A check -- and tests its false-positive rat
   engines of one model are two allocations of the same weights, and a difference of a few percent
   between them -- where their memory landed -- can be consistent enough over the pairs to pass
   the test; that is no cost of the placement. Measured (A/A sweeps of 20 tiny jobs, 10 pairs, a
-  quiet 2-core VM, 2026-12-04): the test passed in about 4% of jobs rather than 0.8%, at median
-  differences of 1.5-5.3% of the resident phase time; with a 2% floor, 2 of 20 jobs were flagged
-  in 2 of 8 such sweeps. Hence 6%: a placement's smaller cost is reported (median, interval) but
-  never called significant.
+  quiet 2-core VM, 2026-12-04): the test passed in 4 of 120 jobs (3.3%, not the nominal 0.8%), at
+  median differences of 1.5-5.3% of the resident phase time; with a 2% floor, 2 of 20 jobs were
+  flagged in 2 of 8 such sweeps (one of them beside another pytest worker). Hence 6%: a
+  placement's smaller cost is reported (median, interval) but never called significant.
 * `exposed_copy_ablation_ci_low_s` / `_high_s`: the shifts of the differences that the (per
   phase, unadjusted) test does not reject at 95% -- null below 6 pairs, and for sequential pairs.
 * `ablation_agrees` / `ablation_note`: the timeline pass measures the copies directly
