@@ -1,14 +1,16 @@
 """The context of a measurement on this machine: intra-op threads, cores, and how busy the other
 processes keep them (DESIGN.md rule 7.9; CPU timings mean little on a busy machine).
 
-Owns: `MachineLoad.sample(threads)` (or a `LoadWindow` opened and closed around other work) -- the 1-minute load average, the cores this process may use,
-and the cores other processes kept busy over a short window (total CPU time minus this process's
-own and its children's, so a previous job of the same sweep, or the job's own server, does not
-count as "other") -- and the warning rule:
-a run is `busy` when other processes take more cores than this run leaves free.
+Owns: `LoadWindow(threads)`, opened and closed around other work, giving a `MachineLoad` -- the
+1-minute load average, the cores this process may use, and the cores other processes kept busy
+over the window (at least `SAMPLE_S`; total CPU time minus this process's own and its
+children's, so a previous job of the same sweep, or the job's own server, does not count as
+"other") -- and the warning rule: a run is `busy` when other processes take more cores than this
+run leaves free.
 Does not own: setting threads (harness.runner) or rows.
 
-    load = MachineLoad.sample(threads=torch.get_num_threads())
+    window = LoadWindow(threads=torch.get_num_threads())     # ... the job's own work ...
+    load = window.close()
     if load.busy: reporter.warn(load.warning())
 """
 from __future__ import annotations
@@ -71,11 +73,6 @@ class MachineLoad:
     cores: int
     threads: int
     other_busy_cores: float | None
-
-    @classmethod
-    def sample(cls, threads: int, window_s: float = SAMPLE_S) -> "MachineLoad":
-        """The load over a window of `window_s` from now (slept through)."""
-        return LoadWindow(threads, window_s).close()
 
     @property
     def free_cores(self) -> int:

@@ -227,7 +227,8 @@ def int4_linear(x: torch.Tensor, packed: torch.Tensor, q_at: int, scale_at: int,
                 group: int) -> torch.Tensor:
     """As `int8_linear` for the int4 matrix w [O, K]: two values a byte (low nibble first) from
     q_at, fp32 scales [O, K/group] from scale_at, uint8 zero points [O, K/group] from zero_at;
-    the sum over groups of scale x (the dot product of q and x - zero x the group's sum of x). `group`: see int4_group_ok."""
+    the sum over groups of scale x (the dot product of q and x - zero x the group's sum of x).
+    `group`: see int4_group_ok."""
     return _ops().int4_linear(x, packed, q_at, scale_at, zero_at, O, K, group)
 
 

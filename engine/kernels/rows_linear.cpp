@@ -13,8 +13,9 @@
 // is written per call: the integer values are converted in registers, exactly, and multiplied with
 // x; a scale multiplies a sum once -- the row's (int8) or each group's (int4) -- not each weight,
 // and int4's zero point multiplies the group's sum of x once (computed per call), which is what
-// makes the quantised kernel cheaper per weight than the dense one. So a row's output is the dequantised matrix's product up
-// to fp32 rounding (not its bits), the same bits at any batch and thread count.
+// makes the quantised kernel cheaper per weight than the dense one. So a row's output is the
+// dequantised matrix's product up to fp32 rounding (not its bits), the same bits at any batch and
+// thread count.
 // Does not own: which call sites use it, whether this CPU can run it, building it
 // (engine/kernels/cpu.py).
 //
@@ -111,13 +112,16 @@ struct Int8Rows {                                              // int8 [O, K], f
 // lanes 0-3 in group k/8, lanes 4-7 in the next) -- the unit's lane sums of q x less zero times
 // the same lanes' sums of x (`xsum`: computed once per call, [n, U, 8]) are folded in times the
 // scales. kPairs is a type of its own, so the step has no branch on it.
+// An int4 fold unit is 1 << int4_unit_shift(lg) inputs: the group, or one 16-wide step for group 8.
+constexpr int int4_unit_shift(int lg) { return lg > 4 ? lg : 4; }
+
 template <bool kPairs>
 struct Int4Rows {
   static constexpr bool kGrouped = true;
   const uint8_t* q; const float* scale; const uint8_t* zero; int64_t K, G; int lg;
   const float* xs; int64_t U;                                  // x's lane sums per fold unit, U units a row of x
   inline bool group_ends(int64_t k) const { return kPairs || ((k + 16) & ((int64_t{1} << lg) - 1)) == 0; }
-  inline int64_t unit(int64_t k) const { return kPairs ? k >> 4 : k >> lg; }
+  inline int64_t unit(int64_t k) const { return k >> int4_unit_shift(lg); }
   inline __m256 xsum(int64_t j, int64_t k) const { return _mm256_loadu_ps(xs + (j * U + unit(k)) * 8); }
   struct Row {
     const uint8_t* p; const float* s; const uint8_t* z; int lg; int64_t ahead;
@@ -156,7 +160,8 @@ struct Int4Rows {
 // y[j * O + r] = dot(weight row o + r, x + j * K) for r < R weight rows and j < NB rows of x. Every
 // (weight row, x row) pair runs the same instructions in the same order whatever R and NB are: two
 // 8-lane accumulators over 16-wide steps (grouped: a fold unit's, summed, less its zero points
-// times x's lane sums, folded into one total times its scales when it ends), summed, reduced by hsum, then the tail one fma at a time, then `finish`.
+// times x's lane sums, folded into one total times its scales when it ends), summed, reduced by
+// hsum, then the tail one fma at a time, then `finish`.
 // R > 1 reads R weight rows side by side: several memory streams per thread, which one core needs
 // to reach its share of the bandwidth (one stream alone reads at about 3/4 of it here).
 template <typename Rows, int64_t R, int64_t NB>
@@ -387,8 +392,9 @@ at::Tensor deinterleave16(const at::Tensor& x) {
 
 // Int4Rows::xsum's table from the de-interleaved x [n, K]: [n, U, 8], lane i of fold unit u the
 // sum, step by step in order, of the two inputs weight lanes i of w0 and w1 meet in each 16-wide
-// step of the unit (unit_steps steps a unit; the full steps only: a tail is summed by `at`).
-at::Tensor lane_sums(const at::Tensor& xd, int64_t unit_steps) {
+// step of the unit (int4_unit_shift; the full steps only: a tail is summed by `at`).
+at::Tensor lane_sums(const at::Tensor& xd, int lg) {
+  const int64_t unit_steps = int64_t{1} << (int4_unit_shift(lg) - 4);
   const int64_t n = xd.size(0), K = xd.size(1), U = K / 16 / unit_steps;
   at::Tensor out = at::empty({n, U, 8}, xd.options());
   const float* x = xd.data_ptr<float>();
@@ -431,8 +437,7 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, int64_t q_
   at::Tensor out = at::empty({xc.size(0), O}, xc.options());
   if (xc.size(0) > 0) {
     at::Tensor xd = deinterleave16(xc);
-    const int64_t unit_steps = lg == 3 ? 1 : group / 16;
-    at::Tensor xs = lane_sums(xd, unit_steps);
+    at::Tensor xs = lane_sums(xd, lg);
     const int64_t U = xs.size(1);
     if (lg == 3)
       rows_kernel(xd.data_ptr<float>(), xd.size(0), Int4Rows<true>{q, scale, zero, K, G, lg, xs.data_ptr<float>(), U},
