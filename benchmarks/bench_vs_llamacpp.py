@@ -18,14 +18,15 @@ the ratio kernels on / off. Each round also times both engines' decode on the sh
 (bench_vs_transformers.skeleton_of: the same architecture with its matrices shrunk to nothing),
 the per-step cost that is not reading weights (dispatch, Python, the graph), in ms per step.
 `--quant int8|int4` runs our engine with that lossy expert treatment (experts.quant; int4 in
-groups of 32) against llama.cpp on the same checkpoint quantised to Q8_0 / Q4_0 -- which
+groups of 32; `--activations int8`: the experts' inputs rounded to int8 per block of 32 first, as
+llama.cpp's Q8_0 / Q4_0 dot products round theirs) against llama.cpp on the same checkpoint quantised to Q8_0 / Q4_0 -- which
 quantises attention and the LM head too (llama-quantize's own choice of type per tensor), so it
 reads fewer bytes per token than ours, whose treatment quantises the experts only -- and against
 llama.cpp on a GGUF whose experts alone are Q8_0 / Q4_0, the rest f32 as ours (llama-quantize
 --tensor-type): the like-for-like comparison of the expert kernels. The bytes each reads per
 decode token are printed, and each llama.cpp's frac_of_roofline is against its own bytes.
 Not a test: `python benchmarks/bench_vs_llamacpp.py [--shape small|wide] [--repeats N] [--threads 1,2] [--ab]
-[--quant int8|int4]` (needs `make llamacpp`).
+[--quant int8|int4 [--activations int8]]` (needs `make llamacpp`).
 """
 from __future__ import annotations
 
@@ -129,13 +130,19 @@ def main() -> None:
     ap.add_argument("--ab", action="store_true", help="also time ours with the CPU kernels off, interleaved")
     ap.add_argument("--quant", choices=("none", *QUANT_GGUF), default="none",
                     help="our experts.quant treatment, against llama.cpp's Q8_0 (int8) / Q4_0 (int4): see above")
+    ap.add_argument("--activations", choices=("fp32", "int8"), default="fp32",
+                    help="with --quant, our experts.activations: int8 rounds the experts' inputs per block of 32 "
+                         "as llama.cpp's Q8_0 / Q4_0 dot products do")
     args = ap.parse_args()
+    if args.activations != "fp32" and args.quant == "none":
+        ap.error("--activations int8 applies to quantised experts: give --quant int8 or --quant int4")
     shape = SHAPES[args.shape]
     bins = find_binaries()
     path = checkpoint(shape)
     gguf = convert(path, "f32")
     ours = Engine.from_pretrained(str(path), placement=args.placement, device="cpu",
-                                  max_context=args.prefill + args.decode + 1, expert_quant=args.quant)
+                                  max_context=args.prefill + args.decode + 1, expert_quant=args.quant,
+                                  quant_options={"activations": args.activations})
     ggufs = {"ll": gguf.path}                     # llama.cpp's engines: name -> the GGUF it serves
     if args.quant != "none":
         gtype = QUANT_GGUF[args.quant]
@@ -162,7 +169,8 @@ def main() -> None:
         gtype = QUANT_GGUF[args.quant].upper()
         labels["ll"] = f"llama.cpp {gtype}"
         labels["lle"] = f"llama.cpp experts-only {gtype}"
-        print(f"lossy: ours experts.quant={args.quant} (experts only; attention, norms and the LM head fp32); "
+        print(f"lossy: ours experts.quant={args.quant} experts.activations={args.activations} (experts only; "
+              f"attention, norms and the LM head fp32); "
               f"'{labels['ll']}' is llama-quantize's {gtype} model, which quantises attention and the LM head "
               f"too; '{labels['lle']}' quantises the expert tensors alone, the rest f32 as ours")
     ll_bytes = {k: gguf_decode_bytes(p, shape["num_experts_per_tok"], shape["num_local_experts"])

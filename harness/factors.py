@@ -13,6 +13,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from engine.blocks.quant_experts import label_of
 from engine.kvquant import DEFAULT_KV_DTYPE, is_lossy
 from engine.placements import needs_cache
 from harness.config import DEFAULT_CAPACITY
@@ -35,7 +36,8 @@ def factors_of(cfg: DictConfig) -> dict[str, Any]:
         ours = True
     if not ours:                                  # the engine's own knobs are its columns
         placement, uses_cache = None, False
-    quant = g("experts.quant", "none") if ours else None     # another engine's weights are its own knobs
+    # another engine's weights are its own knobs
+    quant = label_of(g("experts.quant", "none"), g("experts.activations", "fp32")) if ours else None
     capacity, capacity_bytes = g("cache.capacity"), g("cache.capacity_bytes")
     capacity = "bytes" if capacity_bytes is not None and capacity is None else (capacity or DEFAULT_CAPACITY)
     kv_dtype = g("kv.dtype", DEFAULT_KV_DTYPE)

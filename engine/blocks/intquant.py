@@ -7,11 +7,14 @@ Owns the arithmetic of two formats of a weight matrix w [R, C] (R output channel
   row has lo = min(min w, 0), hi = max(max w, 0), scale = (hi - lo) / 15 (1 where hi == lo) and an
   integer zero point zero = clamp(round(-lo / scale), 0, 15); q = clamp(round(w / scale) + zero,
   0, 15), two per uint8 (the first in the low nibble, as MXFP4); w' = (q - zero) * scale.
-Rounding is torch.round's (half to even), in float32. Does not own: where the parts live in an
+And of the activations a matrix meets under `experts.activations=int8` (as llama.cpp's Q8_0 dot
+products): per block of ACT_BLOCK inputs of a row of x, d = max|x| / 127 and q = round(x / d) as
+int8; x' = q * d. Rounding is torch.round's (half to even), in float32. Does not own: where the parts live in an
 expert's packed buffer or how an expert runs on them (engine.blocks.quant_experts).
 
     q, s = quantize_int8(w);          w2 = dequantize_int8(q, s)            # [R, C] int8, [R] fp32
     q, s, z = quantize_int4(w, 32);   w2 = dequantize_int4(q, s, z, 32)     # [R, C/2] u8, [R, C/32] fp32, u8
+    q, d = quantize_activations(x);   x2 = round_activations(x)             # [n, C] int8, [n, C/32] fp32
 
 Dimension legend: R=rows (output channels), C=inputs per row, G=C/group groups per row.
 """
@@ -81,3 +84,29 @@ def dequantize_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, gr
     vals = unpack_int4(q).float().view(R, -1, group)                              # [R, G, g]
     vals = (vals - zero.float()[..., None]) * scale[..., None]
     return vals.view(R, -1).to(dtype or torch.float32)
+
+
+ACT_BLOCK = 32       # inputs sharing one activation scale under experts.activations=int8 (llama.cpp's Q8_0 block)
+
+
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [n, K] (K a multiple of ACT_BLOCK) -> (q int8 [n, K], d fp32 [n, K/ACT_BLOCK]): per block of
+    ACT_BLOCK inputs d = max|x| / 127 and q = x * (1 / d) rounded to the nearest, ties to even (0
+    where d is 0), so q * d is x to 8 bits per block. A block holding a NaN or an infinity gets
+    q = 0 and d = NaN: its products are NaN, never a silently finite number. The CPU kernel's
+    rounding (engine.kernels.cpu) is this, bit for bit."""
+    n, K = x.shape
+    xb = x.float().reshape(n, K // ACT_BLOCK, ACT_BLOCK)
+    finite = torch.isfinite(xb).all(-1, keepdim=True)
+    d = xb.abs().amax(-1, keepdim=True) / 127
+    q = torch.round(xb * torch.where(d > 0, 1.0 / d, torch.zeros_like(d)))
+    q = torch.where(finite, q, torch.zeros_like(q)).to(torch.int8)
+    d = torch.where(finite, d, torch.full_like(d, float("nan")))
+    return q.reshape(n, K), d.squeeze(-1)
+
+
+def round_activations(x: torch.Tensor) -> torch.Tensor:
+    """x [n, K] as the int8 activations stand for it, q * d (quantize_activations), in x's dtype."""
+    n, K = x.shape
+    q, d = quantize_activations(x)
+    return (q.view(n, K // ACT_BLOCK, ACT_BLOCK).float() * d.unsqueeze(-1)).reshape(n, K).to(x.dtype)

@@ -39,18 +39,22 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from engine.blocks.experts import ByteLayout, ExpertLayout, RandomTensor, SwiGLUExperts
-from engine.blocks.intquant import check_group, dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
+from engine.blocks.intquant import (ACT_BLOCK, check_group, dequantize_int4, dequantize_int8, quantize_int4, quantize_int8,
+                                    round_activations)
 from engine.checkpoint import Checkpoint
 from engine.kernels import cpu as cpu_kernels
-from engine.layers import ACT
+from engine.layers import ACT, expert_ffn
 from engine.lazy import lazy_module
 
 if TYPE_CHECKING:
     import torch
+    import torch.nn.functional as F
 else:
     torch = lazy_module("torch", globals())
+    F = lazy_module("torch.nn.functional", globals())
 
 QUANT_MODES = ("none", "int8", "int4", "mixed")
+ACTIVATIONS = ("fp32", "int8")     # what an expert matrix's inputs are: as computed, or rounded to int8 per block
 MIXED_HIGH = ("int8",)             # the higher precision of a mixed treatment
 DEFAULT_GROUP = 32
 DEFAULT_MIXED_FRACTION = 0.25
@@ -62,18 +66,35 @@ class ExpertQuant:
     mode: str                                            # int8 | int4 | mixed
     group_size: int = DEFAULT_GROUP                      # int4 (and mixed's int4 experts)
     high: tuple[tuple[int, tuple[int, ...]], ...] = ()   # mixed: (moe layer, its int8 expert ids), per layer
+    activations: str = "fp32"                            # "int8": each matrix's inputs rounded per block first
+
+    @property
+    def label(self) -> str:
+        """The treatment as a results column names it: the mode, "+a8" with int8 activations."""
+        return label_of(self.mode, self.activations)
 
     def high_of(self, layer: int) -> frozenset[int]:
         return frozenset(dict(self.high).get(layer, ()))
 
 
+def label_of(mode: str, activations: str = "fp32") -> str:
+    """A treatment's name in results: `mode`, and "+a8" where its activations are int8."""
+    return f"{mode}+a8" if activations == "int8" and mode != "none" else mode
+
+
 def resolve_expert_quant(cfg: Any, mode: str, group_size: int = DEFAULT_GROUP, mixed_count: int | None = None,
                          mixed_fraction: float | None = None, mixed_high: str = "int8",
-                         popularity: str | None = None, trace: str | None = None) -> ExpertQuant | None:
+                         popularity: str | None = None, trace: str | None = None,
+                         activations: str = "fp32") -> ExpertQuant | None:
     """The treatment `mode` for model `cfg` (None for "none", the exact experts); ValueError naming
     the option, what is allowed and what was given."""
     if mode not in QUANT_MODES:
         raise ValueError(f"experts.quant must be one of {list(QUANT_MODES)}, got {mode!r}")
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"experts.activations must be one of {list(ACTIVATIONS)}, got {activations!r}")
+    if activations != "fp32" and mode == "none":
+        raise ValueError(f"experts.activations={activations} rounds the inputs of quantised experts' products; "
+                         f"it needs experts.quant=int8|int4|mixed, got experts.quant=none")
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2 or group_size % 2:
         raise ValueError(f"experts.group_size must be an even int >= 2, got {group_size!r}")
     mixed_given = [k for k, v in (("mixed_count", mixed_count), ("mixed_fraction", mixed_fraction),
@@ -81,7 +102,7 @@ def resolve_expert_quant(cfg: Any, mode: str, group_size: int = DEFAULT_GROUP, m
     if mode != "mixed":
         if mixed_given:
             raise ValueError(f"experts.{mixed_given[0]} applies to experts.quant=mixed only, got experts.quant={mode}")
-        return None if mode == "none" else ExpertQuant(mode, group_size)
+        return None if mode == "none" else ExpertQuant(mode, group_size, activations=activations)
     if mixed_high not in MIXED_HIGH:
         raise ValueError(f"experts.mixed_high must be one of {list(MIXED_HIGH)}, got {mixed_high!r}")
     E = cfg.n_experts
@@ -99,7 +120,7 @@ def resolve_expert_quant(cfg: Any, mode: str, group_size: int = DEFAULT_GROUP, m
     table = _popularity(cfg, popularity, trace)
     high = tuple((layer, tuple(sorted(sorted(range(E), key=lambda e: (-table[layer][e], e))[:n_high])))
                  for layer in cfg.moe_layers)
-    return ExpertQuant("mixed", group_size, high)
+    return ExpertQuant("mixed", group_size, high, activations)
 
 
 def _popularity(cfg: Any, popularity: str | None, trace: str | None) -> dict[int, list[float]]:
@@ -122,18 +143,21 @@ def quantized_layout(base: ExpertLayout, spec: ExpertQuant | None) -> ExpertLayo
     if spec is None:
         return base
     if spec.mode == "mixed":
-        return MixedExperts(base, QuantExperts(base, "int8"), QuantExperts(base, "int4", spec.group_size),
+        return MixedExperts(base, QuantExperts(base, "int8", activations=spec.activations),
+                            QuantExperts(base, "int4", spec.group_size, spec.activations),
                             {layer: frozenset(ids) for layer, ids in spec.high})
-    return QuantExperts(base, spec.mode, spec.group_size)
+    return QuantExperts(base, spec.mode, spec.group_size, spec.activations)
 
 
 class QuantExperts(ByteLayout):
-    """`base`'s expert quantised to `fmt` ("int8" | "int4"), one uint8 buffer (module docstring)."""
+    """`base`'s expert quantised to `fmt` ("int8" | "int4"), one uint8 buffer (module docstring);
+    `activations="int8"`: each matrix's inputs rounded to int8 per block (intquant.round_activations)
+    before the product, as llama.cpp's Q8_0 / Q4_0 dot products do."""
 
-    def __init__(self, base: ExpertLayout, fmt: str, group_size: int = DEFAULT_GROUP) -> None:
+    def __init__(self, base: ExpertLayout, fmt: str, group_size: int = DEFAULT_GROUP, activations: str = "fp32") -> None:
         if fmt not in ("int8", "int4"):
             raise ValueError(f"QuantExperts format must be 'int8' or 'int4', got {fmt!r}")
-        self.base, self.fmt, self.group = base, fmt, group_size
+        self.base, self.fmt, self.group, self.activations = base, fmt, group_size, activations
         self.fused_on_hub = base.fused_on_hub
         self.mats = base.matrices()                       # ((R, C), ...): raises for a layout that cannot be quantised
         if fmt == "int4":
@@ -156,8 +180,15 @@ class QuantExperts(ByteLayout):
         self._numel = -(-o // ALIGN) * ALIGN
         # the CPU kernel runs gate|up and down from the packed bytes: a plain SwiGLU expert (nothing
         # but its matrices), int4 groups it can read
-        self._kernel_ok = (type(base) is SwiGLUExperts and self.rest == 0
-                           and (fmt == "int8" or cpu_kernels.int4_group_ok(group_size)))
+        plain = type(base) is SwiGLUExperts and self.rest == 0
+        if activations == "int8":
+            if not plain or any(C % ACT_BLOCK for _, C in self.mats):
+                raise ValueError(f"experts.activations=int8 runs plain SwiGLU experts whose matrices have a multiple "
+                                 f"of {ACT_BLOCK} inputs; {type(base).__name__} with inputs "
+                                 f"{[C for _, C in self.mats]} is not one (allowed for it: experts.activations=fp32)")
+            self._kernel_ok = fmt == "int8" or cpu_kernels.int4_q8_group_ok(group_size)
+        else:
+            self._kernel_ok = plain and (fmt == "int8" or cpu_kernels.int4_group_ok(group_size))
 
     quant = property(lambda self: self.fmt)
 
@@ -234,11 +265,20 @@ class QuantExperts(ByteLayout):
         if self._kernel_ok and cpu_kernels.quant_usable(x, packed) and packed.data_ptr() % 4 == 0:
             gate, up = self._packed_linear(x, packed, 0).chunk(2, dim=-1)          # [n, I] each
             return self._packed_linear(ACT[self.base.act](gate) * up, packed, 1)   # as engine.layers.expert_ffn
+        if self.activations == "int8":      # the dequantised expert on rounded inputs: what the kernel computes
+            base = self.base
+            return expert_ffn(x, self.unpack(packed, x.dtype), base.D, base.I, base.act,
+                              lambda a, w: F.linear(round_activations(a), w))
         return self.base.run(x, self.unpack(packed, x.dtype))
 
     def _packed_linear(self, x: torch.Tensor, packed: torch.Tensor, k: int) -> torch.Tensor:
         """x @ dequant(matrix k)^T by the CPU kernel, reading the matrix's parts where pack put them."""
         R, C = self.mats[k]
+        if self.activations == "int8":
+            if self.fmt == "int8":
+                return cpu_kernels.int8_q8_linear(x, packed, self.q_at[k][0], self.scale_at[k][0], R, C)
+            return cpu_kernels.int4_q8_linear(x, packed, self.q_at[k][0], self.scale_at[k][0], self.zero_at[k][0], R,
+                                              C, self.group)
         if self.fmt == "int8":
             return cpu_kernels.int8_linear(x, packed, self.q_at[k][0], self.scale_at[k][0], R, C)
         return cpu_kernels.int4_linear(x, packed, self.q_at[k][0], self.scale_at[k][0], self.zero_at[k][0], R, C,

@@ -24,7 +24,8 @@ goes with the environment that links it, whatever `$MOEBENCH_CACHE` a run points
 builds it ahead, as `make setup` does), whether it can run here (`available`, `reason`), the
 switch that turns it off (`MOEBENCH_CPU_KERNELS=0` or `enabled(False)`: the torch path, for A/B
 measurements), and the calls (`small_linear`, `grouped_small_linear`, `linear`: F.linear's drop-in, and
-`int8_linear` / `int4_linear` on a quantised expert's packed bytes). Does not
+`int8_linear` / `int4_linear` on a quantised expert's packed bytes, and their `*_q8_` forms on
+activations rounded to int8). Does not
 own: which layers use it (the experts, engine.blocks.experts; attention's projections and the LM
 head, engine.blocks.attention and decoder) or the torch path it falls back to.
 
@@ -215,6 +216,12 @@ def int4_group_ok(group: int) -> bool:
     return group >= 8 and group & (group - 1) == 0
 
 
+def int4_q8_group_ok(group: int) -> bool:
+    """Whether the int8-activation kernel reads int4 groups of this size (a power of two >= 32:
+    each 32-input block of x lies in one group)."""
+    return group >= 32 and group & (group - 1) == 0
+
+
 def int8_linear(x: torch.Tensor, packed: torch.Tensor, q_at: int, scale_at: int, O: int, K: int) -> torch.Tensor:
     """x [n, K] fp32 @ dequant(w)^T -> [n, O] fp32 for the int8 matrix w [O, K] in the uint8 buffer
     `packed` (its values from byte q_at, its fp32 per-row scales from byte scale_at): scale x the
@@ -230,6 +237,21 @@ def int4_linear(x: torch.Tensor, packed: torch.Tensor, q_at: int, scale_at: int,
     the sum over groups of scale x (the dot product of q and x - zero x the group's sum of x).
     `group`: see int4_group_ok."""
     return _ops().int4_linear(x, packed, q_at, scale_at, zero_at, O, K, group)
+
+
+def int8_q8_linear(x: torch.Tensor, packed: torch.Tensor, q_at: int, scale_at: int, O: int, K: int) -> torch.Tensor:
+    """`int8_linear` with x rounded to int8 per block of 32 inputs first (engine.blocks.intquant.
+    quantize_activations, bit for bit) and each block's product an integer dot product: the
+    dequantised matrix times the rounded x up to fp32 rounding (experts.activations=int8). K a
+    multiple of 32."""
+    return _ops().int8_q8_linear(x, packed, q_at, scale_at, O, K)
+
+
+def int4_q8_linear(x: torch.Tensor, packed: torch.Tensor, q_at: int, scale_at: int, zero_at: int, O: int, K: int,
+                   group: int) -> torch.Tensor:
+    """`int4_linear` on x rounded as `int8_q8_linear` does: per block, scale x d x (the integer dot
+    product - zero x the block's sum of rounded values). `group`: see int4_q8_group_ok."""
+    return _ops().int4_q8_linear(x, packed, q_at, scale_at, zero_at, O, K, group)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
+#include <tuple>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -234,31 +236,36 @@ void rows_range(const float* x, int64_t n, const Rows& w, int64_t O, int64_t K, 
 // caller waits for the chunks to be done, never for a helper to start: a helper that another
 // process keeps off its core joins late and finds nothing left, so a busy machine costs at worst
 // the one-thread speed, where a parallel region would wait for that thread at its barrier.
-template <typename Rows>
-struct RowsJob {
-  const float* x; int64_t n; Rows w; int64_t O, K; float* y;
-  int64_t chunks;
+template <typename Range>
+struct RangeJob {
+  Range range; int64_t O, chunks;
   std::atomic<int64_t> next{0}, done{0};
+  RangeJob(const Range& r, int64_t o, int64_t c) : range(r), O(o), chunks(c) {}
   void work() {
     for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1)) {
-      rows_range(x, n, w, O, K, y, c * CHUNK_ROWS, std::min(O, (c + 1) * CHUNK_ROWS));
+      range(c * CHUNK_ROWS, std::min(O, (c + 1) * CHUNK_ROWS));
       done.fetch_add(1, std::memory_order_release);
     }
   }
 };
 
-template <typename Rows>
-void rows_kernel(const float* x, int64_t n, const Rows& w, int64_t O, int64_t K, float* y) {
+// range(o0, o1) over [0, O) in chunks, `elems` weights read in all (how many threads pay off).
+template <typename Range>
+void run_chunks(const Range& range, int64_t O, int64_t elems) {
   const int64_t chunks = (O + CHUNK_ROWS - 1) / CHUNK_ROWS;
   const int64_t helpers = std::min<int64_t>({at::get_num_threads(), chunks,
-                                             std::max<int64_t>(1, O * K * n / TASK_ELEMS)}) - 1;
-  auto job = std::make_shared<RowsJob<Rows>>();
-  job->x = x; job->n = n; job->w = w; job->O = O; job->K = K; job->y = y; job->chunks = chunks;
+                                             std::max<int64_t>(1, elems / TASK_ELEMS)}) - 1;
+  auto job = std::make_shared<RangeJob<Range>>(range, O, chunks);
   for (int64_t h = 0; h < helpers; ++h) at::launch([job] { job->work(); });   // holds the job, not the caller's frame
   job->work();
   for (int spins = 0; job->done.load(std::memory_order_acquire) < chunks; ++spins) {
     if (spins < 4096) _mm_pause(); else std::this_thread::yield();
   }
+}
+
+template <typename Rows>
+void rows_kernel(const float* x, int64_t n, const Rows& w, int64_t O, int64_t K, float* y) {
+  run_chunks([x, n, w, O, K, y](int64_t o0, int64_t o1) { rows_range(x, n, w, O, K, y, o0, o1); }, O, O * K * n);
 }
 
 void check_weight(const at::Tensor& w, int64_t K, const char* what) {
@@ -449,6 +456,178 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, int64_t q_
   return out;
 }
 
+
+// --- int8 activations (experts.activations=int8: a lossy treatment of its own, labelled) ----------
+// x rounded to int8 per block of QBLOCK inputs -- d = max|x| / 127, q = rint(x / d) as x * (1 / d),
+// ties to even: engine.blocks.intquant.quantize_activations, bit for bit -- and each block's
+// product with the weights' integer values an integer dot product (AVX2 maddubs: 32 weights in a
+// few instructions, where the fp32 path converts each weight to float first), scaled once per block.
+// int4: y = sum over blocks b of s_g d_b (sum q_w q_x - z_g sum q_x), the group g holding block b;
+// int8: y = s_row sum over blocks of d_b (sum q_w q_x). The dequantised matrix times the rounded x up
+// to fp32 rounding, in a fixed order: the same bits at any batch and thread count.
+constexpr int64_t QBLOCK = 32;
+
+struct QuantX {                      // x [n, K] rounded: values, block scales d and block sums of the values
+  at::Tensor q, d, qs;
+  int64_t K, B;
+};
+
+// nibble_order: each block's 32 values as its 16 even inputs, then its 16 odd ones (the order of
+// int4's low and high nibbles); a block holding a NaN or an infinity gets d = NaN, so its outputs are.
+QuantX quantize_x(const at::Tensor& x, bool nibble_order) {
+  const int64_t n = x.size(0), K = x.size(1), B = K / QBLOCK;
+  QuantX r{at::empty({n, K}, x.options().dtype(at::kChar)), at::empty({n, B}, x.options()),
+           at::empty({n, B}, x.options().dtype(at::kInt)), K, B};
+  const float* src = x.data_ptr<float>();
+  int8_t* q = r.q.data_ptr<int8_t>();
+  float* d = r.d.data_ptr<float>();
+  int32_t* qs = r.qs.data_ptr<int32_t>();
+  for (int64_t jb = 0; jb < n * B; ++jb) {
+    const float* xb = src + jb * QBLOCK;
+    int8_t* qb = q + jb * QBLOCK;
+    float amax = 0.0f;
+    bool finite = true;
+    for (int64_t i = 0; i < QBLOCK; ++i) {
+      finite = finite && std::isfinite(xb[i]);
+      amax = std::max(amax, std::fabs(xb[i]));
+    }
+    const float db = amax / 127.0f, id = db > 0.0f ? 1.0f / db : 0.0f;
+    int32_t sum = 0;
+    for (int64_t i = 0; i < QBLOCK; ++i) {
+      const int v = finite ? static_cast<int>(std::nearbyint(xb[i] * id)) : 0;
+      qb[nibble_order ? (i & 1) * (QBLOCK / 2) + i / 2 : i] = static_cast<int8_t>(v);
+      sum += v;
+    }
+    d[jb] = finite ? db : std::numeric_limits<float>::quiet_NaN();
+    qs[jb] = sum;
+  }
+  return r;
+}
+
+struct Int4Q8 {
+  const uint8_t* q; const float* scale; const uint8_t* zero; int64_t K, G; int lg;
+  const int8_t* xq; const float* xd; const int32_t* xs; int64_t B;
+  template <int64_t R, int64_t NB>
+  void block(int64_t o, int64_t j0, float* y, int64_t O) const {
+    const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0F);
+    __m256 acc[R][NB];
+    float corr[R][NB];
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t j = 0; j < NB; ++j) { acc[r][j] = _mm256_setzero_ps(); corr[r][j] = 0.0f; }
+    const int64_t ahead = PREFETCH_ROWS * (K / 2);
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t g = (b * QBLOCK) >> lg;
+      for (int64_t r = 0; r < R; ++r) {
+        const uint8_t* p = q + (o + r) * (K / 2) + b * (QBLOCK / 2);
+        if ((b & 3) == 0) _mm_prefetch(reinterpret_cast<const char*>(p + ahead), _MM_HINT_T0);
+        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+        const __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low);
+        const float s = scale[(o + r) * G + g], z = static_cast<float>(zero[(o + r) * G + g]);
+        for (int64_t j = 0; j < NB; ++j) {
+          const int64_t jb = (j0 + j) * B + b;
+          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + (j0 + j) * K + b * QBLOCK));
+          const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(w, xv), ones);
+          const float sd = s * xd[jb];
+          acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(sd), acc[r][j]);
+          corr[r][j] = std::fma(sd * z, static_cast<float>(xs[jb]), corr[r][j]);
+        }
+      }
+    }
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t j = 0; j < NB; ++j) y[(j0 + j) * O + o + r] = hsum(acc[r][j]) - corr[r][j];
+  }
+};
+
+struct Int8Q8 {
+  const int8_t* q; const float* scale; int64_t K;
+  const int8_t* xq; const float* xd; int64_t B;
+  template <int64_t R, int64_t NB>
+  void block(int64_t o, int64_t j0, float* y, int64_t O) const {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[R][NB];
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t j = 0; j < NB; ++j) acc[r][j] = _mm256_setzero_ps();
+    const int64_t ahead = PREFETCH_ROWS * K;
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t r = 0; r < R; ++r) {
+        const int8_t* p = q + (o + r) * K + b * QBLOCK;
+        if ((b & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(p + ahead), _MM_HINT_T0);
+        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+        const __m256i aw = _mm256_sign_epi8(w, w);               // |w| as unsigned bytes (-128 -> 128)
+        for (int64_t j = 0; j < NB; ++j) {
+          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + (j0 + j) * K + b * QBLOCK));
+          const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, w)), ones);
+          acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(xd[(j0 + j) * B + b]), acc[r][j]);
+        }
+      }
+    }
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t j = 0; j < NB; ++j) y[(j0 + j) * O + o + r] = hsum(acc[r][j]) * scale[o + r];
+  }
+};
+
+// Weight rows [o0, o1) against the n rows of x, blocked as rows_range.
+template <typename Q>
+void q8_range(const Q& w, int64_t n, int64_t O, float* y, int64_t o0, int64_t o1) {
+  int64_t o = o0;
+  if (n == 1) {
+    for (; o + 4 <= o1; o += 4) w.template block<4, 1>(o, 0, y, O);
+  } else {
+    for (; o + 2 <= o1; o += 2) {
+      int64_t j = 0;
+      for (; j + 2 <= n; j += 2) w.template block<2, 2>(o, j, y, O);
+      if (j < n) w.template block<2, 1>(o, j, y, O);
+    }
+  }
+  for (; o < o1; ++o)
+    for (int64_t j = 0; j < n; ++j) w.template block<1, 1>(o, j, y, O);
+}
+
+template <typename Q>
+at::Tensor q8_run(const Q& w, const at::Tensor& xc, int64_t O) {
+  const int64_t n = xc.size(0);
+  at::Tensor out = at::empty({n, O}, xc.options());
+  float* y = out.data_ptr<float>();
+  if (n > 0) run_chunks([&w, n, O, y](int64_t o0, int64_t o1) { q8_range(w, n, O, y, o0, o1); }, O, O * w.K * n);
+  return out;
+}
+
+at::Tensor int8_q8_linear(const at::Tensor& x, const at::Tensor& packed, int64_t q_at, int64_t scale_at, int64_t O,
+                          int64_t K) {
+  TORCH_CHECK(K % QBLOCK == 0, "int8_q8_linear: K = ", K, " must be a multiple of ", QBLOCK);
+  at::Tensor xc = quant_prologue(x, packed, K, "int8_q8_linear");
+  QuantX qx = quantize_x(xc, false);
+  Int8Q8 w{reinterpret_cast<const int8_t*>(packed_part(packed, q_at, O * K, 1, "int8_q8_linear values")),
+           reinterpret_cast<const float*>(packed_part(packed, scale_at, 4 * O, 4, "int8_q8_linear scales")), K,
+           qx.q.data_ptr<int8_t>(), qx.d.data_ptr<float>(), qx.B};
+  return q8_run(w, xc, O);
+}
+
+at::Tensor int4_q8_linear(const at::Tensor& x, const at::Tensor& packed, int64_t q_at, int64_t scale_at,
+                          int64_t zero_at, int64_t O, int64_t K, int64_t group) {
+  TORCH_CHECK(group >= QBLOCK && (group & (group - 1)) == 0 && K % group == 0, "int4_q8_linear: the group size must "
+              "be a power of two >= ", QBLOCK, " dividing K = ", K, ", got ", group);
+  at::Tensor xc = quant_prologue(x, packed, K, "int4_q8_linear");
+  const int64_t G = K / group;
+  int lg = 0;
+  while ((int64_t{1} << lg) < group) ++lg;
+  QuantX qx = quantize_x(xc, true);
+  Int4Q8 w{packed_part(packed, q_at, O * K / 2, 1, "int4_q8_linear values"),
+           reinterpret_cast<const float*>(packed_part(packed, scale_at, 4 * O * G, 4, "int4_q8_linear scales")),
+           packed_part(packed, zero_at, O * G, 1, "int4_q8_linear zero points"), K, G, lg,
+           qx.q.data_ptr<int8_t>(), qx.d.data_ptr<float>(), qx.qs.data_ptr<int32_t>(), qx.B};
+  return q8_run(w, xc, O);
+}
+
+// The rounded activations themselves (tests compare them with the torch definition): x [n, K] ->
+// (q int8 [n, K] in input order, d fp32 [n, K/QBLOCK]).
+std::tuple<at::Tensor, at::Tensor> quantize_activations(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu() && x.size(1) % QBLOCK == 0,
+              "quantize_activations: x must be float32 [n, K] on the CPU, K a multiple of ", QBLOCK);
+  QuantX qx = quantize_x(x.contiguous(), false);
+  return {qx.q, qx.d};
+}
+
 }  // namespace
 
 TORCH_LIBRARY(moebench_cpu, m) {
@@ -459,4 +638,8 @@ TORCH_LIBRARY(moebench_cpu, m) {
   m.def("int8_linear(Tensor x, Tensor packed, int q_at, int scale_at, int O, int K) -> Tensor", &int8_linear);
   m.def("int4_linear(Tensor x, Tensor packed, int q_at, int scale_at, int zero_at, int O, int K, int group) -> Tensor",
         &int4_linear);
+  m.def("int8_q8_linear(Tensor x, Tensor packed, int q_at, int scale_at, int O, int K) -> Tensor", &int8_q8_linear);
+  m.def("int4_q8_linear(Tensor x, Tensor packed, int q_at, int scale_at, int zero_at, int O, int K, int group) -> "
+        "Tensor", &int4_q8_linear);
+  m.def("quantize_activations(Tensor x) -> (Tensor, Tensor)", &quantize_activations);
 }

@@ -47,7 +47,7 @@ def expert_quant_of(experts: dict[str, Any], mcfg: ModelConfig) -> Any:
     try:
         spec = resolve_expert_quant(mcfg, e.quant, group_size=e.group_size, mixed_count=e.mixed_count,
                                     mixed_fraction=e.mixed_fraction, mixed_high=e.mixed_high,
-                                    popularity=e.popularity, trace=e.trace)
+                                    popularity=e.popularity, trace=e.trace, activations=e.activations)
         if spec is not None:
             mcfg.replace(expert_quant=spec).architecture()        # a layout that cannot be quantised says so
     except ValueError as exc:

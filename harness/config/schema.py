@@ -107,6 +107,7 @@ class ExpertsConf:
     mixed_high: str = "int8"                # mixed: the higher precision
     popularity: Optional[str] = None        # mixed: [moe layers][experts] counts (.json/.csv/.npy) ...
     trace: Optional[str] = None             # ... or a routing trace recorded on this model (.npz)
+    activations: str = "fp32"               # fp32 | int8: the products' inputs rounded per 32 (as llama.cpp's Q8_0)
 
 
 @dataclass
