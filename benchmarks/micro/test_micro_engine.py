@@ -39,13 +39,14 @@ def test_expert_ffn(benchmark, shape: str, tokens: int) -> None:
     assert out.shape == (tokens, D)
 
 
-@pytest.mark.parametrize("fmt,group", [("int8", 32), ("int4", 32), ("int4", 8)])
-def test_quant_expert_ffn(benchmark, fmt: str, group: int) -> None:
-    """A decode step's one row through a quantised expert (experts.quant) of the wide benchmark
-    shape (benchmarks/bench_vs_llamacpp.py --shape wide: D = I = 2048), from its packed bytes: the
-    CPU kernel where it is built, else the dequantising path."""
+@pytest.mark.parametrize("fmt,group,activations", [("int8", 32, "fp32"), ("int4", 32, "fp32"), ("int4", 8, "fp32"),
+                                                   ("int8", 32, "int8"), ("int4", 32, "int8")])
+def test_quant_expert_ffn(benchmark, fmt: str, group: int, activations: str) -> None:
+    """A decode step's one row through a quantised expert (experts.quant, experts.activations) of the
+    wide benchmark shape (benchmarks/bench_vs_llamacpp.py --shape wide: D = I = 2048), from its packed
+    bytes: the CPU kernel where it is built, else the dequantising path."""
     D = I = 2048
-    layout = QuantExperts(SwiGLUExperts(D, I, "silu", "m.{layer}"), fmt, group)
+    layout = QuantExperts(SwiGLUExperts(D, I, "silu", "m.{layer}"), fmt, group, activations)
     packed = torch.empty(layout.numel, dtype=torch.uint8)
     layout.pack(torch.randn(layout.base.numel, generator=torch.Generator().manual_seed(0)) * 0.02, packed)
     out = benchmark(layout.run, torch.randn(1, D), packed)
