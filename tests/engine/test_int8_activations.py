@@ -2,8 +2,8 @@
 block of 32 (as llama.cpp's Q8_0 / Q4_0 dot products do), a lossy treatment of its own, labelled.
 
 The kernel's rounding is engine.blocks.intquant.quantize_activations bit for bit (NaN and
-infinity included); its int8 / int4 products equal float64 of the dequantised matrix times the
-rounded x up to fp32 rounding, the same bits at any batch and thread count; QuantExperts runs it
+infinity included; its products against float64 and across batches and threads are
+tests/engine/test_quant_kernels.py's, parametrised over the activations); QuantExperts runs it
 for a decode step's rows and the dequantising path on rounded inputs beyond (and with the kernels
 off), the two within the invariant's tolerance; every placement gives resident's output within
 the treatment; the treatment moves the logits (it is not int4 under another name); the results
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from engine import Engine
 from engine.blocks.experts import SwiGLUExperts
@@ -22,21 +21,10 @@ from engine.config import preset
 from engine.kernels import cpu
 from tests.engine.test_cpu_kernels import needs_kernel
 from tests.engine.test_quant_experts import PLACEMENTS, TOL, scenario
-from tests.engine.test_quant_kernels import matrix
+from tests.engine.test_quant_kernels import matrix, run
 
 MODEL = "tiny-mixtral"
 Q8 = {"activations": "int8"}
-
-
-@pytest.fixture
-def threads():
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
-
-
-def q8(fmt: str, x: torch.Tensor, packed: torch.Tensor, args: tuple) -> torch.Tensor:
-    return (cpu.int8_q8_linear if fmt == "int8" else cpu.int4_q8_linear)(x, packed, *args)
 
 
 def test_rounding_by_hand():
@@ -68,43 +56,12 @@ def test_the_kernels_rounding_is_the_definition_bit_for_bit():
         assert d.isnan().sum() == (2 if K > 32 else 1)                 # the NaN's block and the inf's
 
 
-CASES = [("int8", 96, 64, 32), ("int8", 77, 2048, 32), ("int4", 96, 64, 32), ("int4", 130, 128, 64),
-         ("int4", 77, 2048, 128)]
-
-
-@needs_kernel
-@pytest.mark.parametrize("fmt,O,K,group", CASES)
-def test_matches_float64_of_the_dequantised_matrix_on_rounded_inputs(fmt, O, K, group):
-    w, packed, args = matrix(fmt, O, K, group, seed=O + K)
-    g = torch.Generator().manual_seed(K)
-    for n in range(1, cpu.MAX_ROWS + 1):
-        x = torch.randn(n, K, generator=g)
-        y = q8(fmt, x, packed, args)
-        exact = F.linear(round_activations(x).double(), w.double())
-        assert y.dtype == torch.float32 and y.shape == (n, O)
-        assert (y.double() - exact).abs().max() <= 1e-5 * exact.abs().max(), n
-        unrounded = F.linear(x.double(), w.double())                  # and it is not the fp32-input product
-        assert (y.double() - unrounded).abs().max() > 1e-5 * unrounded.abs().max(), n
-
-
-@needs_kernel
-@pytest.mark.parametrize("fmt,O,K,group", CASES)
-def test_a_rows_output_is_the_same_bits_at_any_batch_and_thread_count(fmt, O, K, group, threads):
-    _, packed, args = matrix(fmt, O, K, group, seed=1)
-    x = torch.randn(cpu.MAX_ROWS, K, generator=torch.Generator().manual_seed(2))
-    torch.set_num_threads(1)
-    together = q8(fmt, x, packed, args)
-    assert torch.equal(torch.cat([q8(fmt, x[i:i + 1], packed, args) for i in range(len(x))]), together)
-    torch.set_num_threads(2)
-    assert torch.equal(together, q8(fmt, x, packed, args))
-
-
 @needs_kernel
 def test_a_nan_input_gives_nan_outputs_never_a_finite_number():
     _, packed, args = matrix("int4", 64, 64, 32)
     x = torch.randn(2, 64)
     x[1, 40] = float("nan")
-    y = q8("int4", x, packed, args)
+    y = run("int4", x, packed, args, "int8")
     assert y[0].isfinite().all() and y[1].isnan().all()
 
 

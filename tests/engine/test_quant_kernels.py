@@ -2,7 +2,8 @@
 
 The kernel against float64 of dequantise-then-matmul (it applies a scale to a sum, the row's or
 a group's, not to each weight: the dequantised matrix's product up to fp32 rounding, not its
-bits), the same bits at any batch up to MAX_ROWS and at 1 or 2 threads; QuantExperts running it
+bits), also on inputs rounded to int8 (experts.activations=int8), the same bits at any batch up
+to MAX_ROWS and at 1 or 2 threads; QuantExperts running it
 for a decode step's rows on the CPU and the dequantising path beyond MAX_ROWS, for int4 groups the
 kernel cannot read, and with the kernels off; an engine with quantised experts calling it. The
 invariant within a treatment (every placement gives resident's output) is
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 
 from engine import Engine
 from engine.blocks.experts import SwiGLUExperts
-from engine.blocks.intquant import dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
+from engine.blocks.intquant import dequantize_int4, dequantize_int8, quantize_int4, quantize_int8, round_activations
 from engine.blocks.quant_experts import QuantExperts
 from engine.kernels import cpu
 from tests.engine.test_cpu_kernels import X86_AVX2, needs_kernel
@@ -53,40 +54,50 @@ def matrix(fmt: str, O: int, K: int, group: int = 32, seed: int = 0) -> tuple[to
     return deq, packed, (at[2], at[0], at[1], O, K, group)
 
 
-def run(fmt: str, x: torch.Tensor, packed: torch.Tensor, args: tuple) -> torch.Tensor:
+def run(fmt: str, x: torch.Tensor, packed: torch.Tensor, args: tuple, activations: str = "fp32") -> torch.Tensor:
+    """The kernel for `fmt` on inputs as given (activations fp32) or rounded to int8 by it (int8)."""
+    if activations == "int8":
+        return (cpu.int8_q8_linear if fmt == "int8" else cpu.int4_q8_linear)(x, packed, *args)
     return (cpu.int8_linear if fmt == "int8" else cpu.int4_linear)(x, packed, *args)
 
 
-CASES = [("int8", O, K, 32) for O, K in SHAPES] + \
-        [("int4", O, K, g) for O, K in SHAPES for g in GROUPS if K % g == 0]
+CASES = [("int8", O, K, 32, "fp32") for O, K in SHAPES] + \
+        [("int4", O, K, g, "fp32") for O, K in SHAPES for g in GROUPS if K % g == 0] + \
+        [("int8", 96, 64, 32, "int8"), ("int8", 77, 2048, 32, "int8"), ("int4", 96, 64, 32, "int8"),   # int8 inputs:
+         ("int4", 130, 128, 64, "int8"), ("int4", 77, 2048, 128, "int8")]                             # K % 32, groups >= 32
 
 
 @needs_kernel
-@pytest.mark.parametrize("fmt,O,K,group", CASES)
-def test_matches_float64_of_dequantise_then_matmul(fmt, O, K, group):
+@pytest.mark.parametrize("fmt,O,K,group,activations", CASES)
+def test_matches_float64_of_dequantise_then_matmul(fmt, O, K, group, activations):
+    """On the inputs as given, or on them rounded (engine.blocks.intquant.round_activations), which
+    is then not the product on the inputs as given."""
     w, packed, args = matrix(fmt, O, K, group, seed=O + K)
     g = torch.Generator().manual_seed(K)
     for n in range(1, cpu.MAX_ROWS + 1):
         x = torch.randn(n, K, generator=g)
-        y = run(fmt, x, packed, args)
-        exact = F.linear(x.double(), w.double())
+        y = run(fmt, x, packed, args, activations)
+        exact = F.linear((round_activations(x) if activations == "int8" else x).double(), w.double())
         assert y.dtype == torch.float32 and y.shape == (n, O)
         assert (y.double() - exact).abs().max() <= 1e-5 * exact.abs().max(), n
+        if activations == "int8":
+            unrounded = F.linear(x.double(), w.double())
+            assert (y.double() - unrounded).abs().max() > 1e-5 * unrounded.abs().max(), n
 
 
 @needs_kernel
-@pytest.mark.parametrize("fmt,O,K,group", CASES)
-def test_a_rows_output_is_the_same_bits_at_any_batch_and_thread_count(fmt, O, K, group, threads):
+@pytest.mark.parametrize("fmt,O,K,group,activations", CASES)
+def test_a_rows_output_is_the_same_bits_at_any_batch_and_thread_count(fmt, O, K, group, activations, threads):
     _, packed, args = matrix(fmt, O, K, group, seed=1)
     x = torch.randn(cpu.MAX_ROWS, K, generator=torch.Generator().manual_seed(2))
     torch.set_num_threads(1)
-    alone = torch.cat([run(fmt, x[i:i + 1], packed, args) for i in range(len(x))])
-    together = run(fmt, x, packed, args)
+    alone = torch.cat([run(fmt, x[i:i + 1], packed, args, activations) for i in range(len(x))])
+    together = run(fmt, x, packed, args, activations)
     assert torch.equal(alone, together)
     torch.set_num_threads(2)
-    assert torch.equal(together, run(fmt, x, packed, args))
+    assert torch.equal(together, run(fmt, x, packed, args, activations))
     for n in range(2, cpu.MAX_ROWS):
-        assert torch.equal(run(fmt, x[:n], packed, args), together[:n]), n
+        assert torch.equal(run(fmt, x[:n], packed, args, activations), together[:n]), n
 
 
 @needs_kernel
