@@ -10,7 +10,7 @@ Owns:
   drawn from the preset's seed -- into ONE uint8 buffer per expert, so an expert is still one
   copy: [fp32: each matrix's scales | the layout's other values (biases) | uint8: each matrix's
   int4 zero points | its int8 / packed int4 values], padded to 16 bytes. `run`, for a SwiGLU
-  expert's few rows (<= engine.kernels.cpu.MAX_ROWS, fp32) on the CPU, runs the CPU kernel on
+  expert's rows (<= engine.kernels.cpu.QUANT_MAX_ROWS, fp32) on the CPU, runs the CPU kernel on
   the packed bytes themselves (integer values converted in registers, each scale applied once to
   a row's or a group's sum: the dequantised expert's product up to fp32 rounding, without writing
   it; every placement runs the same path for the same rows, so the invariant holds within a

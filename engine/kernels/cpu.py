@@ -61,6 +61,7 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("rows_linear.cpp")
 NAME = "moebench_cpu_kernels"
 MAX_ROWS = 8                  # rows up to which the kernel beats the BLAS GEMM here (docs/cpu_experts.md)
+QUANT_MAX_ROWS = 128          # rows up to which the quantised kernels beat dequantise-then-GEMM here (the same)
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off"]   # no contraction: the order written is the order run
 DTYPES = ("float32", "bfloat16")
 
@@ -204,10 +205,11 @@ def grouped_small_linear(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -
 
 def quant_usable(x: torch.Tensor, packed: torch.Tensor) -> bool:
     """Whether `int8_linear` / `int4_linear` run the kernel for rows x on packed expert bytes: x
-    float32 and at most MAX_ROWS rows, both on the CPU, packed uint8, the kernel enabled and
+    float32 and at most QUANT_MAX_ROWS rows (a prefill's rows per expert, mostly: the dequantised
+    copy the GEMM needs costs more than the kernel's reads up to there), both on the CPU, packed uint8, the kernel enabled and
     available (else the caller dequantises and runs the dense path)."""
     return (_state["enabled"] and x.device.type == "cpu" and packed.device.type == "cpu" and x.dtype == torch.float32
-            and packed.dtype == torch.uint8 and x.dim() == 2 and x.shape[0] <= MAX_ROWS and _ops() is not None)
+            and packed.dtype == torch.uint8 and x.dim() == 2 and x.shape[0] <= QUANT_MAX_ROWS and _ops() is not None)
 
 
 def int4_group_ok(group: int) -> bool:

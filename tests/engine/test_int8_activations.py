@@ -78,7 +78,7 @@ def test_bad_arguments_are_refused_by_name():
 @needs_kernel
 @pytest.mark.parametrize("fmt,group", [("int8", 32), ("int4", 32), ("int4", 16)])
 def test_quant_experts_round_the_inputs_on_both_paths(fmt, group):
-    """Up to MAX_ROWS the kernel (int4 groups of 16: the dequantising path, which rounds too), beyond
+    """Up to QUANT_MAX_ROWS the kernel (int4 groups of 16: the dequantising path, which rounds too), beyond
     it the dequantised expert on rounded inputs, and with the kernels off the same: all one treatment."""
     D, I = 64, 128
     layout = QuantExperts(SwiGLUExperts(D, I, "silu", "m.{layer}"), fmt, group, activations="int8")
@@ -86,7 +86,7 @@ def test_quant_experts_round_the_inputs_on_both_paths(fmt, group):
     dense = torch.randn(layout.base.numel, generator=torch.Generator().manual_seed(5)) * 0.02
     packed = torch.empty(layout.numel, dtype=torch.uint8)
     layout.pack(dense, packed)
-    for n in (1, 3, cpu.MAX_ROWS, cpu.MAX_ROWS + 1, 40):
+    for n in (1, 3, cpu.MAX_ROWS + 1, cpu.QUANT_MAX_ROWS, cpu.QUANT_MAX_ROWS + 1):
         x = torch.randn(n, D, generator=torch.Generator().manual_seed(n))
         y = layout.run(x, packed)
         with cpu.enabled(False):

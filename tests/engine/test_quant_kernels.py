@@ -3,8 +3,8 @@
 The kernel against float64 of dequantise-then-matmul (it applies a scale to a sum, the row's or
 a group's, not to each weight: the dequantised matrix's product up to fp32 rounding, not its
 bits), also on inputs rounded to int8 (experts.activations=int8), the same bits at any batch up
-to MAX_ROWS and at 1 or 2 threads; QuantExperts running it
-for a decode step's rows on the CPU and the dequantising path beyond MAX_ROWS, for int4 groups the
+to MAX_ROWS and beyond, at 1 or 2 threads; QuantExperts running it
+for up to QUANT_MAX_ROWS rows on the CPU and the dequantising path beyond, for int4 groups the
 kernel cannot read, and with the kernels off; an engine with quantised experts calling it. The
 invariant within a treatment (every placement gives resident's output) is
 tests/engine/test_quant_experts.py's. Speed is not tested here (benchmarks/bench_vs_llamacpp.py
@@ -74,7 +74,7 @@ def test_matches_float64_of_dequantise_then_matmul(fmt, O, K, group, activations
     is then not the product on the inputs as given."""
     w, packed, args = matrix(fmt, O, K, group, seed=O + K)
     g = torch.Generator().manual_seed(K)
-    for n in range(1, cpu.MAX_ROWS + 1):
+    for n in (*range(1, cpu.MAX_ROWS + 1), 37):
         x = torch.randn(n, K, generator=g)
         y = run(fmt, x, packed, args, activations)
         exact = F.linear((round_activations(x) if activations == "int8" else x).double(), w.double())
@@ -89,14 +89,14 @@ def test_matches_float64_of_dequantise_then_matmul(fmt, O, K, group, activations
 @pytest.mark.parametrize("fmt,O,K,group,activations", CASES)
 def test_a_rows_output_is_the_same_bits_at_any_batch_and_thread_count(fmt, O, K, group, activations, threads):
     _, packed, args = matrix(fmt, O, K, group, seed=1)
-    x = torch.randn(cpu.MAX_ROWS, K, generator=torch.Generator().manual_seed(2))
+    x = torch.randn(cpu.MAX_ROWS + 3, K, generator=torch.Generator().manual_seed(2))
     torch.set_num_threads(1)
     alone = torch.cat([run(fmt, x[i:i + 1], packed, args, activations) for i in range(len(x))])
     together = run(fmt, x, packed, args, activations)
     assert torch.equal(alone, together)
     torch.set_num_threads(2)
     assert torch.equal(together, run(fmt, x, packed, args, activations))
-    for n in range(2, cpu.MAX_ROWS):
+    for n in range(2, len(x)):
         assert torch.equal(run(fmt, x[:n], packed, args, activations), together[:n]), n
 
 
@@ -122,20 +122,20 @@ def spy(monkeypatch) -> list[int]:
 
 @needs_kernel
 @pytest.mark.parametrize("fmt,group", [("int8", 32), ("int4", 32), ("int4", 16)])
-def test_quant_experts_run_the_kernel_up_to_max_rows_and_dequantise_beyond(fmt, group, monkeypatch):
+def test_quant_experts_run_the_kernel_up_to_quant_max_rows_and_dequantise_beyond(fmt, group, monkeypatch):
     D, I = 64, 128
     layout = QuantExperts(SwiGLUExperts(D, I, "silu", "m.{layer}"), fmt, group)
     dense = torch.randn(layout.base.numel, generator=torch.Generator().manual_seed(5)) * 0.02
     packed = torch.empty(layout.numel, dtype=torch.uint8)
     layout.pack(dense, packed)
     calls = spy(monkeypatch)
-    for n in (1, 3, cpu.MAX_ROWS, cpu.MAX_ROWS + 1, 40):
+    for n in (1, 3, cpu.MAX_ROWS + 1, cpu.QUANT_MAX_ROWS, cpu.QUANT_MAX_ROWS + 1):
         x = torch.randn(n, D, generator=torch.Generator().manual_seed(n))
         before = len(calls)
         y = layout.run(x, packed)
         ran = len(calls) > before
         dense_path = layout.base.run(x, layout.unpack(packed, x.dtype))     # what run did before the kernel
-        assert ran == (n <= cpu.MAX_ROWS), n
+        assert ran == (n <= cpu.QUANT_MAX_ROWS), n
         if ran:                                                               # scales applied to sums
             assert (y - dense_path).abs().max() <= 1e-5 * dense_path.abs().max(), n
         else:
@@ -174,6 +174,6 @@ def test_an_engine_with_quantised_experts_runs_the_kernel_and_agrees_with_torchs
         ref = make().generate(prompts, 6)
     calls = spy(monkeypatch)
     got = make().generate(prompts, 6)
-    assert calls and max(calls) <= cpu.MAX_ROWS
+    assert calls and max(calls) <= cpu.QUANT_MAX_ROWS
     assert got.tokens == ref.tokens
     assert max((a - b).abs().max().item() for a, b in zip(got.logits, ref.logits)) <= 1e-5
