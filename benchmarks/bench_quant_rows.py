@@ -1,8 +1,8 @@
 """Where a quantised expert's rows should stop taking the CPU kernel: one expert of the wide benchmark
 shape (hidden = expert intermediate = 2048) run on n rows by the kernel on its packed bytes and by
 the dequantise-then-GEMM path (the kernels off), per format and input treatment, best of 4, in ms.
-`engine.kernels.cpu.QUANT_MAX_ROWS` is set from this table: the largest row count where the kernel
-is faster at every format and thread count measured.
+`engine.kernels.cpu.QUANT_MAX_ROWS` is set from this table, below the row count where the two meet
+at any format and thread count measured (docs/cpu_experts.md has a run).
 
 Not a test: `python benchmarks/bench_quant_rows.py [--threads 1,2] [--rows 8,32,128,256]`.
 """
