@@ -15,7 +15,9 @@ Owns:
   a row's or a group's sum: the dequantised expert's product up to fp32 rounding, without writing
   it; every placement runs the same path for the same rows, so the invariant holds within a
   treatment); otherwise it dequantises into a dense expert in the activation dtype and runs the
-  dense kernel on it.
+  dense kernel on it. With `activations="int8"` (experts.activations) every product's inputs are
+  rounded to int8 per block of 32 first (engine.blocks.intquant.round_activations) on either path,
+  the kernel's `*_q8_` forms multiplying integers: a treatment of its own, labelled `+a8`.
 - `MixedExperts`: per MoE layer, the most popular experts kept in int8 and the rest in int4.
   Every row of the store and every cache slot is the int8 size (the larger), an int4 expert uses
   its first bytes; an expert's stored bytes (`expert_numel`) are what is copied and counted,
