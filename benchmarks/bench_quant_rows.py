@@ -22,7 +22,6 @@ import torch  # noqa: E402
 from engine.blocks.experts import SwiGLUExperts  # noqa: E402
 from engine.blocks.quant_experts import QuantExperts  # noqa: E402
 from engine.kernels import cpu  # noqa: E402
-from engine.layers import ACT  # noqa: E402
 
 D = I = 2048
 
@@ -55,9 +54,8 @@ def main() -> None:
                 packed = torch.empty(layout.numel, dtype=torch.uint8)
                 layout.pack(torch.randn(layout.base.numel, generator=torch.Generator().manual_seed(0)) * 0.02, packed)
 
-                def kernel(x: torch.Tensor) -> torch.Tensor:       # run()'s kernel path, at any row count
-                    gate, up = layout._packed_linear(x, packed, 0).chunk(2, dim=-1)
-                    return layout._packed_linear(ACT["silu"](gate) * up, packed, 1)
+                def kernel(x: torch.Tensor) -> torch.Tensor:
+                    return layout.run_packed(x, packed)
 
                 def dequantised(x: torch.Tensor) -> torch.Tensor:
                     with cpu.enabled(False):

@@ -265,13 +265,18 @@ class QuantExperts(ByteLayout):
 
     def run(self, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
         if self._kernel_ok and cpu_kernels.quant_usable(x, packed) and packed.data_ptr() % 4 == 0:
-            gate, up = self._packed_linear(x, packed, 0).chunk(2, dim=-1)          # [n, I] each
-            return self._packed_linear(ACT[self.base.act](gate) * up, packed, 1)   # as engine.layers.expert_ffn
+            return self.run_packed(x, packed)
         if self.activations == "int8":      # the dequantised expert on rounded inputs: what the kernel computes
             base = self.base
             return expert_ffn(x, self.unpack(packed, x.dtype), base.D, base.I, base.act,
                               lambda a, w: F.linear(round_activations(a), w))
         return self.base.run(x, self.unpack(packed, x.dtype))
+
+    def run_packed(self, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+        """The expert on rows x by the CPU kernel on the packed bytes, whatever the row count (`run`
+        takes it up to engine.kernels.cpu.QUANT_MAX_ROWS; benchmarks/bench_quant_rows.py beyond)."""
+        gate, up = self._packed_linear(x, packed, 0).chunk(2, dim=-1)          # [n, I] each
+        return self._packed_linear(ACT[self.base.act](gate) * up, packed, 1)   # as engine.layers.expert_ffn
 
     def _packed_linear(self, x: torch.Tensor, packed: torch.Tensor, k: int) -> torch.Tensor:
         """x @ dequant(matrix k)^T by the CPU kernel, reading the matrix's parts where pack put them."""

@@ -221,7 +221,7 @@ def int4_group_ok(group: int) -> bool:
 def int4_q8_group_ok(group: int) -> bool:
     """Whether the int8-activation kernel reads int4 groups of this size (a power of two >= 32:
     each 32-input block of x lies in one group)."""
-    return group >= 32 and group & (group - 1) == 0
+    return int4_group_ok(group) and group >= 32
 
 
 def int8_linear(x: torch.Tensor, packed: torch.Tensor, q_at: int, scale_at: int, O: int, K: int) -> torch.Tensor:

@@ -38,10 +38,10 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <tuple>
 #include <memory>
 #include <optional>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -204,31 +204,41 @@ inline void dot_block(const Rows& rows, int64_t o, const float* x, int64_t j0, i
     }
 }
 
-// Weight rows [o0, o1) against all n rows of x: blocks of 4 weight rows at batch 1, of 2 weight rows
-// x 2 rows of x above it (8 accumulators either way), single weight rows for the last few.
-template <typename Rows>
-void rows_range(const float* x, int64_t n, const Rows& w, int64_t O, int64_t K, float* y, int64_t o0, int64_t o1) {
+// Weight rows [o0, o1) against all n rows of x, as `blocks.template block<R, NB>(o, j)` calls (R weight
+// rows from o against NB rows of x from j): blocks of 4 weight rows at batch 1, of 2 weight rows x 2
+// rows of x above it (8 accumulators either way), single weight rows for the last few. Every kernel
+// computes each (weight row, x row) pair alike in any block, so the blocking never changes a bit.
+template <typename Blocks>
+void blocked_range(const Blocks& blocks, int64_t n, int64_t o0, int64_t o1) {
   int64_t o = o0;
   if (n == 1) {
-    for (; o + 4 <= o1; o += 4) dot_block<Rows, 4, 1>(w, o, x, 0, K, y, O);
+    for (; o + 4 <= o1; o += 4) blocks.template block<4, 1>(o, 0);
   } else {
     for (; o + 2 <= o1; o += 2) {
       int64_t j = 0;
-      for (; j + 2 <= n; j += 2) dot_block<Rows, 2, 2>(w, o, x + j * K, j, K, y + j * O, O);
-      if (j < n) dot_block<Rows, 2, 1>(w, o, x + j * K, j, K, y + j * O, O);
+      for (; j + 2 <= n; j += 2) blocks.template block<2, 2>(o, j);
+      if (j < n) blocks.template block<2, 1>(o, j);
     }
   }
   for (; o < o1; ++o) {
     int64_t j = 0;
-    for (; j + 4 <= n; j += 4) dot_block<Rows, 1, 4>(w, o, x + j * K, j, K, y + j * O, O);
+    for (; j + 4 <= n; j += 4) blocks.template block<1, 4>(o, j);
     switch (n - j) {
-      case 3: dot_block<Rows, 1, 3>(w, o, x + j * K, j, K, y + j * O, O); break;
-      case 2: dot_block<Rows, 1, 2>(w, o, x + j * K, j, K, y + j * O, O); break;
-      case 1: dot_block<Rows, 1, 1>(w, o, x + j * K, j, K, y + j * O, O); break;
+      case 3: blocks.template block<1, 3>(o, j); break;
+      case 2: blocks.template block<1, 2>(o, j); break;
+      case 1: blocks.template block<1, 1>(o, j); break;
       default: break;
     }
   }
 }
+
+// dot_block's blocks over x [n, K] and y [n, O] (row stride O).
+template <typename Rows>
+struct FloatBlocks {
+  const float* x; Rows w; int64_t O, K; float* y;
+  template <int64_t R, int64_t NB>
+  void block(int64_t o, int64_t j) const { dot_block<Rows, R, NB>(w, o, x + j * K, j, K, y + j * O, O); }
+};
 
 // y[n, O] (row stride O) from x[n, K] contiguous fp32 and the weight rows, in chunks of
 // CHUNK_ROWS weight rows claimed from a shared counter by the calling thread and by helpers on
@@ -265,7 +275,8 @@ void run_chunks(const Range& range, int64_t O, int64_t elems) {
 
 template <typename Rows>
 void rows_kernel(const float* x, int64_t n, const Rows& w, int64_t O, int64_t K, float* y) {
-  run_chunks([x, n, w, O, K, y](int64_t o0, int64_t o1) { rows_range(x, n, w, O, K, y, o0, o1); }, O, O * K * n);
+  const FloatBlocks<Rows> blocks{x, w, O, K, y};
+  run_chunks([blocks, n](int64_t o0, int64_t o1) { blocked_range(blocks, n, o0, o1); }, O, O * K * n);
 }
 
 void check_weight(const at::Tensor& w, int64_t K, const char* what) {
@@ -370,6 +381,13 @@ const uint8_t* packed_part(const at::Tensor& packed, int64_t at, int64_t bytes, 
   return p;
 }
 
+// log2 of a power of two (a group size the callers have checked).
+int log2_of(int64_t group) {
+  int lg = 0;
+  while ((int64_t{1} << lg) < group) ++lg;
+  return lg;
+}
+
 at::Tensor quant_prologue(const at::Tensor& x, const at::Tensor& packed, int64_t K, const char* what) {
   TORCH_CHECK(x.dim() == 2 && x.size(1) == K && x.scalar_type() == at::kFloat && x.device().is_cpu(), what,
               ": x must be float32 [n, ", K, "] on the CPU, got ", x.scalar_type(), " ", x.sizes(), " on ", x.device());
@@ -436,8 +454,7 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, int64_t q_
               "power of two >= 8 dividing K = ", K, ", got ", group);
   at::Tensor xc = quant_prologue(x, packed, K, "int4_linear");
   const int64_t G = K / group;
-  int lg = 0;
-  while ((int64_t{1} << lg) < group) ++lg;
+  const int lg = log2_of(group);
   const uint8_t* q = packed_part(packed, q_at, O * K / 2, 1, "int4_linear values");
   const float* scale = reinterpret_cast<const float*>(packed_part(packed, scale_at, 4 * O * G, 4, "int4_linear scales"));
   const uint8_t* zero = packed_part(packed, zero_at, O * G, 1, "int4_linear zero points");
@@ -566,29 +583,21 @@ struct Int8Q8 {
   }
 };
 
-// Weight rows [o0, o1) against the n rows of x, blocked as rows_range.
+// A q8 kernel's blocks writing y [n, O].
 template <typename Q>
-void q8_range(const Q& w, int64_t n, int64_t O, float* y, int64_t o0, int64_t o1) {
-  int64_t o = o0;
-  if (n == 1) {
-    for (; o + 4 <= o1; o += 4) w.template block<4, 1>(o, 0, y, O);
-  } else {
-    for (; o + 2 <= o1; o += 2) {
-      int64_t j = 0;
-      for (; j + 2 <= n; j += 2) w.template block<2, 2>(o, j, y, O);
-      if (j < n) w.template block<2, 1>(o, j, y, O);
-    }
-  }
-  for (; o < o1; ++o)
-    for (int64_t j = 0; j < n; ++j) w.template block<1, 1>(o, j, y, O);
-}
+struct Q8Blocks {
+  const Q& w; float* y; int64_t O;
+  template <int64_t R, int64_t NB>
+  void block(int64_t o, int64_t j) const { w.template block<R, NB>(o, j, y, O); }
+};
 
 template <typename Q>
 at::Tensor q8_run(const Q& w, const at::Tensor& xc, int64_t O) {
   const int64_t n = xc.size(0);
   at::Tensor out = at::empty({n, O}, xc.options());
   float* y = out.data_ptr<float>();
-  if (n > 0) run_chunks([&w, n, O, y](int64_t o0, int64_t o1) { q8_range(w, n, O, y, o0, o1); }, O, O * w.K * n);
+  const Q8Blocks<Q> blocks{w, y, O};
+  if (n > 0) run_chunks([&blocks, n](int64_t o0, int64_t o1) { blocked_range(blocks, n, o0, o1); }, O, O * w.K * n);
   return out;
 }
 
@@ -609,8 +618,7 @@ at::Tensor int4_q8_linear(const at::Tensor& x, const at::Tensor& packed, int64_t
               "be a power of two >= ", QBLOCK, " dividing K = ", K, ", got ", group);
   at::Tensor xc = quant_prologue(x, packed, K, "int4_q8_linear");
   const int64_t G = K / group;
-  int lg = 0;
-  while ((int64_t{1} << lg) < group) ++lg;
+  const int lg = log2_of(group);
   QuantX qx = quantize_x(xc, true);
   Int4Q8 w{packed_part(packed, q_at, O * K / 2, 1, "int4_q8_linear values"),
            reinterpret_cast<const float*>(packed_part(packed, scale_at, 4 * O * G, 4, "int4_q8_linear scales")),
