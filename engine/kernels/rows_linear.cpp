@@ -1,7 +1,7 @@
 // Small-batch linear layers on the CPU at memory speed, on every intra-op thread.
 //
 // Owns: y[n, O] = x[n, K] @ w[O, K]^T for the few rows a decode step gives a weight (n <= max_rows),
-// the weight rows claimed in chunks by the calling thread and helpers on torch's inter-op pool (as
+// the weight rows claimed in chunks by the calling thread and the kernel's own helper threads (as
 // many threads in all as torch.set_num_threads says), each output an AVX2/FMA dot product whose
 // order of additions is fixed: it does not depend on n, on the thread count or on which thread ran
 // it -- a row's output is the same bits at batch 1 and batch 8, at one thread and at two. Weights fp32 or bf16
@@ -32,8 +32,14 @@
 
 #include <immintrin.h>
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -240,12 +246,81 @@ struct FloatBlocks {
   void block(int64_t o, int64_t j) const { dot_block<Rows, R, NB>(w, o, x + j * K, j, K, y + j * O, O); }
 };
 
+// The kernel's helper threads: as many as the intra-op threads beyond the caller, started on first
+// use and kept. Between jobs a helper spins for the next one for SPIN_NS (a decode step calls the
+// kernel every few microseconds: a sleeping thread's wake-up, ~0.1 ms, was a fifth of a 16 MB
+// matrix's read at two threads), yielding its core to any other runnable thread as it spins, then
+// sleeps until offered one. A helper takes the job on offer when it gets to it, or nothing if a
+// newer one replaced it: the caller never waits for a helper to start (see run_chunks). A forked
+// child starts a pool of its own (threads do not survive a fork).
+constexpr int64_t SPIN_NS = 200000;
+
+class Helpers {
+ public:
+  static Helpers& get() {
+    static std::once_flag registered;
+    std::call_once(registered, [] { pthread_atfork(nullptr, nullptr, [] { instance_ = nullptr; }); });
+    if (instance_ == nullptr) instance_ = new Helpers();   // never freed: detached threads use it to the end
+    return *instance_;
+  }
+
+  // Offer `work` to `helpers` helper threads (started here if fewer run).
+  void offer(std::function<void()> work, int64_t helpers) {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      while (static_cast<int64_t>(started_) < helpers) {
+        std::thread([this] { loop(); }).detach();
+        ++started_;
+      }
+      work_ = std::move(work);
+      wanted_ = helpers;
+      gen_.fetch_add(1, std::memory_order_release);
+    }
+    if (sleeping_.load(std::memory_order_acquire) > 0) cv_.notify_all();
+  }
+
+ private:
+  void loop() {
+    uint64_t seen = gen_.load(std::memory_order_acquire);
+    for (;;) {
+      const auto since = std::chrono::steady_clock::now();
+      for (int spins = 0; gen_.load(std::memory_order_acquire) == seen; ++spins) {
+        if ((spins & 63) != 63) { _mm_pause(); continue; }
+        if (std::chrono::steady_clock::now() - since < std::chrono::nanoseconds(SPIN_NS)) {
+          std::this_thread::yield();
+          continue;
+        }
+        std::unique_lock<std::mutex> lock(m_);
+        sleeping_.fetch_add(1, std::memory_order_acq_rel);
+        cv_.wait(lock, [&] { return gen_.load(std::memory_order_acquire) != seen; });
+        sleeping_.fetch_sub(1, std::memory_order_acq_rel);
+      }
+      std::function<void()> work;
+      {
+        std::lock_guard<std::mutex> lock(m_);
+        seen = gen_.load(std::memory_order_acquire);
+        if (wanted_ > 0) { --wanted_; work = work_; }
+      }
+      if (work) work();
+    }
+  }
+
+  static inline Helpers* instance_ = nullptr;
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::atomic<uint64_t> gen_{0};
+  std::atomic<int> sleeping_{0};
+  std::function<void()> work_;   // the job on offer, and how many helpers may still take it (under m_)
+  int64_t wanted_ = 0;
+  int started_ = 0;
+};
+
 // y[n, O] (row stride O) from x[n, K] contiguous fp32 and the weight rows, in chunks of
-// CHUNK_ROWS weight rows claimed from a shared counter by the calling thread and by helpers on
-// torch's inter-op pool (at::launch; as many as the intra-op threads beyond the caller). The
-// caller waits for the chunks to be done, never for a helper to start: a helper that another
-// process keeps off its core joins late and finds nothing left, so a busy machine costs at worst
-// the one-thread speed, where a parallel region would wait for that thread at its barrier.
+// CHUNK_ROWS weight rows claimed from a shared counter by the calling thread and by the helpers
+// (Helpers; as many as the intra-op threads beyond the caller). The caller waits for the chunks
+// to be done, never for a helper to start: a helper that another process keeps off its core joins
+// late and finds nothing left, so a busy machine costs at worst the one-thread speed, where a
+// parallel region would wait for that thread at its barrier.
 template <typename Range>
 struct RangeJob {
   Range range; int64_t O, chunks;
@@ -266,7 +341,7 @@ void run_chunks(const Range& range, int64_t O, int64_t elems) {
   const int64_t helpers = std::min<int64_t>({at::get_num_threads(), chunks,
                                              std::max<int64_t>(1, elems / TASK_ELEMS)}) - 1;
   auto job = std::make_shared<RangeJob<Range>>(range, O, chunks);
-  for (int64_t h = 0; h < helpers; ++h) at::launch([job] { job->work(); });   // holds the job, not the caller's frame
+  if (helpers > 0) Helpers::get().offer([job] { job->work(); }, helpers);   // holds the job, not the caller's frame
   job->work();
   for (int spins = 0; job->done.load(std::memory_order_acquire) < chunks; ++spins) {
     if (spins < 4096) _mm_pause(); else std::this_thread::yield();

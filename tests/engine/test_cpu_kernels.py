@@ -5,7 +5,11 @@ call, and used by the placements whose experts run on the CPU. Speed is not test
 (benchmarks/bench_vs_llamacpp.py, docs/cpu_experts.md)."""
 from __future__ import annotations
 
+import os
 import platform
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +21,7 @@ from engine.kernels import cpu
 X86_AVX2 = platform.machine().lower() in ("x86_64", "amd64") and \
     torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
 needs_kernel = pytest.mark.skipif(not X86_AVX2, reason="the kernel is x86-64 AVX2 code")
+REPO = Path(__file__).resolve().parents[2]
 SHAPES = [(96, 32), (77, 33), (130, 200), (2048, 64)]          # [O, K]: odd rows, K off the 16-wide step
 
 
@@ -59,6 +64,35 @@ def test_a_rows_output_is_the_same_bits_at_any_batch_and_thread_count(O, K, thre
     together = cpu.small_linear(x, w)
     torch.set_num_threads(2)
     assert torch.equal(alone, together) and torch.equal(together, cpu.small_linear(x, w))
+
+
+FORKED = """
+import os, signal, sys
+import engine, torch
+from engine.kernels import cpu
+torch.set_num_threads(2)
+g = torch.Generator().manual_seed(0)
+w, x = torch.randn(4096, 512, generator=g), torch.randn(1, 512, generator=g)
+before = cpu.small_linear(x, w)                  # the parent's helper threads start here
+pid = os.fork()
+if pid == 0:                                     # the child's own helpers: the parent's did not come along
+    signal.alarm(60)
+    same = all(torch.equal(cpu.small_linear(x, w), before) for _ in range(50))
+    os._exit(3 if not same else 4 if len(os.listdir("/proc/self/task")) < 2 else 0)
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status), torch.equal(cpu.small_linear(x, w), before))
+"""
+
+
+@needs_kernel
+def test_a_forked_child_runs_the_kernel_on_two_threads_with_helpers_of_its_own():
+    """The kernel's helper threads are started on first use and kept; a fork copies none of them,
+    so a child of a process that used them (a Hydra or multiprocessing worker) starts its own:
+    it neither hangs waiting for the parent's nor computes other bits."""
+    proc = subprocess.run([sys.executable, "-c", FORKED], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["0", "True"], proc.stdout + proc.stderr
 
 
 @needs_kernel
