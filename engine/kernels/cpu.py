@@ -5,9 +5,9 @@ that is the BLAS GEMV/GEMM, which on the machines measured here reads weights on
 (MKL's fp32 GEMV does not thread at these sizes, and its GEMM at 2-8 rows reads at a fraction of
 the GEMV's rate), so decode did not get faster with threads while the machine had the bandwidth
 (docs/cpu_experts.md has the measurements). The kernel splits the weight rows in chunks over as
-many threads as `torch.set_num_threads` says (the caller and helpers on torch's inter-op pool; the
-caller never waits for a helper that another process keeps off its core; OpenMP's idle workers
-kept off the helpers' cores: engine.kernels.openmp) and reads fp32 or bf16
+many threads as `torch.set_num_threads` says (the caller and the kernel's own helper threads, which
+spin briefly between calls instead of sleeping; the caller never waits for a helper that another
+process keeps off its core; OpenMP's idle workers kept off the helpers' cores: engine.kernels.openmp) and reads fp32 or bf16
 weights directly, and the lossy treatments' int8 / int4 expert matrices from their packed bytes
 (integer values converted in registers, a scale applied once to the row's or the group's sum:
 the dequantised matrix's product up to fp32 rounding, at a fraction of the dense kernel's work

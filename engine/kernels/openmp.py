@@ -3,10 +3,10 @@
 torch's intra-op threads are an OpenMP team (GNU libgomp in the CPU wheels). After each parallel
 region libgomp's workers spin, waiting for the next one, for GOMP_SPINCOUNT iterations -- by
 default 300,000, milliseconds on the CPUs measured here -- and a decode step enters a few regions
-(ops on tensors past torch's grain size, the BLAS GEMMs). The CPU kernel's helpers run on torch's
-inter-op pool (engine.kernels.cpu: the caller never waits at a barrier for a descheduled thread),
-so on a machine with as many cores as threads a spinning worker holds the core a helper needs:
-2-thread decode on the wide benchmark shape ran ~30% slower with the default spin than with a
+(ops on tensors past torch's grain size, the BLAS GEMMs). The CPU kernel's helpers are threads of
+its own, outside that team (engine.kernels.cpu: the caller never waits at a barrier for a
+descheduled thread), so on a machine with as many cores as threads a spinning worker holds the
+core a helper needs: 2-thread decode on the wide benchmark shape ran ~30% slower with the default spin than with a
 short one, and prefill no faster (docs/cpu_experts.md has the measurement). libgomp reads the
 variable once, when torch loads it, so `quiet_spinning` sets it when the `engine` package is
 imported before torch; a wait policy the user set (GOMP_SPINCOUNT, OMP_WAIT_POLICY) is kept.
