@@ -177,9 +177,32 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
               scale: float | None = None) -> torch.Tensor:
     """q [B, H, T, h], k/v [B, K, S, h] -> [B, T, H*h]; scores scaled by `scale` (default h^-0.5)."""
     B, H, T, hd = q.shape
+    scale = hd ** -0.5 if scale is None else scale
+    if decode_on_cpu(q, mask):
+        return heads_last(decode_attention(q, k, v, scale))
     # grouped-query attention without materialising repeated K/V (a copy of the whole cache per layer per step)
-    out = sdpa(q, k, v, mask, hd ** -0.5 if scale is None else scale, enable_gqa=H != k.shape[1])   # [B, H, T, h]
-    return heads_last(out)                                                                          # [B, T, H*h]
+    out = sdpa(q, k, v, mask, scale, enable_gqa=H != k.shape[1])   # [B, H, T, h]
+    return heads_last(out)                                          # [B, T, H*h]
+
+
+def decode_on_cpu(q: torch.Tensor, mask: torch.Tensor | None) -> bool:
+    """Whether `attention` takes `decode_attention`: one fp32 query per sequence over every held key
+    (no mask), on the CPU."""
+    return q.shape[2] == 1 and mask is None and q.dtype == torch.float32 and q.device.type == "cpu"
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """A decode step's attention on the CPU as three ops: q [B, H, 1, h] grouped by key head
+    [B, K, G, h] (G = H/K), scores against k [B, K, S, h], softmax, times v [B, K, S, hv] -> [B, H, 1, hv].
+    CPU flash attention walks the keys in blocks for one query, reading K/V the weight stream has
+    pushed out of the cache at a fraction of the machine's rate: this took a 2-thread decode step of
+    the wide benchmark shape from 43.6 to 42.5 ms (docs/cpu_experts.md). Its scores are
+    [B, H, S] fp32 (the plan's workspace, engine.blocks.attention.sdpa_workspace_bytes); the
+    sums group terms differently from the flash kernel's, so equal up to fp32 rounding."""
+    B, H, _, h = q.shape
+    K = k.shape[1]
+    scores = torch.matmul(q.reshape(B, K, H // K, h), k.transpose(-1, -2)) * scale      # [B, K, G, S]
+    return torch.matmul(torch.softmax(scores, dim=-1), v).reshape(B, H, 1, v.shape[-1])
 
 
 def expert_ffn(x: torch.Tensor, packed: torch.Tensor, D: int, I: int, act: str,

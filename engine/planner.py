@@ -36,8 +36,10 @@ kernel runs, so it is the worst case for the device:
 - cpu (the emulated device): torch's CPU flash kernel, which this call always takes (dense
   mask, no dropout): the mask converted to an additive float [T, S], and per thread one
   block of scores [min(T, 256), min(S, 512)] with its row maxima, sums and output block
-  (fp32; another block in the activation dtype for fp16/bf16). tests/engine/
-  test_planner_memory.py measures the real allocations against this plan.
+  (fp32; another block in the activation dtype for fp16/bf16); a decode step in fp32 instead
+  runs `engine.layers.decode_attention`, whose scores [B, H, S] fp32 exist three times at once
+  (the product, scaled, the softmax). tests/engine/test_planner_memory.py measures the real
+  allocations against this plan.
 Allocator slack (cuda): the caching allocator rounds each block up to 512 B and carves
 blocks out of 2 MiB (small) and 20 MiB (large) segments, so its reserved memory, which is
 what the budget caps on CUDA, exceeds what is allocated by up to one partly used segment of

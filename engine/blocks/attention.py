@@ -16,7 +16,9 @@ Which SDPA kernel runs on the CPU is measured, not assumed (`python benchmarks/s
 reads the op names torch.profiler records for the exact calls engine.layers.attention makes --
 `enable_gqa=True`, so K/V are never repeated to H heads; a boolean mask for prefill and chunks,
 none for decode): CPU flash attention, in fp32, bf16 and fp16 alike, faster than the math kernel
-(a dated run: docs/history/2026-12-01-cpu-kernels-and-rates.md). A plain causal pass (a fresh
+(a dated run: docs/history/2026-12-01-cpu-kernels-and-rates.md) -- except an fp32 decode step on
+the CPU, which runs `engine.layers.decode_attention` (three ops: faster than the flash kernel on
+K/V that a decode step's weight reads have pushed out of the cache). A plain causal pass (a fresh
 prefill chunk: queries and keys the same positions, no window cut) is passed as `is_causal=True`
 (engine.layers.sdpa), bitwise the masked form, so the kernel can skip the keys above the
 diagonal; chunks after a prefix and sliding windows keep the explicit mask, whose whole rectangle
@@ -151,6 +153,8 @@ def sdpa_workspace_bytes(batch: int, heads: int, head_dim: int, tokens: int, con
         return scores + upcast + mask
     if device_kind != "cpu":
         raise ValueError(f"device_kind must be 'cuda' or 'cpu', got {device_kind!r}")
+    if T == 1 and db == f32:                                            # engine.layers.decode_attention: scores,
+        return 3 * B * H * S * f32                                      # scaled, softmax: [B, H, S] fp32 each
     qb, kb = min(T, FLASH_CPU_Q_BLOCK), min(S, FLASH_CPU_KV_BLOCK)
     per_thread = (qb * kb + 2 * qb + qb * hd) * f32 + (qb * kb * db if db < f32 else 0)
     threads = PLAN_CPU_THREADS.get() or torch.get_num_threads()

@@ -238,7 +238,7 @@ def test_a_packed_experts_views_are_made_once_and_follow_its_buffer():
 def test_heads_first_and_attention_of_one_token_are_the_transposed_form(dtype, T):
     """One token's heads are a view, not a transpose (one op less per tensor): the same elements at
     the same addresses, and attention over them gives the transposed form's bits."""
-    from engine.layers import attention, heads_first
+    from engine.layers import attention, decode_on_cpu, heads_first
 
     B, H, K, hd, S = 2, 8, 4, 16, 9
     g = torch.Generator().manual_seed(T)
@@ -249,4 +249,29 @@ def test_heads_first_and_attention_of_one_token_are_the_transposed_form(dtype, T
     k, v = (torch.randn(B, K, S, hd, generator=g).to(dtype) for _ in range(2))
     mask = None if T == 1 else torch.ones(T, S, dtype=torch.bool).tril(S - T)
     ref = torch.nn.functional.scaled_dot_product_attention(want, k, v, attn_mask=mask, enable_gqa=True)
-    assert torch.equal(attention(got, k, v, mask), ref.transpose(1, 2).reshape(B, T, H * hd))
+    ref = ref.transpose(1, 2).reshape(B, T, H * hd)
+    out = attention(got, k, v, mask)
+    assert torch.equal(out, attention(want, k, v, mask))
+    if decode_on_cpu(got, mask):                  # decode_attention's sums, not the flash kernel's
+        assert torch.allclose(out, ref, rtol=0, atol=1e-6)
+    else:
+        assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("hv", [16, 12])
+def test_decode_attention_is_sdpa_in_float64_and_each_sequence_alone(hv):
+    """The CPU's decode attention (three ops over query heads grouped by key head) against its slow
+    reference, SDPA in float64 with K/V repeated to every query head; key heads of their own width
+    for V (MLA); each sequence of a batch the same bits as alone."""
+    from engine.layers import decode_attention
+
+    B, H, K, hd, S = 3, 8, 2, 16, 37
+    g = torch.Generator().manual_seed(hv)
+    q = torch.randn(B, H, 1, hd, generator=g)
+    k, v = torch.randn(B, K, S, hd, generator=g), torch.randn(B, K, S, hv, generator=g)
+    got = decode_attention(q, k, v, 0.3)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.double(), k.double().repeat_interleave(H // K, 1), v.double().repeat_interleave(H // K, 1), scale=0.3)
+    assert got.shape == (B, H, 1, hv) and (got.double() - ref).abs().max() < 1e-6
+    for b in range(B):
+        assert torch.equal(got[b:b + 1], decode_attention(q[b:b + 1], k[b:b + 1], v[b:b + 1], 0.3))
