@@ -2,7 +2,8 @@
 engine makes (engine.layers.attention: enable_gqa, a boolean mask for prefill, none for decode),
 per dtype and shape, read from torch.profiler op names, with its time; and the math kernel
 forced for comparison. (An fp32 decode step on the CPU does not call SDPA: engine.layers.
-decode_attention; its measurement is in docs/cpu_experts.md.) A dated run is in docs/history/2026-12-01-cpu-kernels-and-rates.md.
+decode_attention; its measurement is in docs/cpu_experts.md.) A dated run is in
+docs/history/2026-12-01-cpu-kernels-and-rates.md.
 Not a test: `python benchmarks/sdpa_backends.py [--threads 1]`.
 """
 from __future__ import annotations

@@ -194,14 +194,15 @@ def decode_on_cpu(q: torch.Tensor, mask: torch.Tensor | None) -> bool:
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """A decode step's attention on the CPU as three ops: q [B, H, 1, h] grouped by key head
     [B, K, G, h] (G = H/K), scores against k [B, K, S, h], softmax, times v [B, K, S, hv] -> [B, H, 1, hv].
-    CPU flash attention walks the keys in blocks for one query, reading K/V the weight stream has
-    pushed out of the cache at a fraction of the machine's rate: this took a 2-thread decode step of
-    the wide benchmark shape from 43.6 to 42.5 ms (docs/cpu_experts.md). Its scores are
-    [B, H, S] fp32 (the plan's workspace, engine.blocks.attention.sdpa_workspace_bytes); the
-    sums group terms differently from the flash kernel's, so equal up to fp32 rounding."""
+    Why not SDPA: CPU flash attention walks the keys in blocks for one query, and reads K/V that a
+    decode step's weight reads have pushed out of the cache more slowly than these matrix products
+    do (docs/cpu_experts.md has the measurement). The scores, [B, H, S] fp32, exist twice at once
+    (scaled in place, then their softmax: the plan's workspace, engine.blocks.attention.
+    sdpa_workspace_bytes); the sums group terms differently from the flash kernel's, so equal to
+    it up to fp32 rounding."""
     B, H, _, h = q.shape
     K = k.shape[1]
-    scores = torch.matmul(q.reshape(B, K, H // K, h), k.transpose(-1, -2)) * scale      # [B, K, G, S]
+    scores = torch.matmul(q.reshape(B, K, H // K, h), k.transpose(-1, -2)).mul_(scale)   # [B, K, G, S]
     return torch.matmul(torch.softmax(scores, dim=-1), v).reshape(B, H, 1, v.shape[-1])
 
 

@@ -37,8 +37,8 @@ kernel runs, so it is the worst case for the device:
   mask, no dropout): the mask converted to an additive float [T, S], and per thread one
   block of scores [min(T, 256), min(S, 512)] with its row maxima, sums and output block
   (fp32; another block in the activation dtype for fp16/bf16); a decode step in fp32 instead
-  runs `engine.layers.decode_attention`, whose scores [B, H, S] fp32 exist three times at once
-  (the product, scaled, the softmax). tests/engine/test_planner_memory.py measures the real
+  runs `engine.layers.decode_attention`, whose scores [B, H, S] fp32 exist twice at once
+  (scaled in place, then their softmax). tests/engine/test_planner_memory.py measures the real
   allocations against this plan.
 Allocator slack (cuda): the caching allocator rounds each block up to 512 B and carves
 blocks out of 2 MiB (small) and 20 MiB (large) segments, so its reserved memory, which is

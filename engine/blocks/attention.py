@@ -153,8 +153,8 @@ def sdpa_workspace_bytes(batch: int, heads: int, head_dim: int, tokens: int, con
         return scores + upcast + mask
     if device_kind != "cpu":
         raise ValueError(f"device_kind must be 'cuda' or 'cpu', got {device_kind!r}")
-    if T == 1 and db == f32:                                            # engine.layers.decode_attention: scores,
-        return 3 * B * H * S * f32                                      # scaled, softmax: [B, H, S] fp32 each
+    if T == 1 and db == f32:                                            # engine.layers.decode_attention: the
+        return 2 * B * H * S * f32                                      # scores and their softmax, [B, H, S] fp32
     qb, kb = min(T, FLASH_CPU_Q_BLOCK), min(S, FLASH_CPU_KV_BLOCK)
     per_thread = (qb * kb + 2 * qb + qb * hd) * f32 + (qb * kb * db if db < f32 else 0)
     threads = PLAN_CPU_THREADS.get() or torch.get_num_threads()

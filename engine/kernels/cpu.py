@@ -7,9 +7,9 @@ the GEMV's rate), so decode did not get faster with threads while the machine ha
 (docs/cpu_experts.md has the measurements). The kernel splits the weight rows in chunks over as
 many threads as `torch.set_num_threads` says (the caller and the kernel's own helper threads, which
 spin briefly between calls instead of sleeping; the caller never waits for a helper that another
-process keeps off its core; OpenMP's idle workers kept off the helpers' cores: engine.kernels.openmp) and reads fp32 or bf16
-weights directly, and the lossy treatments' int8 / int4 expert matrices from their packed bytes
-(integer values converted in registers, a scale applied once to the row's or the group's sum:
+process keeps off its core; OpenMP's idle workers kept off the helpers' cores:
+engine.kernels.openmp) and reads fp32 or bf16 weights directly, and the lossy treatments' int8 /
+int4 expert matrices from their packed bytes (integer values converted in registers, a scale applied once to the row's or the group's sum:
 the dequantised matrix's product up to fp32 rounding, at a fraction of the dense kernel's work
 per weight); each output is one dot product in a fixed order, the same bits whatever the batch
 or thread count. Above `MAX_ROWS` rows it is the BLAS GEMM (`at::mm`, bitwise `F.linear`; for bf16 on a CPU
@@ -206,8 +206,8 @@ def grouped_small_linear(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -
 def quant_usable(x: torch.Tensor, packed: torch.Tensor) -> bool:
     """Whether `int8_linear` / `int4_linear` run the kernel for rows x on packed expert bytes: x
     float32 and at most QUANT_MAX_ROWS rows (a prefill's rows per expert, mostly: the dequantised
-    copy the GEMM needs costs more than the kernel's reads up to there), both on the CPU, packed uint8, the kernel enabled and
-    available (else the caller dequantises and runs the dense path)."""
+    copy the GEMM needs costs more than the kernel's reads up to there), both on the CPU, packed
+    uint8, the kernel enabled and available (else the caller dequantises and runs the dense path)."""
     return (_state["enabled"] and x.device.type == "cpu" and packed.device.type == "cpu" and x.dtype == torch.float32
             and packed.dtype == torch.uint8 and x.dim() == 2 and x.shape[0] <= QUANT_MAX_ROWS and _ops() is not None)
 

@@ -37,14 +37,14 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <functional>
-#include <mutex>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <thread>
 #include <tuple>
@@ -243,8 +243,8 @@ void blocked_range(const Blocks& blocks, int64_t n, int64_t o0, int64_t o1) {
 // block) in 16-lane AVX-512 instructions, for a CPU that has them: lanes 0-7 of each accumulator are
 // dot_block's a0 and lanes 8-15 its a1, each lane the same fma in the same order, and the two halves
 // are added before the same hsum -- so the same bits as dot_block, in half the instructions (one
-// 64-byte load and one fma per row and step): MKL's GEMV read about 4% faster than the 8-lane block
-// at 1 and 2 threads on an AVX-512 host, and this reads as fast as it (docs/cpu_experts.md).
+// 64-byte load and one fma per row and step), which on an AVX-512 host closes the gap to MKL's GEMV
+// that the 8-lane block leaves (docs/cpu_experts.md).
 __attribute__((target("avx512f"))) void dense4_avx512(const float* w, int64_t ldw, int64_t o, const float* x,
                                                      int64_t K, float* y) {
   __m512 a[4];
@@ -288,8 +288,8 @@ struct FloatBlocks {
 
 // The kernel's helper threads: as many as the intra-op threads beyond the caller, started on first
 // use and kept. Between jobs a helper spins for the next one for SPIN_NS (a decode step calls the
-// kernel every few microseconds: a sleeping thread's wake-up, ~0.1 ms, was a fifth of a 16 MB
-// matrix's read at two threads), yielding its core to any other runnable thread as it spins, then
+// kernel every few microseconds, and waking a sleeping thread costs a sizeable part of one matrix's
+// read at two threads: docs/cpu_experts.md), yielding its core to any other runnable thread as it spins, then
 // sleeps until offered one. A helper takes the job on offer when it gets to it, or nothing if a
 // newer one replaced it: the caller never waits for a helper to start (see run_chunks). A forked
 // child starts a pool of its own (threads do not survive a fork).

@@ -67,7 +67,7 @@ def test_a_rows_output_is_the_same_bits_at_any_batch_and_thread_count(O, K, thre
 
 
 FORKED = """
-import os, signal, sys
+import os, signal
 import engine, torch
 from engine.kernels import cpu
 torch.set_num_threads(2)
