@@ -8,6 +8,7 @@ Does not own: the replay, statistics or generation (harness.sim.replay / stats /
     moebench-sim --synthetic mixtral-like --tokens 10000 --capacity 2,4 --prefetch oracle
     moebench-sim --synthetic olmoe-like --tokens 20000 --save-trace olmoe.npz --stats
     moebench-sim counts.npz --popularity --capacity 2,4     # the hot-expert table; count-only traces too
+    moebench-sim chat.npz --profile agent.npz --capacity 2,4   # static pinned by another workload's profile
 
 Without --capacity, --curve, --stats or --popularity it replays at capacities n_experts/4 and
 n_experts/2 (at least top_k: the engine refuses a smaller cache). --popularity prints the share of
@@ -17,6 +18,9 @@ dump: counts, no token order) supports -- replays, curves and --stats refuse it 
 --out (.parquet or .csv) gets the tidy replay (+ curve) rows with a `kind` column
 ("replay" | "curve"); with --stats too, the stats table goes to `<out stem>.stats<suffix>`.
 Parquet cannot hold a column mixing ints and "all", so `layer` is written as text there.
+--profile P.npz replays `static` pinned by P's expert counts (another workload's trace, recorded,
+imported or count-only) beside static pinned by the trace's own counts, and prints the transfer
+figure, profile hit rate / own hit rate (harness.sim.replay.profile_transfer), instead of a replay.
 Exit status: 0 on success, 2 on a bad argument or trace (the message says what was wrong), an empty
 trace or `--tokens` below 1 included: there is nothing to replay, so no row.
 """
@@ -31,7 +35,7 @@ from pathlib import Path
 import pandas as pd
 
 from engine.trace import RoutingTrace, load_trace, save_trace
-from harness.sim.replay import PREFETCH, lru_curve, replay
+from harness.sim.replay import PREFETCH, lru_curve, profile_transfer, replay
 from harness.sim.stats import format_stats, popularity, trace_stats
 from harness.sim.synthetic import PRESETS, generate_preset
 
@@ -53,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stats", action="store_true", help="routing statistics per layer")
     p.add_argument("--popularity", action="store_true",
                    help="share of routings to each layer's c most popular experts (count-only traces too)")
+    p.add_argument("--profile", type=Path, metavar="P.npz",
+                   help="static pinned by this trace's expert counts against the trace's own: the transfer figure")
     p.add_argument("--per-layer", action="store_true", help="print per-layer rows, not just the totals")
     p.add_argument("--reference", action="store_true",
                    help="run belady through the engine's class instead of the fast kernel (slow; same counts)")
@@ -137,6 +143,14 @@ def _popularity(tr: RoutingTrace, caps: list[int], per_layer: bool) -> pd.DataFr
     return df
 
 
+def _transfer(tr: RoutingTrace, profile: RoutingTrace, caps: list[int], per_layer: bool) -> pd.DataFrame:
+    df = profile_transfer(tr, profile, caps)
+    rows = df if per_layer else df[df["layer"] == "all"]
+    print("== static pinned by the profile's counts against the trace's own (transfer = profile / own)")
+    print(rows.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    return df
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -154,6 +168,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.popularity:
             tables.append(_popularity(tr, caps or default_caps, args.per_layer).assign(kind="popularity"))
             caps = None                                   # the popularity table instead of a replay
+        elif args.profile:
+            tables.append(_transfer(tr, load_trace(args.profile), caps or default_caps, args.per_layer)
+                          .assign(kind="transfer"))
+            caps = None                                   # the transfer table instead of a replay
         elif caps is None and not (args.curve or args.stats):
             caps = default_caps
         if caps:

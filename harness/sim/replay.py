@@ -2,7 +2,7 @@
 
 Owns: `replay` (policies x capacities x layers, optional oracle-prefetch accounting) and
 `lru_curve` (the LRU curve for every capacity in one pass), both returning tidy rows with
-the same columns. Does not own: the policies -- replay builds THE SAME classes the engine's
+the same columns, and `profile_transfer` (a hot-expert profile from one trace serving another). Does not own: the policies -- replay builds THE SAME classes the engine's
 device cache uses (`engine.policies.make_policy`) and drives them through the engine's
 reference loop (`engine.policies.simulate.simulate`) over the exact lookup order the engine
 produces (`engine.trace.lookup_arrays`) with the engine's step-protection rule (a miss never
@@ -15,6 +15,7 @@ those classes by tests/sim.
     df = replay(tr, ["lru", "belady"], [2, 4])              # rows per policy, capacity, layer + "all"
     df = replay(tr, ["lru"], [4], prefetch="oracle")        # + hidden_misses / exposed_misses
     curve = lru_curve(tr)                                   # lru at capacity top_k..n_experts
+    tf = profile_transfer(chat, agent, [2, 4])              # static pinned by agent's profile, on chat
 
 Row columns (ROW_COLUMNS): policy, capacity, prefetch ("none" | "oracle"), layer (the
 model's layer index from meta `moe_layers`, or "all" for the sum), lookups, hits, misses,
@@ -59,7 +60,7 @@ from harness.sim.kernels import belady_hits, lru_hits_by_capacity
 
 log = logging.getLogger(__name__)
 
-__all__ = ["replay", "lru_curve", "oracle_hidden", "ROW_COLUMNS", "PREFETCH"]
+__all__ = ["replay", "lru_curve", "profile_transfer", "oracle_hidden", "ROW_COLUMNS", "PREFETCH"]
 
 ROW_COLUMNS = ("policy", "capacity", "prefetch", "layer", "lookups", "hits", "misses", "hit_bytes",
                "miss_bytes", "hit_rate", "hidden_misses", "exposed_misses")
@@ -115,6 +116,24 @@ def replay(trace: RoutingTrace, policies: Sequence[str] | str = ("lru", "lfu", "
                 hidden = oracle_hidden(ids, steps, flags, c) if pf == "oracle" else 0
                 rows.append(_row(name, c, pf, model_layers[l], len(ids), int(flags.sum()), hidden, trace))
     return _with_totals(rows)
+
+
+def profile_transfer(trace: RoutingTrace, profile: RoutingTrace, capacities: Sequence[int] | int) -> pd.DataFrame:
+    """How well a hot-expert profile recorded on one workload serves another: `static` replayed on
+    `trace` pinning by `profile`'s expert counts (a recorded, imported or count-only trace) against
+    pinning by `trace`'s own (the in-sample best static can do). Rows per capacity and layer (+ "all"):
+    capacity, layer, own_hit_rate, profile_hit_rate, transfer = profile_hit_rate / own_hit_rate
+    (1: the profile serves as well as the trace's own; null where the own rate is 0)."""
+    if profile.n_experts != trace.n_experts or list(profile.moe_layers) != list(trace.moe_layers):
+        raise ValueError(f"the profile routes {profile.n_experts} experts in MoE layers {list(profile.moe_layers)}; "
+                         f"the trace {trace.n_experts} in {list(trace.moe_layers)}: a profile must come from the same model")
+    counts = dict(zip(profile.moe_layers, expert_counts(profile).tolist()))
+    key = ["capacity", "layer"]
+    own = replay(trace, "static", capacities).set_index(key)["hit_rate"]
+    got = replay(trace, "static", capacities, options={"static": {"popularity": counts}}).set_index(key)["hit_rate"]
+    out = pd.DataFrame({"own_hit_rate": own, "profile_hit_rate": got}).reset_index()
+    out["transfer"] = [g / o if o else None for g, o in zip(out["profile_hit_rate"], out["own_hit_rate"])]
+    return out
 
 
 def lru_curve(trace: RoutingTrace) -> pd.DataFrame:

@@ -12,7 +12,7 @@ from engine.policies.simulate import count_faults
 from engine.registry import UnknownPluginError
 from engine.trace import RoutingTrace, lookup_arrays
 from harness.sim.kernels import COLD, stack_distances
-from harness.sim.replay import ROW_COLUMNS, lru_curve, oracle_hidden, replay
+from harness.sim.replay import ROW_COLUMNS, lru_curve, oracle_hidden, profile_transfer, replay
 from harness.sim.synthetic import generate
 
 SILBERSCHATZ = [7, 0, 1, 2, 0, 3, 0, 4, 2, 3, 0, 3, 2, 1, 2, 0, 1, 7, 0, 1]
@@ -197,3 +197,31 @@ def test_step_protection_by_hand() -> None:
     assert [total(df, "lru", c, "hits") for c in (1, 2, 3)] == [0, 1, 2]
     pd.testing.assert_frame_equal(lru_curve(tr)[lambda d: d.capacity <= 3].reset_index(drop=True),
                                   df.reset_index(drop=True), check_like=True)
+
+
+# --- a hot-expert profile from another workload ----------------------------------------------
+def _one_layer(ids: list[int]) -> RoutingTrace:
+    return RoutingTrace(experts=np.array(ids, dtype=np.int32).reshape(-1, 1, 1),
+                        meta={"n_experts": 4, "expert_bytes": 1}).validate()
+
+
+def test_a_profile_from_the_same_routing_transfers_fully_and_a_reversed_one_does_not() -> None:
+    """Capacity 2 pins one expert. On 0 0 0 1 2 3 0 0 the own profile pins 0: hits at every later 0 (4);
+    1, 2 and 3 take turns in the other slot. A profile whose most popular expert is 3 pins 3, which
+    is never routed to again: 0 hits twice, is evicted by 2 (first in, first out among the unpinned),
+    and misses once more before its last hit (3)."""
+    trace = _one_layer([0, 0, 0, 1, 2, 3, 0, 0])
+    same = profile_transfer(trace, trace, 2)
+    assert same["transfer"].tolist() == [1.0, 1.0]
+    reversed_ = profile_transfer(trace, _one_layer([3, 3, 3, 2, 1]), 2)
+    row = reversed_[reversed_.layer == "all"].iloc[0]
+    assert (row.own_hit_rate, row.profile_hit_rate, row.transfer) == (4 / 8, 3 / 8, 0.75)
+
+
+def test_a_count_only_profile_serves_and_another_models_is_refused() -> None:
+    trace = _one_layer([0, 0, 0, 1, 2, 3, 0, 0])
+    counts = RoutingTrace(experts=np.zeros((0, 1, 1), dtype=np.int32), meta={"n_experts": 4, "expert_bytes": 1,
+                          "count_only": True}, counts=np.array([[5, 1, 1, 1]])).validate()
+    assert profile_transfer(trace, counts, 2)["transfer"].tolist() == [1.0, 1.0]
+    with pytest.raises(ValueError, match="same model"):
+        profile_transfer(trace, random_trace(0, 8, 1, 1, 10, False), 2)
