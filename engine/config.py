@@ -350,8 +350,13 @@ PRESETS: Mapping[str, ModelConfig] = _Presets()
 
 
 def preset(name: str) -> ModelConfig:
-    """Exact-name lookup in PRESETS."""
+    """Exact-name lookup in PRESETS, then in the checkpoints shipped with moebench (engine.shipped:
+    their config.json, so a shipped model is planned and predicted by name like a preset)."""
     if name not in PRESETS:
+        from engine.shipped import shipped_checkpoint
+        ckpt = shipped_checkpoint(name)
+        if ckpt is not None:
+            return ModelConfig.from_hf_dir(ckpt).replace(name=name)
         raise ValueError(f"unknown model preset {name!r}; presets: {', '.join(sorted(PRESETS))} "
                          "(or pass a Hugging Face checkpoint directory)")
     return PRESETS[name]

@@ -45,6 +45,7 @@ from engine.planner import MemoryPlan, plan_memory
 from engine.policies import make_policy
 from engine.prefetch.base import PrefetchContext, Prefetcher
 from engine.registry import PLACEMENTS, POLICIES, PREFETCHERS
+from engine.shipped import SHIPPED, shipped_checkpoint
 from engine.static_decode import StaticDecoder
 
 log = logging.getLogger(__name__)
@@ -342,16 +343,16 @@ class Engine:
 
 
 def _model_of(source: str | Path, o: EngineOptions) -> tuple[ModelConfig, Path | None]:
-    """The model's config -- from a checkpoint dir or a preset, overrides and the experts' treatment
+    """The model's config -- from a checkpoint dir (a shipped one by its name) or a preset, overrides and the experts' treatment
     applied -- and the checkpoint dir (None for a preset: seeded random weights)."""
-    ckpt_dir: Path | None = Path(source)
+    ckpt_dir: Path | None = shipped_checkpoint(str(source)) or Path(source)
     if (ckpt_dir / "config.json").is_file():
         cfg = ModelConfig.from_hf_dir(ckpt_dir)
     elif str(source) in PRESETS:
         cfg, ckpt_dir = preset(str(source)), None
     else:
         raise ValueError(f"{str(source)!r} is neither a checkpoint directory with config.json nor a preset; "
-                         f"presets: {', '.join(sorted(PRESETS))}")
+                         f"presets: {', '.join(sorted(PRESETS))}; shipped checkpoints: {', '.join(sorted(SHIPPED))}")
     if o.model_overrides:
         cfg = cfg.replace(**o.model_overrides)
     expert_quant = o.expert_quant

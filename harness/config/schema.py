@@ -20,6 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 from engine.config import PRESETS, ModelConfig
 from engine.dtypes import DTYPE_NAMES
 from engine.kvquant import DEFAULT_KV_DTYPE, KV_DTYPES, is_lossy
+from engine.shipped import SHIPPED, shipped_checkpoint
 from harness import plugins
 from harness.contract import session_tokens
 from harness.passes import DEFAULT_PASSES
@@ -207,6 +208,8 @@ def register_configs() -> None:
     cs.store(name="moebench_schema", node=Config)
     for name in PRESETS:
         cs.store(group="model", name=name, node=ModelConf(name=name))
+    for name in SHIPPED:                  # trained weights: the checkpoint dir shipped with moebench
+        cs.store(group="model", name=name, node=ModelConf(name=name, path=str(shipped_checkpoint(name))))
     cs.store(group="model", name="hf", node=ModelConf(name="hf-checkpoint"))
     plugins.register(cs)                  # placement, prefetch, engine: one option per registered plugin
     cs.store(group="cache", name="default", node=CacheConf())
@@ -275,7 +278,9 @@ class RunSpec:
 
     @property
     def model_label(self) -> str:
-        return self.model.name if not self.model.path else f"{self.model.name}:{Path(self.model.path).name}"
+        if not self.model.path or Path(self.model.path).name == self.model.name:   # a preset; a shipped checkpoint
+            return self.model.name
+        return f"{self.model.name}:{Path(self.model.path).name}"
 
 
 def run_dtype(model: ModelConf, mcfg: ModelConfig) -> str:
