@@ -1,7 +1,8 @@
 """A model's identity: what tells the models of two runs apart, recorded in each job's manifest
 (`model_id`) and read by `moebench-compare`.
 
-Owns: `model_id(model)` -- a preset is its name, seed and truncation (its weights are seeded from
+Owns: `weights_label(name)` (what a model's weights are: random, small trained, a checkpoint: how
+tables label what was measured on them), `model_id(model)` -- a preset is its name, seed and truncation (its weights are seeded from
 those by this code; a change to that code is what a comparison tests, like any other commit); a
 checkpoint is the sha256 of its content, never its path: a copy elsewhere is the same model, a
 file rewritten in place is another -- and `manifest_model_id(manifest)`, the identity a manifest
@@ -27,7 +28,22 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from engine.config import PRESETS
+from engine.shipped import SHIPPED
+
 log = logging.getLogger(__name__)
+
+#: What a model's weights are, by its name, for labelling what is measured on them (quality above all):
+#: a preset's are seeded random; a shipped checkpoint's trained, but small; anything else a checkpoint.
+WEIGHTS_CAVEATS: dict[str, str] = {
+    "random weights": "routing and logits no trained model produces",
+    "small trained model": "magnitudes do not transfer to large models",
+}
+
+
+def weights_label(name: str) -> str:
+    """'small trained model' (a shipped checkpoint), 'random weights' (a preset) or 'checkpoint'."""
+    return "small trained model" if name in SHIPPED else "random weights" if name in PRESETS else "checkpoint"
 
 DIGEST_HEX = 16                    # 64 bits of sha256: distinct checkpoints never collide in practice
 _CHUNK = 1 << 22

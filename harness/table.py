@@ -28,6 +28,7 @@ import pandas as pd
 from harness import outliers
 from harness.checks import job_checks
 from harness.contract import QUALITY_PHASE, repeat_rows
+from harness.model_id import WEIGHTS_CAVEATS, weights_label
 from harness.order import natural_key
 from harness.results import CONFIG_COLUMNS
 
@@ -75,7 +76,8 @@ COLUMNS = (Column("pp tok/s", "prefill_fresh", "tok_per_s", "client", fmt=".1f")
 # check (harness.checks) and the flagged repeats (harness.outliers); "cache slots", "check" and
 # "flagged repeats" are shown, the rest are for csv/json readers
 SLOTS, CHECK, FLAGGED = "cache slots", "check", "flagged repeats"
-JOB_COLUMNS = (SLOTS, CHECK, "check failed", "check judged", "check reason", FLAGGED, "flagged n")
+WEIGHTS = "weights"             # what the job's model's weights are (harness.model_id.weights_label)
+JOB_COLUMNS = (SLOTS, CHECK, "check failed", "check judged", "check reason", FLAGGED, "flagged n", WEIGHTS)
 
 
 JOB = ["sweep_id", "job_id"]     # a job's identity: job ids repeat across sweeps (every single run is "run")
@@ -138,7 +140,8 @@ def sweep_table(df: pd.DataFrame, columns: Sequence[Column] = COLUMNS) -> pd.Dat
         check, flag = checks.get(job_key), flags.get(job_key)
         row.update({CHECK: check.text() if check else "—", "check failed": check.failed if check else None,
                     "check judged": check.judged if check else None, "check reason": check.reason if check else None,
-                    FLAGGED: flag.text() if flag else None, "flagged n": flag.flagged if flag else None})
+                    FLAGGED: flag.text() if flag else None, "flagged n": flag.flagged if flag else None,
+                    WEIGHTS: weights_label(str(job["model"].iloc[0])) if "model" in job else None})
         out.append(row)
     # numeric factors in their natural order (contexts 512 < 1024, not as text, whatever order
     # the jobs' files were read in); text factors (placements) keep the sweep's order
@@ -199,7 +202,8 @@ def _has(t: pd.DataFrame, column: str) -> bool:
 
 def notes(t: pd.DataFrame) -> list[str]:
     """The lines under a table: how many jobs failed their reference check (and why some were not
-    judged), and what a flagged repeat is, where any job has one."""
+    judged), what a flagged repeat is, where any job has one, and what the weights behind the quality
+    columns are, where any job has quality figures."""
     out = []
     if _has(t, "check judged"):
         failed, judged = t[t["check failed"].fillna(0) > 0], t[t["check judged"].fillna(0) > 0]
@@ -214,6 +218,11 @@ def notes(t: pd.DataFrame) -> list[str]:
                    f"{outliers.MIN_RATIO:g}x off its siblings' median and beyond {outliers.K:g} robust sigmas "
                    f"(judged from {outliers.MIN_REPEATS} repeats); starved = its process got too little CPU over "
                    "the window (the rows' starved_reason says what was measured)")
+    quality = [c.label for c in COLUMNS if c.profiler == QUALITY_PHASE and _has(t, c.label)]
+    if quality and _has(t, WEIGHTS):
+        kinds = [k for k in dict.fromkeys(t.loc[t[quality].notna().any(axis=1), WEIGHTS].dropna()) if k in WEIGHTS_CAVEATS]
+        if kinds:
+            out.append(f"{', '.join(quality)} measured on " + "; on ".join(f"{k}: {WEIGHTS_CAVEATS[k]}" for k in kinds))
     return out
 
 

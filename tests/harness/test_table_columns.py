@@ -41,3 +41,18 @@ def test_a_run_without_the_quality_pass_has_no_quality_columns(tmp_path):
     assert md.returncode == 0, md.stderr
     header = md.stdout.splitlines()[0]
     assert "tg tok/s" in header and "KL mean" not in header and "top-1 agr." not in header
+
+
+def test_quality_figures_say_what_weights_they_were_measured_on():
+    """Under a table with quality figures, a line per kind of weights they came from: random presets
+    and the small trained model each with their caveat; a user's checkpoint needs none."""
+    import pandas as pd
+
+    from harness.table import notes
+    t = pd.DataFrame({"KL mean": [1e-3, 2e-3, None, 5e-4], "top-1 agr.": [0.99, 0.98, None, 1.0],
+                      "weights": ["small trained model", "random weights", "random weights", "checkpoint"]})
+    line = notes(t)[-1]
+    assert line == ("KL mean, top-1 agr. measured on small trained model: magnitudes do not transfer to large "
+                    "models; on random weights: routing and logits no trained model produces")
+    assert not any("measured on" in n for n in notes(t.assign(weights="checkpoint")))
+    assert not any("measured on" in n for n in notes(t.assign(**{"KL mean": None, "top-1 agr.": None})))
