@@ -4,7 +4,7 @@
    overhead fit on tiny-mixtral *variants* -- 2/6 layers, top-1/2/4 -- never the validated model).
 2. Measure on the emulated device (`moebench -m ...`, in subprocesses; speed rows, plus each
    job's routing recorded with `run.record_trace=true`):
-   a. the default tiny-mixtral (4 layers, top-2): every placement, the cache placements at
+   a. tiny-mixtral (4 layers, top-2): every placement, the cache placements at
       several capacities, a few context lengths (timeline and ablation passes off);
    b. the copy-dominated regime: tiny-mixtral with 64x wider experts (moe_intermediate_size
       8192: 6.3 MB each in fp32, exported once as a checkpoint) under fetch at capacity = top_k,
@@ -53,7 +53,8 @@ WIDE_INTERMEDIATE = 8192              # tiny-mixtral's 128, x64: experts large n
 def sweep_commands(args: argparse.Namespace, out: Path, wide: Path) -> list[list[str]]:
     common = [f"workload={args.workload}", f"run.repeats={args.repeats}", "run.quiet=true", f"run.out={out}",
               "run.ablation=false", f"run.record_trace={str(not args.no_trace).lower()}"]
-    main = [f"workload.context_tokens={args.contexts}", "run.timeline=false", *common]
+    # tiny-mixtral, the model the recorded validation ran on (the default model is now a trained one)
+    main = ["model=tiny-mixtral", f"workload.context_tokens={args.contexts}", "run.timeline=false", *common]
     cached = [p for p in args.placements.split(",") if p in ("fetch", "stream")]
     other = [p for p in args.placements.split(",") if p not in ("fetch", "stream")]
     cmds = []

@@ -20,7 +20,7 @@ from tests.conftest import hf_model, save
 from tests.harness.test_trust import REPO, cli
 
 pytestmark = pytest.mark.slow     # CLI runs in subprocesses
-RUN = ["workload=chat", "workload.tokens=random", "workload.context_tokens=256", "workload.gen_tokens=4",
+RUN = ["model=tiny-mixtral", "workload=chat", "workload.tokens=random", "workload.context_tokens=256", "workload.gen_tokens=4",
        "run.timeline=false", "run.ablation=false", "run.check_reference=false", "run.quiet=true"]
 CHECK = ["--check", "decode.tok_per_s:-10%", "--check", "prefill_fresh.ttft_s:+15%"]
 

@@ -33,7 +33,7 @@ def test_samples_hold_every_kind_of_row(samples: pd.DataFrame) -> None:
     assert len(list(SAMPLES.rglob("routing.npz"))) >= 1
     assert (samples["status"] == "ok").all()
     size = sum(p.stat().st_size for p in SAMPLES.rglob("*") if p.is_file())
-    assert size < 600_000, f"results/samples is {size} bytes; keep it small"
+    assert size < 1_000_000, f"results/samples is {size} bytes; keep it small"
 
 
 @pytest.mark.slow
@@ -44,10 +44,10 @@ def test_moebench_plot_writes_every_standard_figure(tmp_path: Path, capsys) -> N
         assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 5_000, name
     prov = json.loads((tmp_path / "figures.json").read_text())
     assert sorted(prov["figures"]) == sorted(f"{n}.png" for n in plots.STANDARD)
-    # the samples are exact runs without the quality pass: the experiment's figure is skipped, and says why
+    # the samples are exact runs (no lossy treatment): the experiment's figure is skipped, and says why
     assert list(prov["skipped"]) == ["treatment_frontier"]
-    assert "no quality rows" in prov["skipped"]["treatment_frontier"]
-    assert "skipped treatment_frontier: treatment frontier: no quality rows" in capsys.readouterr().out
+    assert "no lossy run here" in prov["skipped"]["treatment_frontier"]
+    assert "skipped treatment_frontier: treatment frontier: no lossy run here" in capsys.readouterr().out
     assert not (tmp_path / "treatment_frontier.png").exists()
     assert len(prov["jobs"]) == 21 and prov["git_commits"]
 

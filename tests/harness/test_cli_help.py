@@ -36,7 +36,7 @@ def test_the_help_lists_every_command_the_passes_the_groups_and_the_config():
                                  "print(' '.join(PLACEMENTS.names()))"], cwd=REPO, capture_output=True, text=True,
                                 check=True).stdout.split()
     assert registered and all(name in placement_line for name in registered)
-    assert "\nmodel:\n  name: tiny-mixtral" in out                   # the default config, composed
+    assert "\nmodel:\n  name: tiny-moe-trained" in out                   # the default config, composed
     assert "Traceback" not in proc.stderr
 
 

@@ -64,6 +64,15 @@ def test_model_path(tiny_mixtral_dir):
     assert spec.model_config.family == "mixtral" and spec.model_config.vocab_size == 128
 
 
+def test_the_default_model_is_the_shipped_trained_checkpoint():
+    """No override: the trained checkpoint shipped with moebench, by its directory, labelled by its name."""
+    from engine.shipped import shipped_checkpoint
+    spec = validate(cfg_with())
+    assert spec.model.name == "tiny-moe-trained" and spec.model.path == str(shipped_checkpoint("tiny-moe-trained"))
+    assert spec.model_label == "tiny-moe-trained" and spec.model_config.n_experts == 8
+    assert validate(cfg_with("model=tiny-mixtral")).model.path is None      # presets keep their random weights
+
+
 @pytest.mark.slow
 def test_canonical_overrides():
     spec = validate(cfg_with("model=tiny-mixtral", "placement=fetch", "cache.capacity=4", "cache.policy=lfu",

@@ -74,8 +74,10 @@ def test_every_phase_in_the_exact_configuration(tmp_path, bins):
 def test_a_lossy_setting_is_reported_not_hidden(tmp_path):
     cli([*SMALL, "engine.weights=q8_0", "workload.gen_tokens=32"], tmp_path)
     df = results.load(run_dir(tmp_path))
-    decode = df[(df.profiler == "none") & (df.phase == "decode") & (df.metric == "token_agreement")]
-    assert len(decode) == 1 and decode.value.iloc[0] < 1.0
+    decode = df[(df.profiler == "none") & (df.phase == "decode")].set_index("metric")["value"]
+    # the reference check sees the quantised weights: log-probabilities differ from the exact model's
+    # (greedy tokens may all still agree: on the trained default model q8_0 changes none of 32)
+    assert decode["max_abs_logprob_diff"] > 0 and decode["token_agreement"] <= 1.0
     assert set(df.gguf_type.dropna()) == {"q8_0"} and set(df.lossy.dropna()) == {True}   # quantised weights are lossy
 
 
