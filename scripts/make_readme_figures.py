@@ -122,8 +122,11 @@ FIGURES = ("timeline", "cache_curve", "samples")
 
 def main() -> None:
     p = argparse.ArgumentParser(description="Make the guide's figures (docs/*.png).")
-    p.add_argument("figures", nargs="*", choices=FIGURES, help=f"default: all of {', '.join(FIGURES)}")
+    # no `choices=`: Python 3.11's argparse checks an empty positional list against them and refuses it
+    p.add_argument("figures", nargs="*", help=f"any of {', '.join(FIGURES)} (default: all)")
     which = p.parse_args().figures or FIGURES
+    if set(which) - set(FIGURES):
+        p.error(f"figures: allowed {', '.join(FIGURES)}, got {', '.join(sorted(set(which) - set(FIGURES)))}")
     docs = REPO / "docs"
     docs.mkdir(exist_ok=True)
     if "samples" in which:
