@@ -284,3 +284,20 @@ def test_a_taken_port_is_retried_only_when_picked_here(bins, gguf_f32, tmp_path,
         with LlamaServer(gguf_f32.path, EXACT, log_path=tmp_path / "retry.log", binaries=bins) as srv:
             assert srv.port != taken and srv.health()["status"] == "ok"
     assert (tmp_path / "retry.log").read_text().count("$ ") == 2
+
+
+def test_an_ot_map_puts_exactly_its_layers_experts_on_the_cpu(bins, gguf_f32, tmp_path):
+    """A CPU-layer map as llama.cpp flags (`flags.cpu_layers_override`, what engine.cpu_layers=last_n
+    and by_working_set become) is accepted by the pinned llama-server, and the server's own log (at
+    debug verbosity, `-v`) names exactly those layers' expert tensors as overridden to the CPU: the
+    layers the rows' placement_map says (flags.cpu_expert_layers)."""
+    import re
+
+    from harness.llamacpp.flags import cpu_expert_layers, cpu_layers_override
+    log = tmp_path / "llama-server.log"
+    flags = EXACT.replace(threads=1, n_gpu_layers="all", override_tensor=cpu_layers_override([0, 2]))
+    with LlamaServer(gguf_f32.path, flags, log_path=log, binaries=bins, extra_args=["-v"]) as srv:
+        srv.complete([1, 2, 3], 1)
+    moved = set(re.findall(r"tensor (blk\.\d+\.ffn_\w+\.weight) \(.*?\) buffer type overridden to CPU", log.read_text()))
+    assert moved == {f"blk.{layer}.ffn_{p}_exps.weight" for layer in (0, 2) for p in ("up", "down", "gate")}
+    assert cpu_expert_layers(flags, 3) == {0, 2}
