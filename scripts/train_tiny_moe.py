@@ -7,7 +7,8 @@ files (workloads.corpus), byte-tokenized as the workloads are (workloads.tokeniz
 
 Owns: the model's shape (`SHAPE`), the data split (a file is held out when a hash of its path
 says so, so the split does not depend on the file list's order), the training loop (transformers'
-MixtralForCausalLM with its load-balancing loss, so experts specialise rather than collapse),
+MixtralForCausalLM plus a per-layer load-balancing loss, `balance_loss`, so that every layer's
+experts specialise rather than collapse),
 the held-out evaluation, and writing the checkpoint (config.json + model.safetensors, float32).
 Does not own: loading or running the model (engine; the checkpoint is a plain Hugging Face
 Mixtral checkpoint), the routing statistics' definitions (harness.sim.stats).
