@@ -123,8 +123,7 @@ def _show(df: pd.DataFrame, title: str, per_layer: bool) -> None:
         cols += ["hidden_misses", "exposed_misses"]
     t = rows[cols].copy()
     t["miss_GiB"] = pd.to_numeric(t.pop("miss_bytes"), errors="coerce") / 2**30   # null: experts' bytes vary
-    print(f"== {title}")
-    print(t.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    _print_table(t, title, per_layer=True)                                         # rows already chosen
 
 
 def _describe(tr: RoutingTrace) -> str:
@@ -135,18 +134,10 @@ def _describe(tr: RoutingTrace) -> str:
             f"{tr.expert_bytes} B per expert{'' if tr.step is None else f', {int(tr.step_ids()[-1]) + 1} steps'}")
 
 
-def _popularity(tr: RoutingTrace, caps: list[int], per_layer: bool) -> pd.DataFrame:
-    df = popularity(tr, caps)
+def _print_table(df: pd.DataFrame, title: str, per_layer: bool) -> pd.DataFrame:
+    """Print `df` (its "all" rows unless per_layer) under `title`; return all of it."""
     rows = df if per_layer else df[df["layer"] == "all"]
-    print("== popularity: share of routings to each layer's c most popular experts")
-    print(rows.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
-    return df
-
-
-def _transfer(tr: RoutingTrace, profile: RoutingTrace, caps: list[int], per_layer: bool) -> pd.DataFrame:
-    df = profile_transfer(tr, profile, caps)
-    rows = df if per_layer else df[df["layer"] == "all"]
-    print("== static pinned by the profile's counts against the trace's own (transfer = profile / own)")
+    print(f"== {title}")
     print(rows.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     return df
 
@@ -166,11 +157,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         caps = _ints(args.capacity, "--capacity") if args.capacity else None
         default_caps = sorted({max(tr.top_k, tr.n_experts // 4), max(tr.top_k, tr.n_experts // 2)})
         if args.popularity:
-            tables.append(_popularity(tr, caps or default_caps, args.per_layer).assign(kind="popularity"))
+            tables.append(_print_table(popularity(tr, caps or default_caps), "popularity: share of routings to "
+                                       "each layer's c most popular experts", args.per_layer).assign(kind="popularity"))
             caps = None                                   # the popularity table instead of a replay
         elif args.profile:
-            tables.append(_transfer(tr, load_trace(args.profile), caps or default_caps, args.per_layer)
-                          .assign(kind="transfer"))
+            tables.append(_print_table(profile_transfer(tr, load_trace(args.profile), caps or default_caps),
+                                       "static pinned by the profile's counts against the trace's own "
+                                       "(transfer = profile / own)", args.per_layer).assign(kind="transfer"))
             caps = None                                   # the transfer table instead of a replay
         elif caps is None and not (args.curve or args.stats):
             caps = default_caps
