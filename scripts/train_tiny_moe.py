@@ -86,9 +86,10 @@ def windows(stream: np.ndarray, rng: np.random.Generator, n: int, seq_len: int) 
 
 def split(conf: TrainConf) -> tuple[list[str], list[str]]:
     """The stdlib files trained on, and those held out."""
-    files = list(source_files())
-    return ([f for f in files if not held_out(f, conf.held_out_per_mille)],
-            [f for f in files if held_out(f, conf.held_out_per_mille)])
+    parts: tuple[list[str], list[str]] = ([], [])
+    for f in source_files():
+        parts[held_out(f, conf.held_out_per_mille)].append(f)
+    return parts
 
 
 def held_out_windows(conf: TrainConf) -> torch.Tensor:
@@ -146,11 +147,12 @@ def train(conf: TrainConf, progress: bool = True) -> tuple["torch.nn.Module", di
     rng = np.random.default_rng(conf.seed)
     model = build(conf)
     model.train()
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n]
-    other = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "embed" not in n)]
+    other, decay = [], []                             # weight decay on matrices, not on embeddings or norms
+    for n, p in model.named_parameters():
+        (decay if p.dim() >= 2 and "embed" not in n else other).append(p)
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": conf.weight_decay},
                              {"params": other, "weight_decay": 0.0}], lr=conf.lr, betas=(0.9, 0.95))
-    losses, aux = [], []
+    losses, balances = [], []
     t0 = time.perf_counter()
     for step in range(conf.steps):
         for g in opt.param_groups:
@@ -164,14 +166,14 @@ def train(conf: TrainConf, progress: bool = True) -> tuple["torch.nn.Module", di
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         losses.append(round(float(out.loss.detach()), 5))
-        aux.append(round(float(balance.detach()), 5))
+        balances.append(round(float(balance.detach()), 5))
         if progress and (step % 20 == 0 or step == conf.steps - 1):
-            print(f"step {step + 1}/{conf.steps}  loss {losses[-1]:.4f}  balance {aux[-1]:.4f}  "
+            print(f"step {step + 1}/{conf.steps}  loss {losses[-1]:.4f}  balance {balances[-1]:.4f}  "
                   f"{time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     log = {"conf": asdict(conf), "shape": SHAPE, "corpus": corpus_id(), "torch": torch.__version__,
            "train_files": len(train_files), "held_out_files": len(eval_files),
            "train_tokens_seen": conf.steps * conf.batch * conf.seq_len,
-           "train_seconds": round(time.perf_counter() - t0, 1), "loss": losses, "balance_loss": aux}
+           "train_seconds": round(time.perf_counter() - t0, 1), "loss": losses, "balance_loss": balances}
     return model, log
 
 
@@ -185,8 +187,7 @@ def save(model: "torch.nn.Module", log: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     model.config.dtype = "float32"
     model.save_pretrained(out, safe_serialization=True)
-    for extra in ("generation_config.json",):
-        (out / extra).unlink(missing_ok=True)
+    (out / "generation_config.json").unlink(missing_ok=True)     # transformers' sampling defaults: not ours
     (out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
 
 
