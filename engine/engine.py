@@ -343,8 +343,9 @@ class Engine:
 
 
 def _model_of(source: str | Path, o: EngineOptions) -> tuple[ModelConfig, Path | None]:
-    """The model's config -- from a checkpoint dir (a shipped one by its name) or a preset, overrides and the experts' treatment
-    applied -- and the checkpoint dir (None for a preset: seeded random weights)."""
+    """The model's config -- from a checkpoint dir (a shipped one by its name) or a preset, overrides
+    and the experts' treatment applied -- and the checkpoint dir (None for a preset: seeded random
+    weights)."""
     ckpt_dir: Path | None = shipped_checkpoint(str(source)) or Path(source)
     if (ckpt_dir / "config.json").is_file():
         cfg = ModelConfig.from_hf_dir(ckpt_dir)

@@ -19,8 +19,8 @@ from pathlib import Path
 
 CHECKPOINTS_DIR = Path(__file__).resolve().parent / "checkpoints"
 
-#: name -> directory under CHECKPOINTS_DIR. `tiny-moe-trained`: 4 layers, 8 experts, top-2, trained
-#: on the Python standard library's source (its README.md, the model card, says how and what it routes like).
+#: name -> directory under CHECKPOINTS_DIR. `tiny-moe-trained`: 4 layers, 8 experts, top-2, trained on
+#: the Python standard library's source (its README.md, the model card, says how and what it routes like).
 SHIPPED: dict[str, str] = {"tiny-moe-trained": "tiny-moe-trained"}
 
 

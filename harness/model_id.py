@@ -2,11 +2,11 @@
 (`model_id`) and read by `moebench-compare`.
 
 Owns: `weights_label(name)` (what a model's weights are: random, small trained, a checkpoint: how
-tables label what was measured on them), `model_id(model)` -- a preset is its name, seed and truncation (its weights are seeded from
-those by this code; a change to that code is what a comparison tests, like any other commit); a
-checkpoint is the sha256 of its content, never its path: a copy elsewhere is the same model, a
-file rewritten in place is another -- and `manifest_model_id(manifest)`, the identity a manifest
-records or, for a preset, implies.
+tables label what was measured on them), `model_id(model)` -- a preset is its name, seed and
+truncation (its weights are seeded from those by this code; a change to that code is what a
+comparison tests, like any other commit); a checkpoint is the sha256 of its content, never its path:
+a copy elsewhere is the same model, a file rewritten in place is another -- and
+`manifest_model_id(manifest)`, the identity a manifest records or, for a preset, implies.
 Does not own: the manifest (harness.manifest), how a comparison uses the identity (harness.compare).
 
     from harness.model_id import model_id

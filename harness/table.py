@@ -220,7 +220,8 @@ def notes(t: pd.DataFrame) -> list[str]:
                    "the window (the rows' starved_reason says what was measured)")
     quality = [c.label for c in COLUMNS if c.profiler == QUALITY_PHASE and _has(t, c.label)]
     if quality and _has(t, WEIGHTS):
-        kinds = [k for k in dict.fromkeys(t.loc[t[quality].notna().any(axis=1), WEIGHTS].dropna()) if k in WEIGHTS_CAVEATS]
+        measured = t.loc[t[quality].notna().any(axis=1), WEIGHTS].dropna()      # the weights of jobs with figures
+        kinds = [k for k in dict.fromkeys(measured) if k in WEIGHTS_CAVEATS]
         if kinds:
             out.append(f"{', '.join(quality)} measured on " + "; on ".join(f"{k}: {WEIGHTS_CAVEATS[k]}" for k in kinds))
     return out

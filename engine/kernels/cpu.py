@@ -9,13 +9,14 @@ many threads as `torch.set_num_threads` says (the caller and the kernel's own he
 spin briefly between calls instead of sleeping; the caller never waits for a helper that another
 process keeps off its core; OpenMP's idle workers kept off the helpers' cores:
 engine.kernels.openmp) and reads fp32 or bf16 weights directly, and the lossy treatments' int8 /
-int4 expert matrices from their packed bytes (integer values converted in registers, a scale applied once to the row's or the group's sum:
-the dequantised matrix's product up to fp32 rounding, at a fraction of the dense kernel's work
-per weight); each output is one dot product in a fixed order, the same bits whatever the batch
-or thread count. Above `MAX_ROWS` rows it is the BLAS GEMM (`at::mm`, bitwise `F.linear`; for bf16 on a CPU
-without bf16 arithmetic, fp32 on widened copies, rounded once: torch's bf16 GEMM there runs at a
-fraction of the fp32 rate), so one call site serves prefill and decode. bf16 weights are thus
-never converted at load (no second copy in memory) and never run at the emulated rate.
+int4 expert matrices from their packed bytes (integer values converted in registers, a scale applied
+once to the row's or the group's sum: the dequantised matrix's product up to fp32 rounding, at a
+fraction of the dense kernel's work per weight); each output is one dot product in a fixed order,
+the same bits whatever the batch or thread count. Above `MAX_ROWS` rows it is the BLAS GEMM
+(`at::mm`, bitwise `F.linear`; for bf16 on a CPU without bf16 arithmetic, fp32 on widened copies,
+rounded once: torch's bf16 GEMM there runs at a fraction of the fp32 rate), so one call site serves
+prefill and decode. bf16 weights are thus never converted at load (no second copy in memory) and
+never run at the emulated rate.
 
 Owns: building the kernel (torch.utils.cpp_extension, into `$MOEBENCH_KERNELS`, else the Python
 environment's own `share/moebench-kernels` where it is writable (a virtual environment: the build

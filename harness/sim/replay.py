@@ -2,7 +2,8 @@
 
 Owns: `replay` (policies x capacities x layers, optional oracle-prefetch accounting) and
 `lru_curve` (the LRU curve for every capacity in one pass), both returning tidy rows with
-the same columns, and `profile_transfer` (a hot-expert profile from one trace serving another). Does not own: the policies -- replay builds THE SAME classes the engine's
+the same columns, and `profile_transfer` (a hot-expert profile from one trace serving another).
+Does not own: the policies -- replay builds THE SAME classes the engine's
 device cache uses (`engine.policies.make_policy`) and drives them through the engine's
 reference loop (`engine.policies.simulate.simulate`) over the exact lookup order the engine
 produces (`engine.trace.lookup_arrays`) with the engine's step-protection rule (a miss never
@@ -125,8 +126,9 @@ def profile_transfer(trace: RoutingTrace, profile: RoutingTrace, capacities: Seq
     capacity, layer, own_hit_rate, profile_hit_rate, transfer = profile_hit_rate / own_hit_rate
     (1: the profile serves as well as the trace's own; null where the own rate is 0)."""
     if profile.n_experts != trace.n_experts or list(profile.moe_layers) != list(trace.moe_layers):
-        raise ValueError(f"the profile routes {profile.n_experts} experts in MoE layers {list(profile.moe_layers)}; "
-                         f"the trace {trace.n_experts} in {list(trace.moe_layers)}: a profile must come from the same model")
+        raise ValueError(f"the profile routes {profile.n_experts} experts in MoE layers "
+                         f"{list(profile.moe_layers)}; the trace {trace.n_experts} in {list(trace.moe_layers)}: "
+                         "a profile must come from the same model")
     counts = dict(zip(profile.moe_layers, expert_counts(profile).tolist()))
     key = ["capacity", "layer"]
     own = replay(trace, "static", capacities).set_index(key)["hit_rate"]
