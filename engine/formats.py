@@ -252,6 +252,7 @@ def weight_bytes(cfg, fmt: WeightFormat, dtype_bytes: int = 2) -> WeightBytes:
     per_layer, types = [], Counter()             # types: the routed experts' parameters per type
     for layer in cfg.moe_layers:
         gate_up, down = fmt.expert_type(layer, n_layers, E), fmt.expert_type(layer, n_layers, E, "ffn_down")
+        gate_up, down = fitting(gate_up, D), fitting(down, I)      # the types the rows are stored in
         if extra >= 0:
             b = _matrix_bytes(gate_up, (2 * I, D)) + _matrix_bytes(down, (D, I)) + extra * kept
             types.update({gate_up: 2 * I * D}), types.update({down: D * I})

@@ -30,18 +30,24 @@ def test_an_f32_header_is_the_dense_weights(gguf_f32, mixtral):
     assert got.expert_type == want.expert_type == "f32"
 
 
-def test_a_q8_0_file_has_the_experts_the_recipe_counts(bins, gguf_f32, mixtral, tmp_path):
+@pytest.mark.parametrize("ftype", ["Q8_0", "Q4_K_M"])
+def test_a_quantised_file_has_the_bytes_the_recipe_counts(bins, gguf_f32, mixtral, tmp_path, ftype):
+    """One plain type and one mixed recipe (Q4_K_M: some tensors one step up, rows a 256-block
+    cannot split fall back), each read back from the file the pinned llama-quantize wrote."""
     if bins.quantize is None:
         pytest.skip("this llama.cpp build has no llama-quantize")
-    out = tmp_path / "q8_0.gguf"
-    proc = subprocess.run([str(bins.quantize), str(gguf_f32.path), str(out), "Q8_0"], capture_output=True, text=True)
+    out = tmp_path / f"{ftype}.gguf"
+    proc = subprocess.run([str(bins.quantize), str(gguf_f32.path), str(out), ftype], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     cfg = ModelConfig.from_hf_dir(mixtral[1])
     got = gguf_weight_bytes(out, cfg)
-    want = weight_bytes(cfg, WeightFormat("q8_0"))
-    assert got.expert_slot == want.expert_slot == cfg.expert_params * 34 // 32
-    assert got.expert_mean == want.expert_mean
-    assert got.expert_type == want.expert_type == "q8_0"          # the rates a profile gives q8_0 experts apply
+    want = weight_bytes(cfg, WeightFormat(ftype.lower()))
+    assert (got.non_expert, got.expert_slot, got.expert_mean) == (want.non_expert, want.expert_slot,
+                                                                 want.expert_mean)
+    assert got.expert_type == want.expert_type          # the rates a profile gives that type apply
+    assert got.expert_slot < weight_bytes(cfg, WeightFormat("f32")).expert_slot / 3
+    if ftype == "Q8_0":
+        assert got.expert_slot == cfg.expert_params * 34 // 32
 
 
 def test_a_header_for_another_model_is_refused(gguf_f32, mixtral):
