@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from engine.blocks.quant_experts import label_of
 from engine.kvquant import DEFAULT_KV_DTYPE, is_lossy
 from engine.placements import needs_cache
-from harness.config import DEFAULT_CAPACITY
+from harness.config import DEFAULT_CAPACITY, ConfigError, ModelConf, default_capacity, model_config_of
 from harness.sweep import measurement_key
 
 
@@ -39,7 +39,7 @@ def factors_of(cfg: DictConfig) -> dict[str, Any]:
     # another engine's weights are its own knobs
     quant = label_of(g("experts.quant", "none"), g("experts.activations", "fp32")) if ours else None
     capacity, capacity_bytes = g("cache.capacity"), g("cache.capacity_bytes")
-    capacity = "bytes" if capacity_bytes is not None and capacity is None else (capacity or DEFAULT_CAPACITY)
+    capacity = "bytes" if capacity_bytes is not None and capacity is None else (capacity or _default_capacity(cfg))
     kv_dtype = g("kv.dtype", DEFAULT_KV_DTYPE)
     return {"engine": g("engine.name"), "model": g("model.name"), "placement": placement,
             "cache_capacity": str(capacity) if uses_cache else None,
@@ -50,6 +50,15 @@ def factors_of(cfg: DictConfig) -> dict[str, Any]:
             "workload": g("workload.name"), "context_tokens": g("workload.context_tokens"),
             "gen_tokens": g("workload.gen_tokens"), "batch": g("workload.batch"), "dtype": g("model.dtype"),
             "kv_dtype": kv_dtype, "lossy": lossy_of(kv_dtype, g("model.dtype"), quant)}
+
+
+def _default_capacity(cfg: DictConfig) -> str:
+    """The capacity validate() gives a job that names none (its model's default_capacity), read
+    leniently: DEFAULT_CAPACITY where the model cannot be resolved (validate() reports why)."""
+    try:
+        return default_capacity(model_config_of(ModelConf(**OmegaConf.to_container(cfg.model, resolve=True))))
+    except (ConfigError, TypeError, ValueError, OSError, AttributeError):
+        return DEFAULT_CAPACITY
 
 
 def lossy_of(kv_dtype: Any, dtype: Any, quant: Any) -> bool | None:

@@ -98,11 +98,17 @@ def inputs_of(job: Job, hw: HardwareProfile | None, placement: str, options: dic
                                         "the format the engine holds the weights in (engine.formats)")
     if spec.expert_quant is not None:
         out["experts.quant"] = _entry(spec.expert_quant.mode, None, conf("experts.quant", "experts"))
-    budget = budget_of(spec)
+    budget, h = budget_of(spec), spec.hardware
+    if given & {"hardware.device_memory", "hardware.device_memory_gib"}:
+        origin = "overridden"
+    elif h.device_memory is not None:                 # set by an experiment or config file
+        origin = "assumed"
+    elif h.device_memory_gib is not None:             # the profile's card (budget_of's rule)
+        origin = figure_origin(hw, "device_memory_gib") if hw is not None else "assumed"
+    else:                                             # a real card's free memory, or none
+        origin = "measured" if budget is not None else "assumed"
     out["hardware.device_memory"] = _entry(
-        budget, "B", "overridden" if "hardware.device_memory" in given else
-        "measured" if spec.hardware.device_memory is None and budget is not None else "assumed",
-        None if budget is not None else "no budget: every plan fits; set hardware.device_memory")
+        budget, "B", origin, None if budget is not None else "no budget: every plan fits; set hardware.device_memory")
     if hw is not None:
         dt = spec.dtype
         traits = PLACEMENTS.get(placement).traits(spec.model_config, options)

@@ -21,7 +21,8 @@ run.repeats=3, run.warmup=1, engine=hf, kv.dtype=q8 (kv=q8).
 """
 from __future__ import annotations
 
-from harness.config.model import capacity_bytes_of, capacity_of, expert_quant_of, model_config_of
+from harness.config.model import (capacity_bytes_of, capacity_of, default_capacity, expert_quant_of,
+                                  model_config_of)
 from harness.config.schema import (BAD_CONFIG, DEFAULT_CAPACITY, GROUP_SCHEMAS, CacheConf, Config, ConfigError,
                                    ExpertsConf, HardwareConf, KVConf, ModelConf, RunConf, RunSpec, WorkloadConf,
                                    config_error_line, register_configs)
@@ -29,5 +30,5 @@ from harness.config.validate import check_keys, validate
 
 __all__ = ["BAD_CONFIG", "DEFAULT_CAPACITY", "GROUP_SCHEMAS", "CacheConf", "Config", "ConfigError", "ExpertsConf",
            "HardwareConf", "KVConf", "ModelConf", "RunConf", "RunSpec", "WorkloadConf", "capacity_bytes_of",
-           "capacity_of", "check_keys", "config_error_line", "expert_quant_of", "model_config_of",
+           "capacity_of", "check_keys", "default_capacity", "config_error_line", "expert_quant_of", "model_config_of",
            "register_configs", "validate"]

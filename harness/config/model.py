@@ -13,7 +13,7 @@ from typing import Any
 
 from engine.config import PRESETS, ModelConfig, preset
 from engine.devices import parse_bytes
-from harness.config.schema import ConfigError, ExpertsConf, ModelConf, allowed_error
+from harness.config.schema import DEFAULT_CAPACITY, ConfigError, ExpertsConf, ModelConf, allowed_error
 
 def model_config_of(model: ModelConf) -> ModelConfig:
     if model.path:
@@ -70,6 +70,13 @@ def capacity_bytes_of(cache: dict[str, Any]) -> int | None:
     if n is None or n <= 0:
         raise allowed_error("cache.capacity_bytes", "a positive size (e.g. 256MiB, 2GiB) or null", raw)
     return n
+
+
+def default_capacity(mcfg: ModelConfig) -> str:
+    """cache.capacity when none is given: DEFAULT_CAPACITY slots (a small cache, so a run on the
+    tiny models sees misses), unless that many cannot hold one token's experts or exceed the
+    experts there are (DeepSeek-V3 routes to 8): then 'auto', the largest cache the budget holds."""
+    return DEFAULT_CAPACITY if mcfg.top_k <= int(DEFAULT_CAPACITY) <= mcfg.n_experts else "auto"
 
 
 def capacity_of(raw: Any, mcfg: ModelConfig, in_use: bool) -> int | str:

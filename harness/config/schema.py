@@ -88,8 +88,8 @@ DEFAULT_CAPACITY = "4"
 
 @dataclass
 class CacheConf:
-    # expert slots per layer: an int, or "auto" (sized from the device budget); null: 4, or what
-    # capacity_bytes holds
+    # expert slots per layer: an int, or "auto" (sized from the device budget); null: what
+    # capacity_bytes holds, else 4 (auto for a model routing each token to more: default_capacity)
     capacity: Optional[str] = None
     capacity_bytes: Optional[str] = None   # or the cache as bytes over all MoE layers ("256MiB"), not both
     policy: str = "lru"               # a registered policy: lru | lfu | fifo | static | belady | ...

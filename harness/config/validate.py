@@ -19,9 +19,10 @@ from engine.devices import parse_bytes
 from engine.kvquant import DEFAULT_KV_DTYPE, KV_DTYPES
 from engine.placements import needs_cache
 from engine.registry import POLICIES, PREFETCHERS
-from harness.config.model import capacity_bytes_of, capacity_of, expert_quant_of, model_config_of
+from harness.config.model import (capacity_bytes_of, capacity_of, default_capacity, expert_quant_of,
+                                  model_config_of)
 from harness.config.plugin_options import placement_options_of, plugin_options, policy_options_of
-from harness.config.schema import (DEFAULT_CAPACITY, DEVICES, DTYPES, GROUP_SCHEMAS, PROFILERS,
+from harness.config.schema import (DEVICES, DTYPES, GROUP_SCHEMAS, PROFILERS,
                                    TOKEN_SOURCES, WORKLOADS, ConfigError, HardwareConf, ModelConf,
                                    RunConf, RunSpec, WorkloadConf, allowed_error)
 from harness.contract import EXPERT_CACHE_STATES, RESUME_MODES, session_tokens
@@ -145,7 +146,7 @@ def validate(cfg: DictConfig) -> RunSpec:
                           f"measures its own and a plan uses none; allowed here: null, got {c['cache']['hit_rate']!r}")
     uses_cache = needs_cache(pname, placement)
     capacity_bytes = capacity_bytes_of(c["cache"])
-    requested = c["cache"]["capacity"] if c["cache"]["capacity"] is not None else DEFAULT_CAPACITY
+    requested = c["cache"]["capacity"] if c["cache"]["capacity"] is not None else default_capacity(mcfg)
     capacity: int | str | None = None if capacity_bytes is not None else capacity_of(requested, mcfg, uses_cache)
     if not uses_cache:
         capacity = capacity_bytes = None

@@ -128,6 +128,18 @@ def test_capacity_out_of_range(capacity):
         validate(cfg_with(f"cache.capacity={capacity}"))
 
 
+def test_no_capacity_is_4_slots_or_auto_where_a_token_routes_to_more():
+    """A model routing each token to 8 experts cannot take the tiny models' 4 slots: a job that
+    names no capacity gets auto there (and its rows say so), while a capacity given is checked."""
+    from harness.factors import factors_of
+    assert validate(cfg_with("placement=fetch")).capacity == 4
+    cfg = cfg_with("model=deepseek-v3", "placement=fetch", "hardware.device_memory=80GiB")
+    assert validate(cfg).capacity == "auto" and factors_of(cfg)["cache_capacity"] == "auto"
+    assert factors_of(cfg_with("placement=fetch"))["cache_capacity"] == "4"
+    with pytest.raises(ConfigError, match=r"cache.capacity: allowed an int in \[top_k=8, n_experts=256\]"):
+        validate(cfg_with("model=deepseek-v3", "placement=fetch", "cache.capacity=4"))
+
+
 @pytest.mark.slow
 def test_context_longer_than_model_allows():
     with pytest.raises(ConfigError, match=r"workload.context_tokens: 9000 .* longer than the model allows "

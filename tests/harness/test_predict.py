@@ -27,9 +27,10 @@ REQUIRED = {"placement": str, "options": dict, "fits": bool, "prefill_tok_s": (f
 BOX = ["hardware=rtx4090-pcie4-x16", "hardware.device_memory=24GiB", "model.dtype=bfloat16"]
 
 
-def rows_of(args: list[str], code: int = 0) -> list[dict]:
+def rows_of(args: list[str], code: int | None = 0) -> list[dict]:
+    """The JSON rows; `code`: the exit status asked for (None: 0 or 1, fits or not)."""
     proc = cli(["predict", *args, "--format", "json"], REPO)
-    assert proc.returncode == code, proc.stderr
+    assert proc.returncode == code if code is not None else proc.returncode in (0, 1), proc.stderr
     return json.loads(proc.stdout)
 
 
@@ -186,6 +187,17 @@ def test_a_skewed_synthetic_trace_is_stated_and_raises_the_hit_rate():
     assert row["inputs"]["hit_rate_source"] == "synthetic routing trace (zipf=1.2, reuse=0.3)"
     assert row["inputs"]["hit_rate"]["source"] == "assumed" and row["inputs"]["hit_rate"]["value"] == row["hit_rate"]
     assert row["hit_rate"] > 0.6
+
+
+def test_the_budget_says_where_it_came_from():
+    """The card of a datasheet profile is a datasheet figure; one given on the command line is
+    overridden; and a model routing to 8 experts is predicted without naming a capacity."""
+    args = ["model=deepseek-v3", "placement=fetch", "hardware=h200-sxm-141gb", "model.dtype=bfloat16"]
+    (row,) = rows_of(args, code=None)
+    assert row["inputs"]["hardware.device_memory"]["source"] == "datasheet"
+    assert row["fits"] is True and row["options"]["capacity"] >= 8       # auto: the slots the card holds
+    (row,) = rows_of([*args, "hardware.device_memory=100GiB"], code=None)
+    assert row["inputs"]["hardware.device_memory"] == {"value": 100 << 30, "unit": "B", "source": "overridden"}
 
 
 @needs_engine("llamacpp")
