@@ -284,6 +284,39 @@ class Engine:
         self._watch.pending(sess, check_sum(logits), describe_decode(position, sess.batch))
         return logits
 
+    @torch.inference_mode()
+    def step(self, items: list[tuple[Session, list[int]]]) -> torch.Tensor:
+        """One ragged step: each item a session of one sequence and its next tokens -- a prompt
+        chunk, or the one token it decodes -- of any length, at the session's own position; returns
+        the last position's logits of each item [n, V] (`greedy_step` reads the ids). The layers'
+        attention runs per sequence, the rest over the step's rows together (MoEModel.forward_ragged):
+        each sequence's logits are what it alone would give, up to the rounding of row counts."""
+        self._open()
+        if not items:
+            raise ValueError("a step needs at least one (session, tokens) item")
+        if len({id(sess) for sess, _ in items}) != len(items):
+            raise ValueError("a session appears twice in one step; give each sequence's tokens once")
+        ids = []
+        for sess, toks in items:
+            if sess.batch != 1:
+                raise ValueError(f"a ragged step takes sessions of one sequence (new_session(1)), got batch {sess.batch}")
+            if not toks:
+                raise ValueError("an item of a step has no tokens")
+            self._room(sess, len(toks))
+            self._watch.begin(sess)          # an unread check of the session's previous pass is read first
+            ids.append(self._ids([list(toks)], sess).view(-1))
+        n = sum(len(t) for _, t in items)
+        with self.model.instrument.span("step", phase="ragged", tokens=n):
+            return self.model.forward_ragged([(i, sess) for i, (sess, _) in zip(ids, items)])
+
+    def greedy_step(self, logits: torch.Tensor) -> list[int]:
+        """The greedy id per row of a ragged step's logits [n, V], read to the host in one read with
+        their finiteness; raises NonFiniteError when any is NaN or inf."""
+        top = torch.cat([logits.argmax(-1), check_sum(logits).isfinite().view(1).long()]).tolist()
+        if not top[-1]:
+            raise NonFiniteError(f"a ragged step of {logits.shape[0]} sequences gave non-finite logits")
+        return top[:-1]
+
     def greedy(self, sess: Session, logits: torch.Tensor) -> list[int]:
         """The greedy id per row of `logits` [B, V] -- what prefill or decode_step just returned for
         `sess` -- read to the host in one read together with that pass's finiteness check (its

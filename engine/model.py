@@ -150,16 +150,7 @@ class MoEModel:
         the positions whose logits a prefill does not compute), on the device."""
         span = self.instrument.span
         B, T = ids.shape
-        self.placement.begin_forward(B * T)
-        for hook in self.routing_hooks:
-            hook.begin_pass(B, T)
-        prefetcher = self.prefetcher
-        if prefetcher is not None:
-            prefetcher.begin_forward()               # counts passes even when this one is not prefetched
-            if not self.placement.prefetchable():
-                prefetcher = None
-        p = Pass(B, T, None if static else sess.length, ids.device, self.dtype, span,
-                 functools.partial(self._run_experts, prefetcher), static)
+        p = Pass(B, T, None if static else sess.length, ids.device, self.dtype, span, self._begin(B, T), static)
         probe = self.probe
         x = self.arch.embedding(ids, p)                                            # [B, T, D]
         if probe is not None:
@@ -177,6 +168,43 @@ class MoEModel:
         if probe is not None:
             probe.check("the head (final norm and lm_head)", logits)
         return logits
+
+    def _begin(self, B: int, T: int) -> Callable:
+        """Start a forward pass of B x T tokens: the placement, routing hooks and prefetcher hear
+        it; returns the pass's expert runner."""
+        self.placement.begin_forward(B * T)
+        for hook in self.routing_hooks:
+            hook.begin_pass(B, T)
+        prefetcher = self.prefetcher
+        if prefetcher is not None:
+            prefetcher.begin_forward()               # counts passes even when this one is not prefetched
+            if not self.placement.prefetchable():
+                prefetcher = None
+        return functools.partial(self._run_experts, prefetcher)
+
+    def forward_ragged(self, items: list[tuple[torch.Tensor, Session]]) -> torch.Tensor:
+        """One step over sequences of different lengths and positions: items (ids [T_i], a
+        session of one sequence) -> the last position's logits of each [n, V]. Each layer's
+        attention runs once per sequence, on its own state at its own positions (`attend`); the
+        rest of the layer -- norms, router, experts -- once over every sequence's rows together
+        (`feed`), so the placement sees the union of the step's routed experts, as one pass of
+        N = sum T_i tokens. Every session advances by its T_i."""
+        span = self.instrument.span
+        sizes = [int(ids.shape[0]) for ids, _ in items]
+        N, dev = sum(sizes), items[0][0].device
+        run = self._begin(1, N)
+        rows = Pass(1, N, None, dev, self.dtype, span, run)        # per token: no position to read
+        seqs = [Pass(1, t, sess.length, dev, self.dtype, span, run) for t, (_, sess) in zip(sizes, items)]
+        x = self.arch.embedding(torch.cat([ids for ids, _ in items]).view(1, N), rows)     # [1, N, D]
+        for i, layer in enumerate(self.layers):
+            with span("layer", layer=i):
+                parts = x.split(sizes, dim=1)
+                x = layer.feed(torch.cat([layer.attend(part, sess.state(i), q)
+                                          for part, (_, sess), q in zip(parts, items, seqs)], dim=1), rows)
+        for t, (_, sess) in zip(sizes, items):
+            sess.advance(t)
+        ends = torch.tensor(sizes, device=dev).cumsum(0) - 1
+        return self.arch.head(x[0, ends].unsqueeze(1), False)                            # [n, V]
 
     def _run_experts(self, prefetcher: Prefetcher | None, layer: int, h: torch.Tensor, ids: torch.Tensor,
                      weights: torch.Tensor) -> torch.Tensor:

@@ -48,13 +48,22 @@ class DecoderLayer(Block):
 
     def forward(self, x: torch.Tensor, state: LayerState, p: Pass) -> torch.Tensor:
         """x [B, T, D] -> [B, T, D]."""
-        B, T, _ = x.shape
-        with p.span("attention", layer=self.index):
-            x = x + self.attention(self.attn_norm(x), state, p)
-        h = self.mlp_norm(x)
-        return x + self.mlp(h.view(B * T, -1), p).view(B, T, -1)
+        return self.feed(self.attend(x, state, p), p)
 
     __call__ = forward
+
+    def attend(self, x: torch.Tensor, state: LayerState, p: Pass) -> torch.Tensor:
+        """The layer's part that reads the sequence's state: x [B, T, D] -> x + attention(norm(x)).
+        A ragged step (MoEModel.forward_ragged) runs it once per sequence, each with its own
+        state and positions, and `feed` once over every sequence's rows."""
+        with p.span("attention", layer=self.index):
+            return x + self.attention(self.attn_norm(x), state, p)
+
+    def feed(self, x: torch.Tensor, p: Pass) -> torch.Tensor:
+        """The layer's part that is per token: x [B, T, D] -> x + mlp(norm(x))."""
+        B, T, _ = x.shape
+        h = self.mlp_norm(x)
+        return x + self.mlp(h.view(B * T, -1), p).view(B, T, -1)
 
     def activation_bytes(self, rows: int, dtype_bytes: int) -> int:
         """Transient bytes over `rows` rows: the residual and the normed input, plus the larger of

@@ -117,11 +117,14 @@ class Gemma4Layer(DecoderLayer):
         return (*self.norms.values(), self.attention, self.dense, self.mlp,
                 *((self.per_layer_input,) if self.per_layer_input is not None else ()))
 
-    def forward(self, x: torch.Tensor, state, p: Pass) -> torch.Tensor:
+    def attend(self, x: torch.Tensor, state, p: Pass) -> torch.Tensor:
+        n = self.norms
+        with p.span("attention", layer=self.index):
+            return x + n["post_attention_layernorm"](self.attention(n["input_layernorm"](x), state, p))
+
+    def feed(self, x: torch.Tensor, p: Pass) -> torch.Tensor:
         n, moe = self.norms, self.mlp
         B, T, D = x.shape
-        with p.span("attention", layer=self.index):
-            x = x + n["post_attention_layernorm"](self.attention(n["input_layernorm"](x), state, p))
         flat = x.view(B * T, D)                                                          # [N, D]
         dense = n["post_feedforward_layernorm_1"](self.dense(n["pre_feedforward_layernorm"](flat), p))
         ids, weights = moe.route(flat, p)                                                # routed on the residual
@@ -130,8 +133,6 @@ class Gemma4Layer(DecoderLayer):
         if self.per_layer_input is not None:
             x = self.per_layer_input(x, p.cached(PER_LAYER_INPUTS, _missing)[:, :, self.index])
         return x * self.w["scalar"]
-
-    __call__ = forward
 
     def activation_bytes(self, rows: int, dtype_bytes: int) -> int:
         N, D, db = rows, self.attn_norm.dim, dtype_bytes
