@@ -1,0 +1,502 @@
+"""The load spec: what a serving run offers the server -- when each request arrives and how long
+its prompt and its reply are -- and the request schedule it makes.
+
+Owns: `LoadConf` (the `load` group's schema), `check_load` (every refusal one line: the key, what
+is allowed, what was given), `schedule` (the seeded list of `RequestPlan`s), `read_trace` (the
+trace-file format), `steady_window` (the measured window) and `describe` (a one-line label for
+table headers). Does not own: sending requests or timing them, the serving metrics
+(harness.serving.metrics), registering the group in the ConfigStore (harness.config.schema).
+Pure Python and numpy: no torch, no Hydra.
+
+Arrivals in seconds from the start, the first at 0 (r = `rate`, b = `burstiness`): constant
+t_i = i/r; poisson, exponential gaps of mean 1/r; gamma, Gamma(shape=b, scale=1/(r*b)) gaps (mean
+1/r, CV 1/sqrt(b): vLLM `bench serve`'s burstiness); trace, a file's timestamps shifted to 0; rate
+null, all at 0 (a closed loop that max_concurrency limits). Lengths are fixed, uniform (vLLM's
+`--random-range-ratio`) or normal. Arrivals, input and output lengths draw from their own children
+of `default_rng(seed)`. docs/serving_load.md has every key, the formulas, the steady window and
+the trace format.
+
+    from harness.serving.load import LoadConf, describe, schedule, steady_window
+    conf = LoadConf(name="poisson", rate=4.0, requests=32, warmup_requests=2, max_concurrency=4)
+    plans = schedule(conf)             # 32 RequestPlan: plans[0].arrival_s == 0.0, the first 2 warm-up
+    start, end = steady_window(plans, conf)
+    print(describe(conf))
+    # poisson 4 req/s, 32 requests (2 warm-up), max 4 concurrent, in 256 fixed, out 64 fixed, seed 0
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+__all__ = ["LoadConf", "RequestPlan", "Trace", "check_load", "schedule", "read_trace", "steady_window",
+           "describe", "NAMES", "LENGTH_DISTS"]
+
+NAMES = ("none", "constant", "poisson", "gamma", "trace")
+LENGTH_DISTS = ("fixed", "uniform", "normal")
+TRACE_SUFFIXES = (".jsonl", ".csv")
+
+
+@dataclass
+class LoadConf:
+    name: str = "none"                     # none | constant | poisson | gamma | trace; none: the single-session phases
+    rate: Optional[float] = None           # requests/s; null: every request at once, a closed loop at max_concurrency
+    burstiness: float = 1.0                # gamma's shape: 1 is poisson, < 1 burstier, > 1 more even
+    max_concurrency: Optional[int] = None  # requests in flight at most; null: unlimited (needs a rate)
+    requests: Optional[int] = None         # how many requests, warm-up included ...
+    duration_s: Optional[float] = None     # ... or every arrival before this many seconds (one of the two)
+    warmup_requests: int = 0               # the schedule's first N: sent and marked, never measured
+    ramp_s: float = 0.0                    # the steady window starts this long after the first measured arrival ...
+    drain_s: float = 0.0                   # ... and ends this long before the last one
+    input_len: int = 256                   # prompt tokens (the mean of a distribution)
+    output_len: int = 64                   # generated tokens (the mean of a distribution)
+    input_dist: str = "fixed"              # fixed | uniform | normal
+    output_dist: str = "fixed"
+    input_ratio: float = 0.0               # uniform: integers in [len*(1-ratio), len*(1+ratio)], 0 < ratio < 1
+    output_ratio: float = 0.0
+    input_std: float = 0.0                 # normal: the standard deviation in tokens (rounded, clipped to >= 1)
+    output_std: float = 0.0
+    trace_file: Optional[str] = None       # trace: a .jsonl or .csv of arrivals and, optionally, lengths
+    seed: int = 0                          # arrivals and each length draw from their own child of default_rng(seed)
+    ignore_eos: bool = True                # generate exactly the planned output length, past any end-of-sequence
+    slo: Optional[str] = None              # goodput's bound: a preset (harness.serving.metrics.SLO_PRESETS) or
+                                           # "ttft=2.0,tpot=0.2[,percentile=99]"; null: no goodput
+
+
+@dataclass(frozen=True)
+class RequestPlan:
+    """One request of a schedule. A closed loop's arrivals are all 0: each is sent when a slot frees."""
+
+    index: int          # position in the schedule, which is arrival order
+    arrival_s: float    # when it is sent, seconds from the start (the first request at 0)
+    input_len: int      # prompt tokens
+    output_len: int     # tokens to generate
+    warmup: bool        # one of the first `warmup_requests`: sent, not measured
+
+
+# --- checking ----------------------------------------------------------------------------------
+def _shown(value: Any) -> str:
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def _refusal(key: str, allowed: str, value: Any) -> ValueError:
+    return ValueError(f"load.{key}: allowed {allowed}, got {_shown(value)}")
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _is_positive(v: Any) -> bool:
+    return _is_number(v) and v > 0
+
+
+def _is_int_from(v: Any, low: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+def _closed_loop(conf: LoadConf) -> bool:
+    return conf.rate is None and conf.name != "trace"
+
+
+def _check_unused(conf: LoadConf) -> None:
+    """load=none runs today's single-session phases: a load key set beside it is a mistake."""
+    default = LoadConf()
+    for f in fields(LoadConf):
+        if f.name != "name" and getattr(conf, f.name) != getattr(default, f.name):
+            raise _refusal(f.name, f"{_shown(getattr(default, f.name))} with load=none (the single-session phases; "
+                                   "choose load=constant|poisson|gamma|trace for a load)", getattr(conf, f.name))
+
+
+def _check_arrivals(conf: LoadConf) -> None:
+    if conf.name == "trace":
+        if conf.rate is not None:
+            raise _refusal("rate", "null with load=trace (the file's timestamps are the arrivals)", conf.rate)
+    elif conf.rate is not None and not _is_positive(conf.rate):
+        raise _refusal("rate", "a positive number or null", conf.rate)
+    if conf.name == "gamma":
+        if not _is_positive(conf.burstiness):
+            raise _refusal("burstiness", "a positive number with load=gamma (1 is poisson, < 1 burstier)",
+                           conf.burstiness)
+    elif conf.burstiness != 1.0:
+        raise _refusal("burstiness", "1.0 unless load=gamma", conf.burstiness)
+    if conf.max_concurrency is not None and not _is_int_from(conf.max_concurrency, 1):
+        raise _refusal("max_concurrency", "an integer >= 1 or null", conf.max_concurrency)
+    if _closed_loop(conf) and conf.max_concurrency is None:
+        raise _refusal("max_concurrency", "an integer >= 1 when load.rate is null (a closed loop)", None)
+    for key in ("ramp_s", "drain_s"):
+        v = getattr(conf, key)
+        if not _is_number(v) or v < 0:
+            raise _refusal(key, "a number >= 0", v)
+        if _closed_loop(conf) and v != 0:
+            raise _refusal(key, "0 when load.rate is null (every arrival is at 0)", v)
+
+
+def _check_count(conf: LoadConf) -> None:
+    req, dur = conf.requests, conf.duration_s
+    if req is not None and dur is not None:
+        raise ValueError(f"load.requests, load.duration_s: allowed one of them, got both ({req} and {dur})")
+    if req is None and dur is None and conf.name != "trace":
+        raise ValueError(f"load.requests, load.duration_s: allowed one of them with load={conf.name} "
+                         "(only load=trace may leave both null: every row), got neither")
+    if req is not None and not _is_int_from(req, 1):
+        raise _refusal("requests", "an integer >= 1 or null", req)
+    if dur is not None and not _is_positive(dur):
+        raise _refusal("duration_s", "a positive number or null", dur)
+    if dur is not None and _closed_loop(conf):
+        raise _refusal("duration_s", "null when load.rate is null (a closed loop has no arrival times: "
+                                     "give load.requests)", dur)
+    if not _is_int_from(conf.warmup_requests, 0):
+        raise _refusal("warmup_requests", "an integer >= 0", conf.warmup_requests)
+    if req is not None and conf.warmup_requests >= req:
+        raise _refusal("warmup_requests", f"0 to {req - 1} (fewer than load.requests={req})", conf.warmup_requests)
+
+
+# --- lengths -----------------------------------------------------------------------------------
+def _draw_fixed(rng: np.random.Generator, mean: int, spread: float, n: int) -> np.ndarray:
+    return np.full(n, mean, dtype=np.int64)
+
+
+def _draw_uniform(rng: np.random.Generator, mean: int, ratio: float, n: int) -> np.ndarray:
+    # vLLM's random dataset: integers in [floor(mean*(1-r)), ceil(mean*(1+r))], both ends included;
+    # rounded to 9 places first, so that 100*(1+0.1) = 110.00000000000001 bounds at 110, not 111
+    low = max(1, math.floor(round(mean * (1 - ratio), 9)))
+    high = math.ceil(round(mean * (1 + ratio), 9))
+    return rng.integers(low, high, size=n, endpoint=True, dtype=np.int64)
+
+
+def _draw_normal(rng: np.random.Generator, mean: int, std: float, n: int) -> np.ndarray:
+    return np.maximum(np.rint(rng.normal(mean, std, size=n)), 1).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class _Dist:
+    spread: Optional[str]       # the key suffix of its spread (ratio | std), None: none
+    draw: Callable[[np.random.Generator, int, float, int], np.ndarray]
+
+
+DISTS: dict[str, _Dist] = {"fixed": _Dist(None, _draw_fixed), "uniform": _Dist("ratio", _draw_uniform),
+                           "normal": _Dist("std", _draw_normal)}
+# what a distribution's spread may be (any other distribution leaves the key at 0)
+SPREADS: dict[str, tuple[str, Callable[[float], bool]]] = {
+    "ratio": ("a number in (0, 1)", lambda v: 0 < v < 1),
+    "std": ("a positive number", lambda v: v > 0),
+}
+
+
+def _check_lengths(conf: LoadConf) -> None:
+    for side in ("input", "output"):
+        if not _is_int_from(getattr(conf, f"{side}_len"), 1):
+            raise _refusal(f"{side}_len", "an integer >= 1", getattr(conf, f"{side}_len"))
+        dist = getattr(conf, f"{side}_dist")
+        if dist not in DISTS:
+            raise _refusal(f"{side}_dist", ", ".join(LENGTH_DISTS), dist)
+        for spread, (allowed, ok) in SPREADS.items():
+            key = f"{side}_{spread}"
+            v = getattr(conf, key)
+            if DISTS[dist].spread == spread:
+                if not (_is_number(v) and ok(v)):
+                    raise _refusal(key, f"{allowed} with load.{side}_dist={dist}", v)
+            elif v != 0:
+                raise _refusal(key, f"0 with load.{side}_dist={dist}", v)
+
+
+def _check_trace(conf: LoadConf) -> None:
+    f = conf.trace_file
+    if conf.name != "trace":
+        if f is not None:
+            raise _refusal("trace_file", "null unless load=trace", f)
+        return
+    if not isinstance(f, str) or Path(f).suffix.lower() not in TRACE_SUFFIXES:
+        raise _refusal("trace_file", "a .jsonl or .csv file with load=trace", f)
+    if not Path(f).is_file():
+        raise ValueError(f"load.trace_file: allowed an existing .jsonl or .csv file, got {f!r} (no such file)")
+
+
+def check_load(conf: LoadConf) -> LoadConf:
+    """`conf`, unchanged, if it describes a load; else a ValueError of one line naming the key,
+    what is allowed and what was given. Reads nothing but whether a trace file exists: a trace's
+    rows are checked when `schedule` reads them."""
+    if conf.name not in NAMES:
+        raise _refusal("name", ", ".join(NAMES), conf.name)
+    if conf.name == "none":
+        _check_unused(conf)
+        return conf
+    _check_arrivals(conf)
+    _check_count(conf)
+    _check_lengths(conf)
+    _check_trace(conf)
+    if not _is_int_from(conf.seed, 0):
+        raise _refusal("seed", "an integer >= 0", conf.seed)
+    if conf.ignore_eos is not True:
+        raise _refusal("ignore_eos", "true (output lengths are enforced: every request generates its planned "
+                       "length, and a shorter one counts as a mismatch)", conf.ignore_eos)
+    if conf.slo is not None:
+        from harness.serving.metrics import slo_of
+        try:
+            slo_of(conf.slo)
+        except ValueError as exc:
+            raise ValueError(f"load.slo: {exc}") from None
+    return conf
+
+
+# --- trace files -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Trace:
+    """A trace file's requests in arrival order: arrivals from 0 and, where the file has them, lengths."""
+
+    arrival_s: np.ndarray               # float64 [N], sorted, arrival_s[0] == 0
+    input_len: Optional[np.ndarray]     # int64 [N]; None: the file has no input lengths
+    output_len: Optional[np.ndarray]    # int64 [N]; None: the file has no output lengths
+
+
+def _parse_number(v: Any) -> float:
+    if isinstance(v, bool):
+        raise ValueError(v)
+    return float(v)
+
+
+def _parse_datetime_ns(v: Any) -> int:
+    if not isinstance(v, str):
+        raise ValueError(v)
+    return int(np.datetime64(v.strip(), "ns").astype(np.int64))
+
+
+# time column -> (what it holds, its parser, seconds per parsed unit)
+TIME_COLUMNS: dict[str, tuple[str, Callable[[Any], float | int], float]] = {
+    "timestamp": ("a number of milliseconds", _parse_number, 1e-3),             # Mooncake's traces
+    "timestamp_s": ("a number of seconds", _parse_number, 1.0),
+    "TIMESTAMP": ("a date-time YYYY-MM-DD HH:MM:SS[.fraction]", _parse_datetime_ns, 1e-9),   # Azure's
+}
+INPUT_COLUMNS = ("input_length", "ContextTokens")
+OUTPUT_COLUMNS = ("output_length", "GeneratedTokens")
+
+
+def _rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, row) for each request of a .jsonl (one object a line) or .csv (a header row)."""
+    where = f"load.trace_file: {path.name}"
+    if path.suffix.lower() == ".csv":
+        with path.open(newline="", encoding="utf-8-sig") as fh:
+            reader = csv.DictReader(fh, skipinitialspace=True)
+            reader.fieldnames = [c.strip() for c in reader.fieldnames or []]
+            return [(reader.line_num, row) for row in reader if any(v not in (None, "") for v in row.values())]
+    rows = []
+    with path.open(encoding="utf-8") as fh:
+        for line_no, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                row = None
+            if not isinstance(row, dict):
+                raise ValueError(f"{where} line {line_no}: allowed a JSON object per line, got {line.strip()[:60]!r}")
+            rows.append((line_no, row))
+    return rows
+
+
+def _one_column(path: Path, row: dict[str, Any], names: Sequence[str], what: str) -> Optional[str]:
+    found = [c for c in names if c in row]
+    if len(found) > 1:
+        raise ValueError(f"load.trace_file: {path.name}: allowed one {what} column of {', '.join(names)}, "
+                         f"got {' and '.join(found)}")
+    return found[0] if found else None
+
+
+def _cell(path: Path, line: int, row: dict[str, Any], col: str) -> Any:
+    v = row.get(col)
+    if v is None or v == "":
+        raise ValueError(f"load.trace_file: {path.name} line {line}: allowed a value in column {col!r} "
+                         "(the first row has one), got none")
+    return v
+
+
+def _length(path: Path, line: int, col: str, v: Any) -> int:
+    try:
+        n = int(v.strip()) if isinstance(v, str) else int(v) if float(v).is_integer() else None
+    except (TypeError, ValueError):
+        n = None
+    if n is None or isinstance(v, bool) or n < 1:
+        raise ValueError(f"load.trace_file: {path.name} line {line}: allowed an integer >= 1 in column {col!r}, "
+                         f"got {v!r}")
+    return n
+
+
+def read_trace(path: str | Path) -> Trace:
+    """A trace file's requests, sorted by arrival (stable: equal timestamps keep the file's order).
+
+    One time column: `timestamp` (milliseconds, as Mooncake's traces), `timestamp_s` (seconds) or
+    `TIMESTAMP` (a date-time, as Azure's LLM inference traces); optionally `input_length` or
+    `ContextTokens`, and `output_length` or `GeneratedTokens` (integers >= 1). Other columns
+    (Mooncake's `hash_ids`) are ignored. A .jsonl holds one JSON object a line; a .csv a header row.
+    The columns of the first row are the file's columns: every row must fill them."""
+    path = Path(path)
+    rows = _rows(path)
+    if not rows:
+        raise ValueError(f"load.trace_file: allowed a file with at least one request, got {str(path)!r} (no rows)")
+    first = rows[0][1]
+    time_col = _one_column(path, first, tuple(TIME_COLUMNS), "time")
+    if time_col is None:
+        raise ValueError(f"load.trace_file: {path.name}: allowed a time column timestamp (ms), timestamp_s (s) or "
+                         f"TIMESTAMP (date-time), got columns {', '.join(map(str, first))}")
+    what, parse, seconds = TIME_COLUMNS[time_col]
+    len_cols = {side: _one_column(path, first, names, f"{side} length")
+                for side, names in (("input", INPUT_COLUMNS), ("output", OUTPUT_COLUMNS))}
+    times = []
+    lengths: dict[str, list[int]] = {side: [] for side, col in len_cols.items() if col}
+    for line, row in rows:
+        v = _cell(path, line, row, time_col)
+        try:
+            t = parse(v)
+        except (TypeError, ValueError):
+            t = math.nan
+        if isinstance(t, float) and not math.isfinite(t):
+            raise ValueError(f"load.trace_file: {path.name} line {line}: allowed {what} in column {time_col!r}, "
+                             f"got {v!r}")
+        times.append(t)
+        for side in lengths:
+            col = len_cols[side]
+            lengths[side].append(_length(path, line, col, _cell(path, line, row, col)))
+    raw = np.array(times)                          # int64 ns for date-times: exact before the shift
+    order = np.argsort(raw, kind="stable")
+    arrival_s = ((raw[order] - raw[order[0]]) * seconds).astype(np.float64)
+    got = {side: np.array(v, dtype=np.int64)[order] for side, v in lengths.items()}
+    return Trace(arrival_s, got.get("input"), got.get("output"))
+
+
+# --- the schedule ------------------------------------------------------------------------------
+def _constant(rng: np.random.Generator, conf: LoadConf, n: int) -> np.ndarray:
+    return np.arange(n) / conf.rate               # i / rate, not a running sum: exactly even
+
+
+def _from_gaps(gaps: np.ndarray) -> np.ndarray:
+    return np.concatenate(([0.0], np.cumsum(gaps)))
+
+
+def _poisson(rng: np.random.Generator, conf: LoadConf, n: int) -> np.ndarray:
+    return _from_gaps(rng.exponential(1.0 / conf.rate, size=n - 1))
+
+
+def _gamma(rng: np.random.Generator, conf: LoadConf, n: int) -> np.ndarray:
+    b = conf.burstiness
+    return _from_gaps(rng.gamma(shape=b, scale=1.0 / (conf.rate * b), size=n - 1))
+
+
+# name -> n arrivals from 0 (float64 [n]); a process draws sequentially, so n arrivals are the
+# first n of any longer draw from the same seed
+PROCESSES: dict[str, Callable[[np.random.Generator, LoadConf, int], np.ndarray]] = {
+    "constant": _constant, "poisson": _poisson, "gamma": _gamma}
+
+
+def _synthetic_arrivals(conf: LoadConf, stream: np.random.SeedSequence) -> np.ndarray:
+    if conf.rate is None:                          # closed loop: all at once, max_concurrency limits
+        return np.zeros(conf.requests)
+    process = PROCESSES[conf.name]
+    if conf.requests is not None:
+        return process(np.random.default_rng(stream), conf, conf.requests)
+    n = math.ceil(conf.rate * conf.duration_s * 1.25) + 16
+    while True:                                    # the same arrivals as requests=N, cut at the duration
+        t = process(np.random.default_rng(stream), conf, n)
+        if t[-1] >= conf.duration_s:
+            return t[t < conf.duration_s]
+        n *= 2
+
+
+def _trace_requests(conf: LoadConf) -> Trace:
+    trace = read_trace(conf.trace_file)
+    n = len(trace.arrival_s)
+    if conf.requests is not None and conf.requests > n:
+        raise _refusal("requests", f"at most {n} (the requests in {Path(conf.trace_file).name}) or null",
+                       conf.requests)
+    keep = (conf.requests if conf.requests is not None
+            else int(np.searchsorted(trace.arrival_s, conf.duration_s, side="left")) if conf.duration_s is not None
+            else n)
+    cut = [None if a is None else a[:keep] for a in (trace.input_len, trace.output_len)]
+    return Trace(trace.arrival_s[:keep], *cut)
+
+
+def _drawn_lengths(conf: LoadConf, side: str, n: int, stream: np.random.SeedSequence) -> np.ndarray:
+    dist = DISTS[getattr(conf, f"{side}_dist")]
+    spread = getattr(conf, f"{side}_{dist.spread}") if dist.spread else 0.0
+    return dist.draw(np.random.default_rng(stream), getattr(conf, f"{side}_len"), spread, n)
+
+
+def schedule(conf: LoadConf) -> list[RequestPlan]:
+    """The requests `conf` offers, in arrival order; the same list for the same conf and seed.
+
+    Arrivals, input lengths and output lengths draw from the three children of default_rng(seed)
+    (`np.random.SeedSequence(seed).spawn(3)`, what `default_rng(seed).spawn(3)` holds), in that
+    order. With duration_s: the arrivals before it (t < duration_s). load=none: no requests."""
+    check_load(conf)
+    if conf.name == "none":
+        return []
+    arrivals_seq, input_seq, output_seq = np.random.SeedSequence(conf.seed).spawn(3)
+    if conf.name == "trace":
+        trace = _trace_requests(conf)
+    else:
+        trace = Trace(_synthetic_arrivals(conf, arrivals_seq), None, None)
+    n = len(trace.arrival_s)
+    if conf.warmup_requests >= n:
+        raise _refusal("warmup_requests", f"fewer than the {n} requests of the schedule", conf.warmup_requests)
+    sides = (("input", trace.input_len, input_seq), ("output", trace.output_len, output_seq))
+    lengths = [given if given is not None else _drawn_lengths(conf, side, n, seq) for side, given, seq in sides]
+    return [RequestPlan(index=i, arrival_s=float(trace.arrival_s[i]), input_len=int(lengths[0][i]),
+                        output_len=int(lengths[1][i]), warmup=i < conf.warmup_requests) for i in range(n)]
+
+
+def steady_window(plans: Sequence[RequestPlan], conf: LoadConf) -> tuple[float, float]:
+    """(start, end), seconds from the start: the steady-state window over the measured arrivals.
+
+    start = the first measured (non-warm-up) arrival + ramp_s; end = the last measured arrival -
+    drain_s. A measured request is in the steady state when start <= arrival_s <= end (both ends
+    included); with ramp_s = drain_s = 0 that is every measured request. A closed loop's window
+    is (0, 0): all of its measured requests."""
+    measured = [p.arrival_s for p in plans if not p.warmup]
+    if not measured:
+        raise _refusal("warmup_requests", f"fewer than the {len(plans)} requests of the schedule",
+                       conf.warmup_requests)
+    first, last = min(measured), max(measured)
+    start, end = first + conf.ramp_s, last - conf.drain_s
+    if start > end:
+        raise ValueError(f"load.ramp_s + load.drain_s: allowed at most the measured arrivals' span {last - first:g} s, "
+                         f"got {conf.ramp_s:g} + {conf.drain_s:g}")
+    return start, end
+
+
+# --- labels ------------------------------------------------------------------------------------
+def _length_label(conf: LoadConf, side: str) -> str:
+    mean, dist = getattr(conf, f"{side}_len"), getattr(conf, f"{side}_dist")
+    spread = {"uniform": lambda: f" ±{getattr(conf, f'{side}_ratio') * 100:g}%",
+              "normal": lambda: f" sd {getattr(conf, f'{side}_std'):g}"}.get(dist, lambda: "")()
+    return f"{mean} {dist}{spread}"
+
+
+def describe(conf: LoadConf) -> str:
+    """One line for table headers, e.g. `poisson 4 req/s, 32 requests (2 warm-up), max 4 concurrent,
+    in 256 fixed, out 64 fixed, seed 0`."""
+    if conf.name == "none":
+        return "no load (single-session phases)"
+    arrivals = (f"trace {Path(conf.trace_file or '').name}" if conf.name == "trace"
+                else "closed loop" if conf.rate is None
+                else f"{conf.name} {conf.rate:g} req/s" + (f" burstiness {conf.burstiness:g}" if conf.name == "gamma"
+                                                           else ""))
+    count = (f"{conf.requests} requests" if conf.requests is not None
+             else f"{conf.duration_s:g} s of arrivals" if conf.duration_s is not None else "every request")
+    if conf.warmup_requests:
+        count += f" ({conf.warmup_requests} warm-up)"
+    parts = [arrivals, count, f"max {conf.max_concurrency} concurrent" if conf.max_concurrency is not None
+             else "unlimited concurrency"]
+    if conf.ramp_s or conf.drain_s:
+        parts.append(f"steady window +{conf.ramp_s:g} s / -{conf.drain_s:g} s")
+    parts += [f"in {_length_label(conf, 'input')}", f"out {_length_label(conf, 'output')}"
+              + (" where the file has none" if conf.name == "trace" else "")]
+    parts.append(f"seed {conf.seed}")
+    return ", ".join(parts)
