@@ -137,6 +137,19 @@ class Job:
         return next((p["status"] for p in self.passes if p["name"] == name), None)
 
 
+SERVE_RENDER_TOKENS = 4096      # a serving prompt is the first N tokens of a conversation rendered this long (or N)
+
+
+def prompts_of(spec: RunSpec, lengths: list[int], seed: int) -> list[list[int]]:
+    """Serving requests' prompts: request i the first lengths[i] tokens of a conversation of the
+    job's workload, with a seed of its own -- so prompts differ, and share what the workload's
+    conversations begin with (the coding agent's system prompt and tool schemas)."""
+    w = spec.workload
+    tok = load_tokenizer(spec.model.path, spec.model_config.vocab_size, w.tokens)
+    return [build_workload(w.name, tok, max(n, SERVE_RENDER_TOKENS), 0, 1, seed * 1_000_003 + i,
+                           w.tokens).contexts[0][:n] for i, n in enumerate(lengths)]
+
+
 def sample_of(spec: RunSpec, seed: int) -> WorkloadSample:
     """The job's workload sample for `seed`, tokenised with the checkpoint's own tokenizer if it has one."""
     w = spec.workload
@@ -181,6 +194,8 @@ def load_engine(job: Job, spec: RunSpec, sample: WorkloadSample, reference: Refe
                  resolved_capacity=eng.resolved_capacity, placement_options=repr(PLACEMENTS.get(spec.placement).recorded_options(
                      spec.placement_options)),
                  placement_map=eng.placement_map(), expert_cache_mode=spec.run.expert_cache)
+    if spec.load is not None:                   # requests over time (the serve pass): what tells loads apart
+        known.update(load=spec.load.name, load_rate=spec.load.rate, load_max_concurrency=spec.load.max_concurrency)
     knobs = dict(eng.knobs())                   # an engine's own knobs (llama.cpp's -ngl, -ub, -t ...)
     knobs.pop("kv_dtype", None)                 # the factor column names the kv.dtype treatment; llama.cpp's
     known.update(knobs)                         # own cache types stay in cache_type_k / cache_type_v

@@ -131,9 +131,8 @@ def plan_of(spec: RunSpec, placement: str | None = None, options: dict[str, Any]
         cap = "auto"
     w, m = spec.workload, spec.planned_config
     dt = m.torch_dtype if spec.model.dtype == "auto" else spec.model.dtype
-    return plan_memory(m, name, cap, budget_of(spec), session_tokens(w.context_tokens, w.gen_tokens, w.turn_tokens),
-                       w.batch, w.ubatch, dtype_bytes(dt), opts, device_kind=_device_kind(spec),
-                       capacity_bytes=cap_bytes, kv_dtype=spec.kv_dtype if _plans_memory(spec) else None,
+    return plan_memory(m, name, cap, budget_of(spec), spec.session_tokens, spec.planned_batch, w.ubatch,
+                       dtype_bytes(dt), opts, device_kind=_device_kind(spec), capacity_bytes=cap_bytes, kv_dtype=spec.kv_dtype if _plans_memory(spec) else None,
                        all_logits=spec.all_logits, cpu_threads=job_threads(spec), transient=_engine().get(
                            spec.engine).transient_rule(spec))
 
@@ -261,7 +260,7 @@ def _header(spec: RunSpec) -> str:
     threads = f" ({job_threads(spec)} torch threads)" if _device_kind(spec) == "cpu" else ""
     return (f"{spec.model_label} ({m.family}, {m.n_moe_layers} MoE layers x {m.n_experts} experts, top-{m.top_k}), "
             f"dtype {spec.model.dtype}, {spec.placement}, context {w.context_tokens} (+{w.gen_tokens} generated, "
-            f"+2 turns of {w.turn_tokens}) x batch {w.batch}, ubatch {w.ubatch}, device {_device_kind(spec)}"
+            f"+2 turns of {w.turn_tokens}) x batch {spec.planned_batch}, ubatch {w.ubatch}, device {_device_kind(spec)}"
             f"{threads}, budget {fmt_bytes(b) if b is not None else 'unlimited'}{_budget_source(spec)}\n"
             f"engine={spec.engine}: weights {spec.weights_note}")
 

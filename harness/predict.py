@@ -224,7 +224,7 @@ def human(blocks: list[tuple[Job, list[dict[str, Any]], list[str]]]) -> str:
         budget, gib = budget_of(spec), spec.hardware.device_memory_gib
         unset = "unlimited (hardware.device_memory unset" + (f"; the profile's card has {gib:g} GiB" if gib else "") + ")"
         out.append(f"{spec.model_label}, {spec.dtype}, context {w.context_tokens} (+{w.gen_tokens} generated) x batch "
-                   f"{w.batch}, ubatch {w.ubatch}, hardware={job.hardware_option}, budget "
+                   f"{spec.planned_batch}, ubatch {w.ubatch}, hardware={job.hardware_option}, budget "
                    f"{fmt_bytes(budget) if budget is not None else unset}")
         table = [HEAD] + [(r["placement"], _options_text(r), "yes" if r["fits"] else "no",
                            fmt_bytes(r["plan_bytes"]) if r["plan_bytes"] is not None else "-",

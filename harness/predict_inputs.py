@@ -62,7 +62,7 @@ def hardware_profile(job: Job) -> HardwareProfile | None:
 def shape_of(spec: RunSpec) -> WorkloadShape:
     from harness.costmodel import WorkloadShape
     w = spec.workload
-    return WorkloadShape(context_tokens=w.context_tokens, gen_tokens=w.gen_tokens, batch=w.batch,
+    return WorkloadShape(context_tokens=w.context_tokens, gen_tokens=w.gen_tokens, batch=spec.planned_batch,
                          turn_tokens=w.turn_tokens, ubatch=w.ubatch, kv_dtype=spec.kv_dtype)
 
 

@@ -48,6 +48,17 @@ QUALITY_TABLE = (("kl_div_mean", "KL mean nat", "{:.2e}", 1), ("kl_div_max", "KL
                  ("quality_positions", "positions", "{:.0f}", 1))
 PREDICTION_TABLE = (("predicted_tok_per_s", "predicted tok/s", "{:.1f}", 1),
                     ("prediction_residual", "measured/pred. - 1", "{:+.2f}", 1))
+SERVE_TABLE = (("requests", "requests", "{:.0f}", 1), ("completed", "completed", "{:.0f}", 1),
+               ("request_throughput", "req/s", "{:.2f}", 1), ("output_throughput", "out tok/s", "{:.1f}", 1),
+               ("ttft_s_p50", "TTFT p50 s", "{:.4f}", 1), ("ttft_s_p99", "TTFT p99 s", "{:.4f}", 1),
+               ("tpot_s_p50", "TPOT p50 s", "{:.4f}", 1), ("tpot_s_p99", "TPOT p99 s", "{:.4f}", 1),
+               ("itl_s_p99", "ITL p99 s", "{:.4f}", 1), ("e2el_s_p99", "E2EL p99 s", "{:.4f}", 1),
+               ("request_goodput", "goodput req/s", "{:.2f}", 1), ("slo_met", "SLO met", "{:.0f}", 1),
+               ("output_mismatch", "length mismatches", "{:.0f}", 1),
+               ("sequences_per_step", "seqs/step", "{:.2f}", 1), ("tokens_per_step", "tokens/step", "{:.1f}", 1),
+               ("distinct_experts_per_layer_step", "experts/layer/step", "{:.2f}", 1),
+               ("serve_hit_rate", "hit rate", "{:.3f}", 1), ("serve_h2d_bytes", "h2d MiB", "{:.2f}", 2**20),
+               ("harness_overhead_s_per_request", "harness s/request", "{:.1e}", 1))
 ABLATION_METRICS = (("exposed_copy_ablation_s", "ablation s", "{:.4f}", 1),
                     ("exposed_copy_ablation_ci_low_s", "95% low", "{:.4f}", 1),
                     ("exposed_copy_ablation_ci_high_s", "95% high", "{:.4f}", 1))
@@ -181,6 +192,14 @@ class Reporter:
             if q["median"].notna().any():
                 self.console.print(self._table(f"job {job_id} quality vs the exact reference (kv_dtype="
                                                f"{job['kv_dtype'].iloc[0]})", q, QUALITY_TABLE, spread=False))
+        for job_id, job, sv in _pass_rows(df, "serve", summary_only=True):
+            first = job.iloc[0]
+            slo = next(iter(job["slo"].dropna()), None) if "slo" in job else None
+            self.console.print(self._table(
+                f"job {job_id} serving: load={first.get('load')} rate={first.get('load_rate')} max_concurrency="
+                f"{first.get('load_max_concurrency')}, the steady window's requests"
+                + (f", SLO {slo}" if slo else "") + (" (emulated device)" if bool(first["emulated"]) else ""),
+                sv, SERVE_TABLE, spread=False))
         for job_id, job, p in _pass_rows(df, "prediction"):
             if p["median"].notna().any():
                 self.console.print(self._table(f"job {job_id} predicted by the cost model (profile "
@@ -356,8 +375,11 @@ class _ProgressLines:
             yield Text(line, no_wrap=True, overflow="crop")
 
 
-def _pass_rows(df: pd.DataFrame, profiler: str):
-    """(job id, its ok rows of a pass's `profiler` label, their spread table) per job that has some."""
+def _pass_rows(df: pd.DataFrame, profiler: str, summary_only: bool = False):
+    """(job id, its ok rows of a pass's `profiler` label, their spread table) per job that has some;
+    `summary_only`: without per-request rows (a `request_id`)."""
     rows = df[(df["status"] == "ok") & (df.get("profiler", pd.Series(index=df.index)) == profiler)]
+    if summary_only and "request_id" in rows:
+        rows = rows[rows["request_id"].isna()]
     for job_id, job in rows.groupby("job_id", sort=False):
         yield job_id, job, spread_table(job.assign(profiler="none"))

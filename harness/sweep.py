@@ -64,8 +64,10 @@ def _drop(cfg: Mapping[str, Any], dotted: str) -> dict[str, Any]:
 
 
 def measurement_config(resolved: Mapping[str, Any]) -> dict[str, Any]:
-    """The resolved config minus Hydra's own node and the cosmetic keys."""
+    """The resolved config minus Hydra's own node, the cosmetic keys and a `load` of none."""
     cfg = {k: v for k, v in resolved.items() if k != "hydra"}
+    if (cfg.get("load") or {}).get("name", "none") == "none":
+        cfg.pop("load", None)              # no load is what every job measured before the group existed
     for key in COSMETIC_KEYS:
         cfg = _drop(cfg, key)
     return cfg

@@ -34,6 +34,7 @@ from harness.results import CONFIG_COLUMNS
 
 FORMATS = ("md", "csv", "json", "latex")
 PREDICTION = "prediction"          # the prediction pass's rows (harness.passes.prediction)
+SERVE = "serve"                    # the serve pass's rows: its phase and its profiler label (harness.passes.serve)
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,17 @@ COLUMNS = (Column("pp tok/s", "prefill_fresh", "tok_per_s", "client", fmt=".1f")
            Column("pred pp tok/s", "prefill_fresh", "predicted_tok_per_s", "model", fmt=".1f", profiler=PREDICTION),
            Column("pp resid.", "prefill_fresh", "prediction_residual", "model", fmt="+.2f", profiler=PREDICTION),
            Column("pred tg tok/s", "decode", "predicted_tok_per_s", "model", fmt=".1f", profiler=PREDICTION),
-           Column("tg resid.", "decode", "prediction_residual", "model", fmt="+.2f", profiler=PREDICTION))
+           Column("tg resid.", "decode", "prediction_residual", "model", fmt="+.2f", profiler=PREDICTION),
+           # the serve pass (load=...): the measured window's summary, and the batch the engine saw
+           Column("req/s", SERVE, "request_throughput", "client", fmt=".2f", profiler=SERVE),
+           Column("out tok/s", SERVE, "output_throughput", "client", fmt=".1f", profiler=SERVE),
+           Column("TTFT p99 s", SERVE, "ttft_s_p99", "client", fmt=".4f", profiler=SERVE),
+           Column("TPOT p99 ms", SERVE, "tpot_s_p99", "client", 1e-3, fmt=".2f", profiler=SERVE),
+           Column("goodput req/s", SERVE, "request_goodput", "client", fmt=".2f", profiler=SERVE),
+           Column("seqs/step", SERVE, "sequences_per_step", "engine", fmt=".2f", profiler=SERVE),
+           Column("experts/layer/step", SERVE, "distinct_experts_per_layer_step", "engine", fmt=".2f",
+                  profiler=SERVE),
+           Column("serve hit rate", SERVE, "serve_hit_rate", "engine", profiler=SERVE))
 
 # per job beside the metric columns: the expert-cache slots per layer its engine resolved (what
 # cache.capacity=auto or cache.capacity_bytes came to; rows' `resolved_capacity`), the reference

@@ -134,8 +134,11 @@ RULES: dict[str, dict[str, tuple[str, ...]]] = {
                                 "harness.outliers", "harness.quality", "harness.reference", "harness.report",
                                 "harness.roofline", "harness.scenario", "harness.session",
                                 "harness.sim.stats",      # the trace pass's routing statistics
-                                "harness.costmodel", "harness.predict_inputs"),   # the prediction pass's
+                                "harness.costmodel", "harness.predict_inputs",    # the prediction pass's
+                                "harness.serving"),       # the serve pass's load, client loop and metrics
                        "third": ("torch",)},
+    # serving under load: the load spec, the client-side loop, the metrics; the engine's batcher for type hints
+    "harness.serving": {"ours": ("engine.batcher",), "third": ("numpy",)},
     # the application: configuration, runner, CLI, reports, analysis entry points
     "harness": {"ours": ("harness", "engine", "workloads"),
                 "third": (*SCIENCE, "torch", "hydra", "omegaconf", "psutil", "pynvml", "rich", "scipy", "matplotlib",

@@ -25,6 +25,7 @@ from harness import plugins
 from harness.contract import session_tokens
 from harness.passes import DEFAULT_PASSES
 from harness.plugins import PluginConf
+from harness.serving.load import LoadConf
 
 if TYPE_CHECKING:
     from engine.blocks.quant_experts import ExpertQuant
@@ -196,6 +197,7 @@ class Config:
     run: RunConf = field(default_factory=RunConf)
     engine: PluginConf = field(default_factory=PluginConf)
     kv: KVConf = field(default_factory=KVConf)
+    load: LoadConf = field(default_factory=LoadConf)   # requests arriving over time (conf/load); none: no load
 
 
 GROUP_SCHEMAS: dict[str, type] = {f.name: f.type if isinstance(f.type, type) else globals()[f.type]
@@ -253,6 +255,7 @@ class RunSpec:
     # model's blocks at model.dtype, and what the plan prints about the format (the adapter's `held_weights`)
     weights: Any = None
     weights_note: str = ""
+    load: LoadConf | None = None       # checked (harness.serving.load.check_load); None: load=none
 
     @property
     def lossy(self) -> bool:
@@ -267,9 +270,21 @@ class RunSpec:
 
     @property
     def session_tokens(self) -> int:
-        """The KV a job's sessions need: the context, the replies and two further turns (harness.contract)."""
+        """The KV a job's sessions need: the context, the replies and two further turns (harness.contract);
+        under a load, also its longest request (prompt and output)."""
         w = self.workload
-        return session_tokens(w.context_tokens, w.gen_tokens, w.turn_tokens)
+        tokens = session_tokens(w.context_tokens, w.gen_tokens, w.turn_tokens)
+        if self.load is None:
+            return tokens
+        from harness.serving.load import schedule
+        return max(tokens, max(r.input_len + r.output_len for r in schedule(self.load)))
+
+    @property
+    def planned_batch(self) -> int:
+        """The sequences the engine holds KV and activations for at once: the workload's batch, or a
+        load's max_concurrency where that is larger."""
+        most = self.load.max_concurrency if self.load is not None else None
+        return max(self.workload.batch, most or 0)
 
     @property
     def planned_config(self) -> ModelConfig:

@@ -27,6 +27,7 @@ from harness.config.schema import (DEVICES, DTYPES, GROUP_SCHEMAS, PROFILERS,
                                    RunConf, RunSpec, WorkloadConf, allowed_error)
 from harness.contract import EXPERT_CACHE_STATES, RESUME_MODES, session_tokens
 from harness.passes import check_passes
+from harness.serving.load import LoadConf, check_load
 
 
 def check_keys(cfg: DictConfig) -> None:
@@ -162,7 +163,12 @@ def validate(cfg: DictConfig) -> RunSpec:
                           f"(fetch, or stream with stream_fallback=fetch); got placement={pname}")
     policy_options = policy_options_of(c["cache"], mcfg, run) if uses_cache else {}
     kv_dtype = _kv_dtype(c.get("kv") or {}, engine, adapter)
-    spec = RunSpec(kv_dtype=kv_dtype, model=model, placement=pname, placement_options=placement, capacity=capacity,
+    try:
+        load = check_load(LoadConf(**c["load"]))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    load = load if load.name != "none" else None
+    spec = RunSpec(kv_dtype=kv_dtype, load=load, model=model, placement=pname, placement_options=placement, capacity=capacity,
                    policy=c["cache"]["policy"] if uses_cache else None, prefetch=prefetch,
                    workload=workload, hardware=hardware, run=run, engine=engine, model_config=mcfg,
                    policy_options=policy_options, prefetch_options=prefetch_options, engine_options=engine_options,

@@ -50,7 +50,7 @@ def engine_key(spec: RunSpec) -> tuple:
     threads = job_threads(spec) if ENGINES.get(spec.engine).threads_at_load else None
     return (spec.engine, threads, repr(spec.engine_options), m.name, m.path, m.dtype, m.num_layers, m.seed, h.device,
             h.device_memory, spec.placement, tuple(sorted(spec.placement_options.items())), spec.capacity,
-            spec.policy, repr(spec.policy_options), spec.prefetch, w.batch, w.ubatch, session_tokens_of(spec),
+            spec.policy, repr(spec.policy_options), spec.prefetch, spec.planned_batch, w.ubatch, session_tokens_of(spec),
             spec.capacity_bytes, repr(spec.expert_quant),
             spec.kv_dtype,                               # a KV treatment is another engine, never a reused one
             spec.all_logits)                             # its logits are in the engine's memory plan

@@ -64,6 +64,7 @@ class EngineAdapter(ABC):
     device_kind: str = "cpu"
     device_name: str = "cpu"
     emulated: bool = False
+    serves_in_process: ClassVar[bool] = False     # `batcher`: requests batched continuously in this process
     resolved_capacity: int | None = None
     has_expert_cache: bool = False     # whether phases start from a cold or warm expert cache
     instrument: Instrument = NULL
@@ -210,6 +211,11 @@ class EngineAdapter(ABC):
     def phase_metrics(self) -> dict[str, float | None]:
         """Engine-side measurements of the requests since the last call (e.g. a server's own timings)."""
         return {}
+
+    def batcher(self, token_budget: int | None, max_sequences: int | None) -> Any:
+        """A continuous batcher over this engine (engine.batcher.ContinuousBatcher's interface), for
+        the serve pass, where `serves_in_process`."""
+        raise NotImplementedError(f"engine={self.name} does not batch requests in process")
 
     def knobs(self) -> dict[str, Any]:
         """Engine settings that become row columns (e.g. llama.cpp's -ngl, --n-cpu-moe)."""

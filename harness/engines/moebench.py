@@ -26,6 +26,7 @@ class MoebenchAdapter(EngineAdapter):
     name = "moebench"
     checks_finite = True              # every pass checked in the engine, read with its token (Engine.greedy)
     kv_treatments = per_position_logits = routing_hooks = resident_twin = memory_plan = cost_model = True
+    serves_in_process = True
     # moebench ran exact experts only until experts.quant, and kept its KV in the model's dtype until kv.dtype
     columns_before = {"expert_quant": "none", "kv_dtype": "model"}
 
@@ -50,7 +51,7 @@ class MoebenchAdapter(EngineAdapter):
             device=device or spec.hardware.device,
             device_memory=None if device == "cpu" else spec.hardware.device_memory,
             dtype=spec.model.dtype, model_overrides=overrides, seed=spec.model.seed, ubatch=w.ubatch,
-            max_context=spec.session_tokens, batch=w.batch,
+            max_context=spec.session_tokens, batch=spec.planned_batch,
             kv_dtype=DEFAULT_KV_DTYPE if exact else spec.kv_dtype,
             expert_quant=None if exact else spec.expert_quant, all_logits=quality, progress=progress)
         if resident:                           # the same model, every expert resident: no cache, no prefetch
@@ -100,6 +101,10 @@ class MoebenchAdapter(EngineAdapter):
 
     def close_session(self, sess) -> None:
         sess.close()
+
+    def batcher(self, token_budget: int | None, max_sequences: int | None):
+        from engine.batcher import ContinuousBatcher
+        return ContinuousBatcher(self.engine, token_budget, max_sequences)
 
     def counters(self) -> dict[str, int]:
         return self.engine.counters

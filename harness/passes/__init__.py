@@ -24,10 +24,11 @@ from typing import Any
 
 from engine.registry import Registry, UnknownPluginError
 
-DEFAULT_PASSES: tuple[str, ...] = ("speed", "quality", "roofline", "prediction", "timeline", "trace", "torch_profile",
-                                   "nsys", "ablation")
+DEFAULT_PASSES: tuple[str, ...] = ("speed", "serve", "quality", "roofline", "prediction", "timeline", "trace",
+                                   "torch_profile", "nsys", "ablation")
 PASSES = Registry("pass", "moebench.passes", {
     "speed": "harness.passes.speed:SpeedPass",
+    "serve": "harness.passes.serve:ServePass",
     "quality": "harness.passes.quality:QualityPass",
     "roofline": "harness.passes.roofline:RooflinePass",
     "prediction": "harness.passes.prediction:PredictionPass",

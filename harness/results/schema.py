@@ -37,8 +37,10 @@ ADDED_COLUMNS = ("expert_quant", "kv_dtype")
 DEVICE_COLUMNS = ["device_kind", "device_name", "emulated"]
 # the columns that tell one configuration from another beside the factors: a cache given in bytes
 # (cache_capacity "bytes"), placement options, the micro-batch, the token source, the expert-cache
-# start, the thread count; then every registered engine's knob columns (CONFIG_COLUMNS)
-JOB_COLUMNS = ("cache_capacity_bytes", "placement_options", "ubatch", "token_source", "expert_cache_mode", "threads")
+# start, the thread count, a load's arrival process, rate and concurrency (load=none: null); then every
+# registered engine's knob columns (CONFIG_COLUMNS)
+JOB_COLUMNS = ("cache_capacity_bytes", "placement_options", "ubatch", "token_source", "expert_cache_mode", "threads",
+               "load", "load_rate", "load_max_concurrency")
 REQUIRED_COLUMNS = ROW_COLUMNS + FACTOR_COLUMNS + DEVICE_COLUMNS
 
 STATUSES = ("ok", "failed")

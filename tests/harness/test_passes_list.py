@@ -83,7 +83,8 @@ def test_a_skipped_pass_records_its_reason_once(tmp_path):
     why = {p["name"]: p["reason"] for p in passes if p["status"] == "skipped"}
     assert {p["name"]: p["status"] for p in passes if p["name"] not in why} == {"speed": "ran", "roofline": "ran",
                                                                                      "prediction": "ran"}
-    assert why == {"quality": "no exact reference (run.check_reference=false)", "timeline": "run.timeline=false",
+    assert why == {"serve": "load=none", "quality": "no exact reference (run.check_reference=false)",
+                   "timeline": "run.timeline=false",
                    "trace": "run.record_trace=false", "torch_profile": "run.profiler=none",
                    "nsys": "run.profiler=none", "ablation": "run.ablation=false"}
     df = results.load(job_dir)
@@ -108,7 +109,7 @@ def test_a_refused_list_is_a_failed_job_in_one_line(tmp_path):
 def test_an_unknown_repeated_or_out_of_order_list_is_refused_in_one_line():
     cases = {
         ("run.passes=[speed,specd]",): r"run.passes: unknown pass 'specd'; allowed: ablation, nsys, prediction, quality, "
-                                       r"roofline, speed, timeline, torch_profile, trace \(third-party passes .*"
+                                       r"roofline, serve, speed, timeline, torch_profile, trace \(third-party passes .*"
                                        r"'moebench.passes'\); got run.passes=\[speed,specd\]$",
         ("run.passes=[speed,speed]",): r"run.passes: speed is listed twice .*; got run.passes=\[speed,speed\]$",
         ("run.passes=[timeline,ablation]",): r"run.passes: ablation needs speed listed before it",

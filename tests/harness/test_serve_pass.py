@@ -1,0 +1,98 @@
+"""The serve pass through the CLI, in real processes: a load run writes one row per request and
+metric, the steady window's summary and the engine's batch counters, with the load's columns on
+every row; `load=none` skips it, saying so; a bad load spec is one line; a sweep over loads killed
+mid-load (a real SIGTERM) resumes into exactly one set of request rows per job, the completed
+jobs not run again."""
+from __future__ import annotations
+
+import json
+import signal
+
+import pandas as pd
+import pytest
+
+from harness import results
+from tests.harness.test_trust import cli, done_times, popen, table, wait_until
+
+LOAD = ["workload=chat", "workload.context_tokens=256", "workload.gen_tokens=4", "run.repeats=1", "run.warmup=0",
+        "run.quiet=true", "run.passes=[speed,serve]", "load=poisson", "load.rate=50", "load.requests=10",
+        "load.warmup_requests=2", "load.max_concurrency=3", "load.input_len=48", "load.output_len=5",
+        "load.slo=mixtral-8x7b"]
+
+
+def serve_rows(df: pd.DataFrame) -> pd.DataFrame:
+    return df[(df.phase == "serve") & (df.profiler == "serve")]
+
+
+def test_a_load_run_writes_requests_a_summary_and_the_batch_it_made(tmp_path):
+    proc = cli(LOAD, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    (job_dir,) = (tmp_path / "results" / "runs").iterdir()
+    df = results.load(job_dir)
+    rows = serve_rows(df)
+    per_request = rows[rows.request_id.notna()]
+    assert sorted(per_request.request_id.unique()) == sorted(f"r{i}" for i in range(10))   # warm-up ones too
+    by = per_request.pivot_table(index="request_id", columns="metric", values="value")
+    assert (by["output_tokens"] == 5).all() and (by["prompt_tokens"] == 48).all() and (by["output_mismatch"] == 0).all()
+    assert by.loc[["r0", "r1"], "warmup"].eq(1).all() and by.drop(["r0", "r1"])["warmup"].eq(0).all()
+    assert (by["ttft_s"] > 0).all() and (by["e2el_s"] >= by["ttft_s"]).all()
+    summary = rows[rows.request_id.isna() & (rows.source == "client")].set_index("metric")["value"]
+    assert summary["requests"] == summary["completed"] == 8 and summary["failed"] == 0   # warm-up excluded
+    assert summary["output_tokens"] == 8 * 5 and summary["prompt_tokens"] == 8 * 48
+    assert 0 < summary["request_goodput"] <= summary["request_throughput"]
+    assert summary["ttft_s_p50"] <= summary["ttft_s_p99"] and summary["cached_prompt_fraction"] == 0
+    engine = rows[rows.source == "engine"].set_index("metric")["value"]
+    assert 1 <= engine["sequences_per_step"] <= 3 and engine["steps"] >= 5     # at most max_concurrency at once
+    assert 2 <= engine["distinct_experts_per_layer_step"] <= 8                # top-2 of 8 experts, unioned
+    assert 0 <= engine["serve_hit_rate"] <= 1 and engine["harness_overhead_s_per_request"] > 0
+    assert set(df.load.dropna()) == {"poisson"} and set(df.load_rate.dropna()) == {50.0}
+    assert set(df.load_max_concurrency.dropna()) == {3}
+    manifest = json.loads((job_dir / "manifest.json").read_text())
+    assert {"name": "serve", "status": "ran", "reason": None} in manifest["passes"]
+
+
+def test_no_load_skips_the_pass_and_says_why(tmp_path):
+    proc = cli([a for a in LOAD if not a.startswith("load")], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    (job_dir,) = (tmp_path / "results" / "runs").iterdir()
+    assert serve_rows(results.load(job_dir)).empty
+    passes = json.loads((job_dir / "manifest.json").read_text())["passes"]
+    assert {"name": "serve", "status": "skipped", "reason": "load=none"} in passes
+
+
+@pytest.mark.parametrize("bad, line", [
+    ("load.rate=-1", "ConfigError: load.rate: allowed a positive number or null, got -1.0"),
+    ("load.slo=fast", "ConfigError: load.slo: unknown SLO 'fast': give a preset (mixtral-8x7b, deepseek-r1, "
+                      "deepseek-r1-interactive) or 'ttft=SECONDS,tpot=SECONDS[,percentile=P]'; the keys are ttft and "
+                      "tpot, and optionally percentile, each once"),
+])
+def test_a_bad_load_is_a_failed_job_saying_why(tmp_path, bad, line):
+    """As any bad setting of a job: its failed row saying why in one line, before the engine is built."""
+    proc = cli([*LOAD, bad], tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    (job_dir,) = (tmp_path / "results" / "runs").iterdir()
+    df = results.load(job_dir)
+    assert (df.status == "failed").all() and df.error.iloc[0] == line
+
+
+@pytest.mark.slow
+def test_a_sweep_killed_mid_load_resumes_without_mixing(tmp_path):
+    args = ["-m", "load.rate=20,30,40", "load.requests=40", "run.sweep_id=S",
+            *[a for a in LOAD if not a.startswith(("load.rate", "load.requests"))]]
+    proc = popen(args, tmp_path)
+    sweep = tmp_path / "results" / "sweeps" / "S"
+    wait_until(lambda: len(list(sweep.glob("*/DONE"))) >= 1, proc)
+    proc.send_signal(signal.SIGTERM)                  # the next job is serving: its rows are lost, never half-kept
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143, err
+    completed = done_times(sweep)
+    assert 1 <= len(completed) < 3
+    again = cli(args, tmp_path)
+    assert again.returncode == 0, again.stderr
+    df = table(sweep)
+    rows = serve_rows(df)
+    per_request = rows[rows.request_id.notna()]
+    counts = per_request.groupby(["job_id", "request_id", "metric"]).size()
+    assert (counts == 1).all() and per_request.job_id.nunique() == 3             # one set of rows per job
+    assert all(per_request.groupby("job_id").request_id.nunique() == 40)
+    assert all(done_times(sweep)[j] == t for j, t in completed.items())          # the completed jobs not re-run
