@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from harness import results
+from harness.plots.serving import load_curve
 from tests.harness.test_trust import cli, done_times, popen, table, wait_until
 
 LOAD = ["workload=chat", "workload.context_tokens=256", "workload.gen_tokens=4", "run.repeats=1", "run.warmup=0",
@@ -49,6 +50,21 @@ def test_a_load_run_writes_requests_a_summary_and_the_batch_it_made(tmp_path):
     assert set(df.load_max_concurrency.dropna()) == {3}
     manifest = json.loads((job_dir / "manifest.json").read_text())
     assert {"name": "serve", "status": "ran", "reason": None} in manifest["passes"]
+    fig = load_curve(df)                                  # goodput and p99 TPOT against the offered load
+    goodput, tpot = fig.axes
+    (line,) = goodput.get_lines()
+    assert list(line.get_xdata()) == [50.0] and list(line.get_ydata()) == [summary["request_goodput"]]
+    assert list(tpot.get_lines()[0].get_ydata()) == [summary["tpot_s_p99"] * 1e3]
+
+
+def test_plan_and_predict_hold_kv_for_every_concurrent_sequence(tmp_path):
+    """KV for max_concurrency sequences, each as long as the longest request or the workload's session."""
+    one = cli(["plan", "load=poisson", "load.max_concurrency=1"], tmp_path).stdout
+    six = cli(["plan", "load=poisson", "load.max_concurrency=6"], tmp_path).stdout
+    assert "KV cache (4 layers, 1 x 4258 tokens)" in one and "KV cache (4 layers, 6 x 4258 tokens)" in six
+    assert "x batch 6," in six
+    pred = cli(["predict", "load=poisson", "load.max_concurrency=6", "hardware=h100-pcie-80gb"], tmp_path).stdout
+    assert "x batch 6," in pred
 
 
 def test_no_load_skips_the_pass_and_says_why(tmp_path):
