@@ -195,11 +195,12 @@ class Reporter:
         for job_id, job, sv in _pass_rows(df, "serve", summary_only=True):
             first = job.iloc[0]
             slo = next(iter(job["slo"].dropna()), None) if "slo" in job else None
-            self.console.print(self._table(
+            self.console.print(Text(
                 f"job {job_id} serving: load={first.get('load')} rate={first.get('load_rate')} max_concurrency="
-                f"{first.get('load_max_concurrency')}, the steady window's requests"
-                + (f", SLO {slo}" if slo else "") + (" (emulated device)" if bool(first["emulated"]) else ""),
-                sv, SERVE_TABLE, spread=False))
+                f"{first.get('load_max_concurrency')}; the steady window's requests"
+                + (f"; goodput under SLO {slo}" if slo else "") + ("; emulated device" if bool(first["emulated"]) else "")),
+                soft_wrap=True)
+            self.console.print(self._table("", sv, SERVE_TABLE, spread=False))
         for job_id, job, p in _pass_rows(df, "prediction"):
             if p["median"].notna().any():
                 self.console.print(self._table(f"job {job_id} predicted by the cost model (profile "
