@@ -9,6 +9,7 @@
     moebench table results/sweeps/<id> --format md|csv|json|latex
     moebench calibrate --out conf/hardware/this-machine.yaml   # the cost model's profile of this machine
     moebench trace import --from vllm FILE.jsonl --model NAME --out t.npz   # another engine's routing as a trace
+    moebench serve-sweep load=poisson load.slo=mixtral-8x7b [overrides]   # the highest load within the SLO
 
 A sweep's directory is `<run.out>/sweeps/<run.sweep_id>`; without run.sweep_id it is a hash of
 the command line's measurement overrides, so re-running the same command resumes the sweep:
@@ -319,6 +320,7 @@ COMMANDS = CommandTable({
     "table": "harness.table:main",                 # one row per configuration of a results dir
     "calibrate": "harness.costmodel.calibrate:main",   # measure this machine, write a hardware profile
     "trace": "harness.traces.cli:main",            # trace import: other engines' routing -> a routing trace
+    "serve-sweep": "harness.serve_sweep:main",     # the highest load within the SLO, per configuration
 })
 
 

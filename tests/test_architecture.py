@@ -122,11 +122,12 @@ RULES: dict[str, dict[str, tuple[str, ...]]] = {
                                   "harness.measure",
                                   "engine.formats", "engine.dtypes", "engine.planner",   # its memory rule for the plan
                                   "engine.placements",        # the same per-layer map as placement=hybrid
-                                  "engine.kernels.openmp"),     # the server's environment as the user gave it
+                                  "engine.kernels.openmp",      # the server's environment as the user gave it
+                                  "harness.serving.drive"),     # its serving client, on the same clock rules as ours
                          "third": ("gguf", "sentencepiece", "pynvml")},
     # engine adapters: ours, transformers; the checked job (RunSpec) for their type hints
     "harness.engines": {"ours": ("engine", "harness.contract", "harness.machine", "harness.remote_code",
-                                 "harness.config.schema"),
+                                 "harness.config.schema", "harness.serving.drive"),   # serving: the client loop
                         "third": ("torch", "transformers")},
     # what a job measures, one pass each
     "harness.passes": {"ours": ("engine", "workloads", "harness.contract", "harness.engines", "harness.profiling",

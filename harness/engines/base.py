@@ -64,7 +64,7 @@ class EngineAdapter(ABC):
     device_kind: str = "cpu"
     device_name: str = "cpu"
     emulated: bool = False
-    serves_in_process: ClassVar[bool] = False     # `batcher`: requests batched continuously in this process
+    serves: ClassVar[bool] = False                # `serve`: requests arriving over time, many in flight
     resolved_capacity: int | None = None
     has_expert_cache: bool = False     # whether phases start from a cold or warm expert cache
     instrument: Instrument = NULL
@@ -212,10 +212,10 @@ class EngineAdapter(ABC):
         """Engine-side measurements of the requests since the last call (e.g. a server's own timings)."""
         return {}
 
-    def batcher(self, token_budget: int | None, max_sequences: int | None) -> Any:
-        """A continuous batcher over this engine (engine.batcher.ContinuousBatcher's interface), for
-        the serve pass, where `serves_in_process`."""
-        raise NotImplementedError(f"engine={self.name} does not batch requests in process")
+    def serve(self, requests: list[Any], max_concurrency: int | None) -> Any:
+        """Serve `requests` (harness.serving.drive.Request) arriving over time, measured from the
+        client side; a `harness.serving.drive.Driven`. Where `serves`: the serve pass."""
+        raise NotImplementedError(f"engine={self.name} does not serve requests")
 
     def knobs(self) -> dict[str, Any]:
         """Engine settings that become row columns (e.g. llama.cpp's -ngl, --n-cpu-moe)."""

@@ -26,7 +26,7 @@ class MoebenchAdapter(EngineAdapter):
     name = "moebench"
     checks_finite = True              # every pass checked in the engine, read with its token (Engine.greedy)
     kv_treatments = per_position_logits = routing_hooks = resident_twin = memory_plan = cost_model = True
-    serves_in_process = True
+    serves = True
     # moebench ran exact experts only until experts.quant, and kept its KV in the model's dtype until kv.dtype
     columns_before = {"expert_quant": "none", "kv_dtype": "model"}
 
@@ -102,9 +102,11 @@ class MoebenchAdapter(EngineAdapter):
     def close_session(self, sess) -> None:
         sess.close()
 
-    def batcher(self, token_budget: int | None, max_sequences: int | None):
+    def serve(self, requests, max_concurrency: int | None):
+        """In process: the engine's continuous batcher, driven on the client-side clock."""
         from engine.batcher import ContinuousBatcher
-        return ContinuousBatcher(self.engine, token_budget, max_sequences)
+        from harness.serving.drive import drive
+        return drive(ContinuousBatcher(self.engine, None, max_concurrency or len(requests)), requests, max_concurrency)
 
     def counters(self) -> dict[str, int]:
         return self.engine.counters

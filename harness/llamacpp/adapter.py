@@ -153,6 +153,7 @@ class _Session:
 
 class LlamaCppAdapter(EngineAdapter):
     name = "llamacpp"
+    serves = True                     # `serve`: streamed requests to the server's -np slots
     Options = LlamaCppOptions
     uses_placement = False            # its offload knobs are engine.*; moebench's placement/cache do not apply
     # the layouts those knobs express: -ngl 99 (resident), --cpu-moe (cpu), --n-cpu-moe N / -ot (hybrid); no
@@ -200,8 +201,11 @@ class LlamaCppAdapter(EngineAdapter):
         self.binaries = find_binaries()        # a clear error saying how to build when missing
         threads = job_threads(spec)
         self.weights = _run_type(spec, options)
-        self.flags = options.flags(spec.workload.ubatch, spec.session_tokens + 1, threads,
-                                   spec.kv_dtype, spec.dtype)
+        # a load's concurrent requests get a slot each (-np), each slot the job's whole context (llama-server
+        # splits -c among its slots)
+        self.parallel = spec.planned_batch
+        self.flags = options.flags(spec.workload.ubatch, (spec.session_tokens + 1) * self.parallel, threads,
+                                   spec.kv_dtype, spec.dtype).replace(parallel=self.parallel)
         # lossy: weights or a KV cache type other than the model dtype's own, or flash attention
         # not off (its CPU path drifts from the reference: harness.llamacpp.flags)
         own = OWN_TYPES.get(spec.dtype)
@@ -309,6 +313,19 @@ class LlamaCppAdapter(EngineAdapter):
     def new_session(self, batch: int) -> _Session:
         self.server.slot_erase(0)
         return _Session([])
+
+    def serve(self, requests, max_concurrency: int | None):
+        """Over HTTP, as a serving client: each request streamed to any free slot (`-np` slots, one
+        per request in flight), its prompt not taken from an earlier request's KV (cache_prompt off:
+        our batcher shares none either), greedy, the planned output length enforced (ignore_eos);
+        the server's `timings.cache_n` is the request's cached prompt tokens."""
+        from harness.serving.drive import drive_requests
+
+        def send(r, got_token) -> int | None:
+            done = self.server.complete(r.prompt, r.output_len, slot=-1, cache_prompt=False, ignore_eos=True,
+                                        stream=True, on_token=lambda _id, _t: got_token())
+            return done.timings.cache_n
+        return drive_requests(send, requests, max_concurrency)
 
     def _probs(self) -> int:
         return TOP_LOGPROBS if self.options.top_logprobs else 0

@@ -1,5 +1,6 @@
-"""The `serve` pass: requests arriving over time (`load=...`), served by the engine's continuous
-batcher and measured from the client side.
+"""The `serve` pass: requests arriving over time (`load=...`), served by the engine -- our continuous
+batcher in process, llama-server's slots over HTTP (the adapter's `serve`) -- and measured from the
+client side.
 
 Owns: turning the load spec into requests (the schedule of harness.serving.load; each prompt the
 job's workload rendered at the request's input length, a seed of its own, so requests differ in
@@ -8,7 +9,8 @@ running them (harness.serving.drive) with warm-up requests first, and the rows: 
 metric (`request_id` column), the window's summary (throughput, latency percentiles, goodput
 under `load.slo`), and the engine side of the run -- steps, sequences and tokens per step,
 distinct experts per MoE layer per step (what an expert cache sees under concurrency), bytes
-moved and hits over the measured requests' steps -- and the harness's own time per request.
+moved and hits over the measured requests' steps, for an engine that batches in process -- and
+the harness's own time per request (harness.serving.drive says how each engine's is counted).
 Does not own: the schedule, the metrics (harness.serving), the batching (engine.batcher).
 
 Rows: phase `serve`, profiler `serve`; the metric names and units are harness.serving.metrics'
@@ -36,14 +38,13 @@ class ServePass(Pass):
     def skip_reason(self, ctx: RunContext) -> str | None:
         if ctx.spec.load is None:
             return "load=none"
-        if not ctx.adapter.serves_in_process:
-            return (f"engine={ctx.spec.engine}: serving under load runs on an engine that batches requests in "
-                    "process; this one does not")
+        if not ctx.adapter.serves:
+            return f"engine={ctx.spec.engine}: its adapter serves no requests over time"
         return None
 
     def run(self, ctx: RunContext) -> None:
         from harness.job import prompts_of
-        from harness.serving.drive import Request, drive
+        from harness.serving.drive import Request
         from harness.serving.load import schedule, steady_window
         from harness.serving.metrics import METRICS, REQUEST_METRICS, request_rows, summarize, summary_rows
         load = ctx.spec.load
@@ -52,9 +53,8 @@ class ServePass(Pass):
             prompts = prompts_of(ctx.spec, [p.input_len for p in plans], load.seed)
         requests = [Request(f"r{p.index}", p.arrival_s, prompt, p.output_len, p.warmup)
                     for p, prompt in zip(plans, prompts)]
-        batcher = ctx.adapter.batcher(None, load.max_concurrency or len(requests))
         with ctx.reporter.step(f"serving {len(requests)} requests ({load.name})"):
-            out = drive(batcher, requests, load.max_concurrency)
+            out = ctx.adapter.serve(requests, load.max_concurrency)
         lo, hi = steady_window(plans, load)
         chosen = {f"r{p.index}" for p in plans if not p.warmup and lo <= p.arrival_s <= hi}
         mine = [t for t in out.timelines if t.request_id in chosen]
@@ -65,10 +65,12 @@ class ServePass(Pass):
         for rid, metrics in by_request.items():
             ctx.emit(None, SERVE_PHASE, metrics, "client", self.name, units=units, request_id=rid)
         summary = summarize(mine, measured_span(mine), load.slo)
-        ctx.emit(None, SERVE_PHASE, {r["metric"]: r["value"] for r in summary_rows(summary)}, "client", self.name,
-                 units=units, slo=summary.slo.name if summary.slo is not None else None)
-        ctx.emit(None, SERVE_PHASE, step_metrics(out.steps, chosen, out.overhead_s, len(requests)), "engine",
-                 self.name, units=STEP_UNITS)
+        client = {r["metric"]: r["value"] for r in summary_rows(summary)}
+        client["harness_overhead_s_per_request"] = out.overhead_s / len(requests)
+        ctx.emit(None, SERVE_PHASE, client, "client", self.name, units={**units, **STEP_UNITS},
+                 slo=summary.slo.name if summary.slo is not None else None)
+        if out.steps:                                  # an in-process batcher's own steps (a server keeps its own)
+            ctx.emit(None, SERVE_PHASE, step_metrics(out.steps, chosen), "engine", self.name, units=STEP_UNITS)
 
 
 def measured_span(timelines: list) -> tuple[float, float]:
@@ -82,7 +84,7 @@ def measured_span(timelines: list) -> tuple[float, float]:
     return start, max([*ends, start]) + 1e-9
 
 
-def step_metrics(steps: list[StepReport], measured: set[str], overhead_s: float, requests: int) -> dict:
+def step_metrics(steps: list[StepReport], measured: set[str]) -> dict:
     """The engine side of the run over the steps that served a measured request (warm-up-only steps
     left out): means per step, and the counters' totals over them."""
     import statistics
@@ -95,5 +97,4 @@ def step_metrics(steps: list[StepReport], measured: set[str], overhead_s: float,
             "distinct_experts_per_layer_step": statistics.fmean(per_layer) if per_layer else None,
             "serve_h2d_bytes": sum(s.counters.get("h2d_bytes", 0) for s in mine),
             "serve_expert_hits": hits, "serve_expert_misses": misses,
-            "serve_hit_rate": hits / (hits + misses) if hits + misses else None,
-            "harness_overhead_s_per_request": overhead_s / requests}
+            "serve_hit_rate": hits / (hits + misses) if hits + misses else None}

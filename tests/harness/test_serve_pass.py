@@ -45,7 +45,7 @@ def test_a_load_run_writes_requests_a_summary_and_the_batch_it_made(tmp_path):
     engine = rows[rows.source == "engine"].set_index("metric")["value"]
     assert 1 <= engine["sequences_per_step"] <= 3 and engine["steps"] >= 5     # at most max_concurrency at once
     assert 2 <= engine["distinct_experts_per_layer_step"] <= 8                # top-2 of 8 experts, unioned
-    assert 0 <= engine["serve_hit_rate"] <= 1 and engine["harness_overhead_s_per_request"] > 0
+    assert 0 <= engine["serve_hit_rate"] <= 1 and summary["harness_overhead_s_per_request"] > 0
     assert set(df.load.dropna()) == {"poisson"} and set(df.load_rate.dropna()) == {50.0}
     assert set(df.load_max_concurrency.dropna()) == {3}
     manifest = json.loads((job_dir / "manifest.json").read_text())
@@ -112,3 +112,25 @@ def test_a_sweep_killed_mid_load_resumes_without_mixing(tmp_path):
     assert (counts == 1).all() and per_request.job_id.nunique() == 3             # one set of rows per job
     assert all(per_request.groupby("job_id").request_id.nunique() == 40)
     assert all(done_times(sweep)[j] == t for j, t in completed.items())          # the completed jobs not re-run
+
+
+@pytest.mark.slow
+def test_serve_sweep_steps_each_configuration_up_to_its_slo(tmp_path):
+    """A bound no run can miss: every step meets it, up to the last; one no run can meet: the
+    first step is beyond it. Each step a real run in a dir of its own; the figure beside them."""
+    base = ["serve-sweep", "workload=chat", "workload.context_tokens=256", "load=poisson", "load.requests=4",
+            "load.max_concurrency=2", "load.input_len=32", "load.output_len=3", "--start", "5", "--factor", "2",
+            "--steps", "2"]
+    easy = cli([*base, "placement=resident,fetch", "load.slo='ttft=100,tpot=100'"], tmp_path)
+    assert easy.returncode == 0, easy.stderr
+    assert easy.stdout.splitlines()[:2] == [
+        "placement=resident: highest rate within the SLO 10 req/s; first beyond it not reached",
+        "placement=fetch: highest rate within the SLO 10 req/s; first beyond it not reached"]
+    out = tmp_path / "results" / "serve-sweep"
+    assert (out / "serve_frontier.png").stat().st_size > 0
+    assert sorted(p.name for p in (out / "job0").iterdir()) == ["rate10", "rate5"]
+    hard = cli([*base, "load.slo='ttft=1e-9,tpot=1e-9'", "--out", str(tmp_path / "hard")], tmp_path)
+    assert hard.returncode == 0 and hard.stdout.splitlines()[0] == (
+        "job: highest rate within the SLO none; first beyond it 5 req/s"), hard.stderr
+    refused = cli(["serve-sweep", "load=poisson", "load.rate=3", "load.slo=mixtral-8x7b"], tmp_path)
+    assert refused.returncode == 2 and "load.rate is what serve-sweep steps" in refused.stderr

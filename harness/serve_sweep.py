@@ -1,0 +1,105 @@
+"""`moebench serve-sweep`: the highest load each configuration serves within its SLO.
+
+Owns: stepping the offered load up for each job the overrides make (a sweep over placements and
+cache sizes, `-m` style comma lists) -- `load.rate` from `--start`, times `--factor` each step,
+at most `--steps` steps -- until the job's serving summary says the SLO is not met (or the job
+failed), each step a real `moebench` run in a results dir of its own under `--out`; then the
+frontier table (per configuration: the highest rate that met the SLO, its goodput and p99
+latencies, and the first rate that did not) and the figure of goodput and p99 TPOT against load
+(harness.plots.serving.load_curve) beside it. Does not own: a run (the moebench CLI), the metrics
+(harness.serving.metrics), the load spec (harness.serving.load).
+
+    moebench serve-sweep placement=resident,fetch load=poisson load.requests=32 load.max_concurrency=4 \\
+        load.slo=mixtral-8x7b workload=chat workload.context_tokens=256 --start 2 --factor 2 --steps 5
+
+Exit 0: every configuration stepped until its SLO failed or its steps ran out (the table says
+"not reached"); 1: a step's job failed (no serving summary); 2: bad input.
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from harness.predict import OneLineParser
+
+RUN_DEFAULTS = ["run.passes=[speed,serve]", "run.repeats=1", "run.quiet=true"]
+
+
+def _args(argv: Sequence[str]) -> argparse.Namespace:
+    p = OneLineParser(prog="moebench serve-sweep", description=__doc__.split("\n\n")[0])
+    p.add_argument("overrides", nargs="*", help="the run's overrides; comma lists sweep configurations")
+    p.add_argument("--start", type=float, default=1.0, help="the first load.rate, requests/s (default 1)")
+    p.add_argument("--factor", type=float, default=2.0, help="each step's rate over the last (default 2)")
+    p.add_argument("--steps", type=int, default=6, help="rates tried per configuration at most (default 6)")
+    p.add_argument("--out", default="results/serve-sweep", help="where each step's run goes (default %(default)s)")
+    a = p.parse_intermixed_args(list(argv))
+    if not a.start > 0 or not a.factor > 1 or a.steps < 1:
+        p.error(f"--start > 0, --factor > 1, --steps >= 1; got {a.start}, {a.factor}, {a.steps}")
+    keys = {o.split("=", 1)[0].lstrip("+~") for o in a.overrides}
+    if "load.rate" in keys:
+        p.error("load.rate is what serve-sweep steps: give --start and --factor instead")
+    if not any(o.startswith("load=") and o != "load=none" for o in a.overrides):
+        p.error("give a load (load=poisson|constant|gamma) and its load.slo: the frontier is where the SLO fails")
+    if "load.slo" not in keys:
+        p.error("give load.slo=PRESET or load.slo=ttft=S,tpot=S: the frontier is where it fails")
+    return a
+
+
+def _step(job: list[str], rate: float, out: Path) -> tuple[bool | None, Path | None]:
+    """Run one job at `rate`: whether its window met the SLO (None: no serving summary -- the job or
+    its serve pass failed), and its job dir."""
+    from harness import results
+    out.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "harness.cli", *job, f"load.rate={rate:g}", *RUN_DEFAULTS, f"run.out={out}"],
+                   capture_output=True, text=True)
+    runs = sorted((out / "runs").glob("*")) if (out / "runs").is_dir() else []
+    if not runs:
+        return None, None
+    df = results.load(runs[-1])
+    met = df[(df["phase"] == "serve") & (df["metric"] == "slo_met") & (df["status"] == "ok")]["value"].dropna()
+    return (bool(met.iloc[0]) if len(met) else None), runs[-1]
+
+
+def main(argv: Sequence[str]) -> int:
+    import pandas as pd
+
+    from harness import results
+    from harness.config import BAD_CONFIG, config_error_line
+    from harness.plan import expand
+    from harness.plots.serving import load_curve
+    a = _args(argv)
+    try:
+        jobs = expand(a.overrides)
+    except BAD_CONFIG as exc:
+        print(f"moebench serve-sweep: {config_error_line(exc)}", file=sys.stderr)
+        return 2
+    swept = {k for k, _, v in (o.partition("=") for o in a.overrides) if "," in v and v[:1] not in "'\""}
+    root, code, lines, dirs = Path(a.out), 0, [], []
+    for i, job in enumerate(jobs):
+        label = " ".join(o for o in job if o.split("=", 1)[0] in swept) or "job"
+        best = first_fail = None
+        for s in range(a.steps):
+            rate = a.start * a.factor ** s
+            met, run_dir = _step(job, rate, root / f"job{i}" / f"rate{rate:g}")
+            print(f"moebench serve-sweep: {label} at {rate:g} req/s: "
+                  f"{'no serving summary (the job failed)' if met is None else 'SLO met' if met else 'SLO not met'}",
+                  file=sys.stderr)
+            if met is None:
+                code = 1
+                break
+            dirs.append(run_dir)
+            if not met:
+                first_fail = rate
+                break
+            best = rate
+        lines.append(f"{label}: highest rate within the SLO {'none' if best is None else f'{best:g} req/s'}; "
+                     f"first beyond it {'not reached' if first_fail is None else f'{first_fail:g} req/s'}")
+    print("\n".join(lines))
+    if dirs:
+        fig = load_curve(pd.concat([results.load(d) for d in dirs], ignore_index=True))
+        fig.savefig(root / "serve_frontier.png", dpi=120)
+        print(f"figure: {root / 'serve_frontier.png'}")
+    return code
