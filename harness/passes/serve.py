@@ -56,7 +56,7 @@ class ServePass(Pass):
         with ctx.reporter.step(f"serving {len(requests)} requests ({load.name})"):
             out = ctx.adapter.serve(requests, load.max_concurrency)
         lo, hi = steady_window(plans, load)
-        chosen = {f"r{p.index}" for p in plans if not p.warmup and lo <= p.arrival_s <= hi}
+        chosen = {r.request_id for r in requests if not r.warmup and lo <= r.arrival_s <= hi}
         mine = [t for t in out.timelines if t.request_id in chosen]
         units = {m: u for m, (u, _, _) in {**METRICS, **REQUEST_METRICS}.items()}
         by_request: dict[str, dict] = {}
