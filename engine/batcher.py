@@ -7,7 +7,10 @@ in a session of its own); each step's items -- every decoding sequence's next to
 prompt chunks of the sequences still prefilling, in admission order, within the step's
 `token_budget` (a decode is never held back for a prompt); the greedy token each step gives a
 sequence whose prompt is done; finishing a request at its output length (an end-of-sequence id
-is not a stop: output lengths are what the load asks for); and per-step counters -- sequences,
+is not a stop: output lengths are what the load asks for); with `prefix_cache`, a request's
+shareable prefix (a system prompt and tool schemas many conversations begin with) prefilled once
+and its state copied on the device to every later request that begins with it (`Session.copy_to`:
+exact for every state kind), counted per request as cached prompt tokens; and per-step counters -- sequences,
 tokens, distinct experts per MoE layer (the union of the step's routing, which is what an expert
 cache sees), and the change of every engine counter (bytes moved, hits, misses).
 Does not own: the forward step (Engine.step: attention per sequence, the rest over the union of
@@ -45,8 +48,10 @@ class _Running:
     prompt: list[int]
     max_new_tokens: int
     session: Session
-    fed: int = 0                                    # prompt tokens fed so far
+    fed: int = 0                                    # prompt tokens fed so far (or copied from the prefix cache)
     out: list[int] = field(default_factory=list)    # tokens emitted so far
+    prefix: int = 0                                 # its first `prefix` tokens are shareable
+    cached: int = 0                                 # prompt tokens the prefix cache gave it
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,7 @@ class Emitted:
     token: int
     finished: bool
     logits: torch.Tensor | None = None              # [V], with keep_logits
+    cached: int | None = None                       # on the first token: prompt tokens the prefix cache gave
 
 
 @dataclass(frozen=True)
@@ -93,11 +99,14 @@ class _Union(RoutingHook):
 
 class ContinuousBatcher:
     def __init__(self, engine: Engine, token_budget: int | None = None, max_sequences: int | None = None,
-                 keep_logits: bool = False) -> None:
+                 keep_logits: bool = False, prefix_cache: bool = False) -> None:
         """token_budget: rows a step runs at most (default: the engine's ubatch); max_sequences:
         requests running at once (default: the batch the engine was planned for). On a budgeted
         device neither may exceed what the plan holds room for: KV of the planned batch, and the
-        activations of ubatch x batch rows."""
+        activations of ubatch x batch rows. prefix_cache: a request's shareable prefix (`submit`'s
+        prefix_len) is prefilled once and copied to every later request that begins with it; the
+        copies (one per distinct prefix) are sessions of their own, so a budgeted plan needs a
+        batch one larger per prefix."""
         plan = engine.plan
         budget = token_budget if token_budget is not None else engine.ubatch
         seqs = max_sequences if max_sequences is not None else plan.batch
@@ -112,7 +121,9 @@ class ContinuousBatcher:
                 raise ValueError(f"token_budget={budget} but the plan holds activations for ubatch x batch = "
                                  f"{engine.ubatch * plan.batch} rows")
         self.engine, self.token_budget, self.max_sequences, self.keep_logits = engine, budget, seqs, keep_logits
-        self.waiting: deque[tuple[str, list[int], int]] = deque()
+        self.prefix_cache = prefix_cache
+        self.prefixes: dict[tuple[int, ...], Session] = {}     # a shareable prefix -> a session holding it
+        self.waiting: deque[tuple[str, list[int], int, int]] = deque()
         self.running: list[_Running] = []
         self.steps = 0
         self._ids: set[str] = set()
@@ -123,8 +134,12 @@ class ContinuousBatcher:
         """Whether any request waits or runs."""
         return bool(self.waiting or self.running)
 
-    def submit(self, request_id: str, prompt: list[int], max_new_tokens: int) -> None:
-        """Queue a request: it joins the batch at the first step with room for it."""
+    def submit(self, request_id: str, prompt: list[int], max_new_tokens: int, prefix_len: int = 0) -> None:
+        """Queue a request: it joins the batch at the first step with room for it. `prefix_len`: its
+        first tokens that other requests share (a system prompt, tool schemas), which the prefix
+        cache keeps; at most len(prompt) - 1 (a request computes at least its last token)."""
+        if not 0 <= prefix_len < len(prompt or [0]):
+            raise ValueError(f"request {request_id!r}: prefix_len allowed 0..{max(len(prompt) - 1, 0)}, got {prefix_len}")
         if request_id in self._ids:
             raise ValueError(f"request id {request_id!r} was submitted before")
         if not prompt:
@@ -136,15 +151,39 @@ class ContinuousBatcher:
             raise ValueError(f"request {request_id!r} needs KV for {need} tokens; the engine was planned for "
                              f"max_context={self.engine.plan.context}")
         self._ids.add(request_id)
-        self.waiting.append((request_id, list(prompt), max_new_tokens))
+        self.waiting.append((request_id, list(prompt), max_new_tokens, prefix_len))
+
+    def prime(self, prefix: list[int]) -> None:
+        """Fill the prefix cache with `prefix` now (a warm-up: requests beginning with it then find it)."""
+        if not self.prefix_cache:
+            raise ValueError("prime needs the prefix cache (prefix_cache=True)")
+        key = tuple(prefix)
+        if key not in self.prefixes:
+            sess = self.engine.new_session(1)
+            self.engine.prefill(sess, [list(prefix)])
+            self.engine.check_finite(sess)
+            self.prefixes[key] = sess
 
     def _admit(self) -> list[str]:
         joined = []
         while self.waiting and len(self.running) < self.max_sequences:
-            rid, prompt, n = self.waiting.popleft()
-            self.running.append(_Running(rid, prompt, n, self.engine.new_session(1)))
+            rid, prompt, n, prefix = self.waiting.popleft()
+            r = _Running(rid, prompt, n, self.engine.new_session(1), prefix=prefix if self.prefix_cache else 0)
+            held = self.prefixes.get(tuple(prompt[:r.prefix])) if r.prefix else None
+            if held is not None:                        # a hit: the prefix's KV copied, not computed
+                held.copy_to(r.session)
+                r.fed = r.cached = r.prefix
+            self.running.append(r)
             joined.append(rid)
         return joined
+
+    def _keep_prefix(self, r: _Running) -> None:
+        """r has just fed exactly its shareable prefix: keep a copy for the requests after it."""
+        key = tuple(r.prompt[:r.prefix])
+        if key not in self.prefixes:
+            sess = self.engine.new_session(1)
+            r.session.copy_to(sess)
+            self.prefixes[key] = sess
 
     def _items(self) -> tuple[list[tuple[_Running, list[int]]], int]:
         """The step's items and how many of them decode: decodes first, then prompt chunks."""
@@ -155,7 +194,9 @@ class ContinuousBatcher:
             if room <= 0:
                 break
             if r.fed < len(r.prompt):
-                chunk = r.prompt[r.fed:r.fed + room]
+                end = r.prefix if r.fed < r.prefix and tuple(r.prompt[:r.prefix]) not in self.prefixes \
+                    else len(r.prompt)                  # a prefix to keep ends its own chunk
+                chunk = r.prompt[r.fed:min(end, r.fed + room)]
                 items.append((r, chunk))
                 room -= len(chunk)
         return items, decodes
@@ -179,11 +220,14 @@ class ContinuousBatcher:
         for i, ((r, toks), tok) in enumerate(zip(items, tokens)):
             if r.fed < len(r.prompt):
                 r.fed += len(toks)
+                if r.prefix and r.fed == r.prefix:
+                    self._keep_prefix(r)
                 if r.fed < len(r.prompt):
                     continue                            # mid-prompt: its logits choose nothing
             r.out.append(tok)
             done = len(r.out) == r.max_new_tokens
-            emitted.append(Emitted(r.request_id, len(r.out) - 1, tok, done, logits[i] if self.keep_logits else None))
+            emitted.append(Emitted(r.request_id, len(r.out) - 1, tok, done, logits[i] if self.keep_logits else None,
+                                   r.cached if len(r.out) == 1 else None))
             if done:
                 finished.append(r)
         for r in finished:
@@ -197,8 +241,9 @@ class ContinuousBatcher:
         return report
 
     def close(self) -> None:
-        """Release every running request's session; waiting ones are dropped."""
-        for r in self.running:
-            r.session.close()
+        """Release every running request's session and the prefix cache's; waiting ones are dropped."""
+        for sess in [r.session for r in self.running] + list(self.prefixes.values()):
+            sess.close()
         self.running.clear()
         self.waiting.clear()
+        self.prefixes.clear()

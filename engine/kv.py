@@ -414,6 +414,19 @@ class Session:
             state.host = None
         self.on_device = True
 
+    def copy_to(self, other: Session) -> None:
+        """Make `other` (an empty session of the same model and batch) hold what this one holds: every
+        layer's state copied on the device, as a restore copies it back (exact for every kind: a
+        full or windowed KV, a latent, a recurrent state). What a prefix cache hands a request
+        that begins with this session's tokens."""
+        if not (self.on_device and other.on_device) or other.length or other.batch != self.batch:
+            raise ValueError("copy_to needs both sessions on the device and an empty target of the same batch")
+        for mine, theirs in zip(self.states, other.states):
+            theirs.reserve(self.length, 0)
+            for src, dst in zip(mine.snapshot(self.length), theirs.snapshot(self.length)):
+                dst.copy_(src)
+        other.length = self.length
+
     def close(self) -> None:
         """Free the device tensors."""
         for state in self.states:

@@ -137,17 +137,29 @@ class Job:
         return next((p["status"] for p in self.passes if p["name"] == name), None)
 
 
-SERVE_RENDER_TOKENS = 4096      # a serving prompt is the first N tokens of a conversation rendered this long (or N)
+SERVE_RENDER_TOKENS = 4096      # a serving prompt is cut from a conversation rendered this long (or longer)
 
 
-def prompts_of(spec: RunSpec, lengths: list[int], seed: int) -> list[list[int]]:
-    """Serving requests' prompts: request i the first lengths[i] tokens of a conversation of the
-    job's workload, with a seed of its own -- so prompts differ, and share what the workload's
-    conversations begin with (the coding agent's system prompt and tool schemas)."""
+def prompts_of(spec: RunSpec, lengths: list[int], seed: int, shares: list[bool] | None = None,
+               prefix: int = 0) -> list[list[int]]:
+    """Serving requests' prompts, request i from a conversation of the job's workload with a seed of
+    its own. Without a shared prefix: the conversation's first lengths[i] tokens (requests differ,
+    and share what the workload's conversations begin with, as its system prompt). With one
+    (`prefix` tokens, the sharing requests marked in `shares`): a sharing request is the first
+    `prefix` tokens of one common conversation, then its own conversation's tokens after them; the
+    others skip their own first `prefix` tokens, so they begin with none of what the sharing
+    requests share."""
     w = spec.workload
     tok = load_tokenizer(spec.model.path, spec.model_config.vocab_size, w.tokens)
-    return [build_workload(w.name, tok, max(n, SERVE_RENDER_TOKENS), 0, 1, seed * 1_000_003 + i,
-                           w.tokens).contexts[0][:n] for i, n in enumerate(lengths)]
+
+    def conversation(s: int, n: int) -> list[int]:
+        return build_workload(w.name, tok, max(n, SERVE_RENDER_TOKENS), 0, 1, s, w.tokens).contexts[0][:n]
+    head = conversation(seed * 1_000_003 + 1_000_002, prefix) if prefix else []   # request ids stay below
+    out = []
+    for i, n in enumerate(lengths):
+        own = conversation(seed * 1_000_003 + i, n + prefix)
+        out.append(head + own[prefix:n] if shares and shares[i] else own[prefix:prefix + n])
+    return out
 
 
 def sample_of(spec: RunSpec, seed: int) -> WorkloadSample:

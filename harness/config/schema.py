@@ -282,9 +282,13 @@ class RunSpec:
     @property
     def planned_batch(self) -> int:
         """The sequences the engine holds KV and activations for at once: the workload's batch, or a
-        load's max_concurrency where that is larger."""
-        most = self.load.max_concurrency if self.load is not None else None
-        return max(self.workload.batch, most or 0)
+        load's max_concurrency (one more with a prefix cache: its copy of the shared prefix) where
+        that is larger."""
+        load = self.load
+        if load is None:
+            return self.workload.batch
+        cache = 1 if load.shared_prefix and load.prefix_cache != "isolated" else 0   # the prefix cache's session
+        return max(self.workload.batch, (load.max_concurrency or 0) + cache)
 
     @property
     def planned_config(self) -> ModelConfig:

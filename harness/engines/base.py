@@ -212,9 +212,13 @@ class EngineAdapter(ABC):
         """Engine-side measurements of the requests since the last call (e.g. a server's own timings)."""
         return {}
 
-    def serve(self, requests: list[Any], max_concurrency: int | None) -> Any:
+    def serve(self, requests: list[Any], max_concurrency: int | None, prefix_cache: str = "isolated",
+              prefix: list[int] | None = None) -> Any:
         """Serve `requests` (harness.serving.drive.Request) arriving over time, measured from the
-        client side; a `harness.serving.drive.Driven`. Where `serves`: the serve pass."""
+        client side; a `harness.serving.drive.Driven`. `prefix_cache` (harness.serving.load's
+        modes): isolated -- no request reuses another's KV; cold -- a request may reuse what an
+        earlier one computed of the shared `prefix`; primed -- and `prefix` is computed before the
+        first request. Where `serves`: the serve pass."""
         raise NotImplementedError(f"engine={self.name} does not serve requests")
 
     def knobs(self) -> dict[str, Any]:

@@ -102,11 +102,20 @@ class MoebenchAdapter(EngineAdapter):
     def close_session(self, sess) -> None:
         sess.close()
 
-    def serve(self, requests, max_concurrency: int | None):
-        """In process: the engine's continuous batcher, driven on the client-side clock."""
+    def serve(self, requests, max_concurrency: int | None, prefix_cache: str = "isolated",
+              prefix: list[int] | None = None):
+        """In process: the engine's continuous batcher (its prefix cache unless isolated), driven on
+        the client-side clock; its cached prompt tokens are the prefix cache's copies."""
         from engine.batcher import ContinuousBatcher
         from harness.serving.drive import drive
-        return drive(ContinuousBatcher(self.engine, None, max_concurrency or len(requests)), requests, max_concurrency)
+        batcher = ContinuousBatcher(self.engine, None, max_concurrency or len(requests),
+                                    prefix_cache=prefix_cache != "isolated")
+        try:
+            if prefix_cache == "primed" and prefix:
+                batcher.prime(prefix)
+            return drive(batcher, requests, max_concurrency)
+        finally:
+            batcher.close()
 
     def counters(self) -> dict[str, int]:
         return self.engine.counters

@@ -314,18 +314,27 @@ class LlamaCppAdapter(EngineAdapter):
         self.server.slot_erase(0)
         return _Session([])
 
-    def serve(self, requests, max_concurrency: int | None):
+    def serve(self, requests, max_concurrency: int | None, prefix_cache: str = "isolated",
+              prefix: list[int] | None = None):
         """Over HTTP, as a serving client: each request streamed to any free slot (`-np` slots, one
-        per request in flight), its prompt not taken from an earlier request's KV (cache_prompt off:
-        our batcher shares none either), greedy, the planned output length enforced (ignore_eos);
-        the server's `timings.cache_n` is the request's cached prompt tokens."""
+        per request in flight), greedy, the planned output length enforced (ignore_eos). Isolated:
+        cache_prompt off, no request reuses a slot's KV; cold: on, a request reuses what its slot
+        holds of its prompt; primed: and every slot is given `prefix` first. The server's
+        `timings.cache_n` is a request's cached prompt tokens."""
         from harness.serving.drive import drive_requests
+        reuse = prefix_cache != "isolated"
+        for slot in range(self.parallel) if prefix_cache == "primed" and prefix else ():
+            self.server.complete(prefix, 1, slot=slot, cache_prompt=True, ignore_eos=True)
 
         def send(r, got_token) -> int | None:
-            done = self.server.complete(r.prompt, r.output_len, slot=-1, cache_prompt=False, ignore_eos=True,
+            done = self.server.complete(r.prompt, r.output_len, slot=-1, cache_prompt=reuse, ignore_eos=True,
                                         stream=True, on_token=lambda _id, _t: got_token())
             return done.timings.cache_n
-        return drive_requests(send, requests, max_concurrency)
+        try:
+            return drive_requests(send, requests, max_concurrency)
+        finally:
+            for slot in range(self.parallel):          # the next job's phases start from empty slots
+                self.server.slot_erase(slot)
 
     def _probs(self) -> int:
         return TOP_LOGPROBS if self.options.top_logprobs else 0

@@ -49,12 +49,14 @@ class ServePass(Pass):
         from harness.serving.metrics import METRICS, REQUEST_METRICS, request_rows, summarize, summary_rows
         load = ctx.spec.load
         plans = schedule(load)
+        P = load.shared_prefix
         with ctx.reporter.step(f"building {len(plans)} prompts"):
-            prompts = prompts_of(ctx.spec, [p.input_len for p in plans], load.seed)
-        requests = [Request(f"r{p.index}", p.arrival_s, prompt, p.output_len, p.warmup)
+            prompts = prompts_of(ctx.spec, [p.input_len for p in plans], load.seed, [p.shares_prefix for p in plans], P)
+        requests = [Request(f"r{p.index}", p.arrival_s, prompt, p.output_len, p.warmup, P if p.shares_prefix else 0)
                     for p, prompt in zip(plans, prompts)]
+        shared = next((r.prompt[:P] for r in requests if r.prefix_len), None)
         with ctx.reporter.step(f"serving {len(requests)} requests ({load.name})"):
-            out = ctx.adapter.serve(requests, load.max_concurrency)
+            out = ctx.adapter.serve(requests, load.max_concurrency, load.prefix_cache if P else "isolated", shared)
         lo, hi = steady_window(plans, load)
         chosen = {r.request_id for r in requests if not r.warmup and lo <= r.arrival_s <= hi}
         mine = [t for t in out.timelines if t.request_id in chosen]

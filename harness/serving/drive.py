@@ -47,6 +47,7 @@ class Request:
     prompt: list[int]
     output_len: int
     warmup: bool
+    prefix_len: int = 0             # its first tokens are the load's shared prefix (a prefix cache may hold them)
 
 
 @dataclass
@@ -65,6 +66,7 @@ def drive(batcher: ContinuousBatcher, requests: list[Request], max_concurrency: 
     by_id = {r.request_id: r for r in requests}
     sent: dict[str, float] = {}
     times: dict[str, list[float]] = {r.request_id: [] for r in requests}
+    cached: dict[str, int | None] = {}
     in_flight: set[str] = set()
     steps: list[StepReport] = []
     engine_s = slept_s = 0.0
@@ -73,7 +75,7 @@ def drive(batcher: ContinuousBatcher, requests: list[Request], max_concurrency: 
         now = clock() - t0
         while queue and queue[0].arrival_s <= now and (max_concurrency is None or len(in_flight) < max_concurrency):
             r = queue.popleft()
-            batcher.submit(r.request_id, r.prompt, r.output_len)
+            batcher.submit(r.request_id, r.prompt, r.output_len, r.prefix_len)
             sent[r.request_id] = clock() - t0
             in_flight.add(r.request_id)
         if not in_flight:                              # idle until the next arrival
@@ -89,12 +91,14 @@ def drive(batcher: ContinuousBatcher, requests: list[Request], max_concurrency: 
         steps.append(report)
         for e in report.emitted:
             times[e.request_id].append(end - t0)
+            if e.index == 0:
+                cached[e.request_id] = e.cached
             if e.finished:
                 in_flight.discard(e.request_id)
     wall = clock() - t0
     timelines = [RequestTimeline(request_id=rid, arrival_s=sent[rid], token_times_s=tuple(times[rid]),
                                  prompt_tokens=len(by_id[rid].prompt), output_tokens_asked=by_id[rid].output_len,
-                                 cached_prompt_tokens=0, error=None, warmup=by_id[rid].warmup)
+                                 cached_prompt_tokens=cached.get(rid), error=None, warmup=by_id[rid].warmup)
                  for rid in sorted(sent, key=lambda k: sent[k])]
     return Driven(timelines, steps, wall, engine_s, max(0.0, wall - engine_s - slept_s))
 

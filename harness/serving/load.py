@@ -67,6 +67,12 @@ class LoadConf:
     ignore_eos: bool = True                # generate exactly the planned output length, past any end-of-sequence
     slo: Optional[str] = None              # goodput's bound: a preset (harness.serving.metrics.SLO_PRESETS) or
                                            # "ttft=2.0,tpot=0.2[,percentile=99]"; null: no goodput
+    shared_prefix: int = 0                 # tokens the sharing requests' prompts begin with alike (the agent case:
+                                           # one system prompt and tool schemas); 0: none
+    share_ratio: float = 1.0               # the share of requests that begin with it (a seeded draw)
+    prefix_cache: str = "cold"             # cold: the first sharing request computes the prefix, later ones may
+                                           # reuse it; primed: it is computed before the first request;
+                                           # isolated: no request reuses another's KV
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,7 @@ class RequestPlan:
     input_len: int      # prompt tokens
     output_len: int     # tokens to generate
     warmup: bool        # one of the first `warmup_requests`: sent, not measured
+    shares_prefix: bool = False   # its prompt begins with the load's shared prefix
 
 
 # --- checking ----------------------------------------------------------------------------------
@@ -192,6 +199,21 @@ SPREADS: dict[str, tuple[str, Callable[[float], bool]]] = {
 }
 
 
+PREFIX_CACHE_MODES = ("cold", "primed", "isolated")
+
+
+def _check_prefix(conf: LoadConf) -> None:
+    if not _is_int_from(conf.shared_prefix, 0):
+        raise _refusal("shared_prefix", "an integer >= 0 (tokens)", conf.shared_prefix)
+    if not (_is_number(conf.share_ratio) and 0 < conf.share_ratio <= 1):
+        raise _refusal("share_ratio", "a fraction in (0, 1]", conf.share_ratio)
+    if conf.prefix_cache not in PREFIX_CACHE_MODES:
+        raise _refusal("prefix_cache", ", ".join(PREFIX_CACHE_MODES), conf.prefix_cache)
+    if conf.shared_prefix and (conf.input_dist != "fixed" or conf.input_len <= conf.shared_prefix):
+        raise _refusal("shared_prefix", f"fewer tokens than every prompt (load.input_len={conf.input_len}, "
+                       f"input_dist fixed)", conf.shared_prefix)
+
+
 def _check_lengths(conf: LoadConf) -> None:
     for side in ("input", "output"):
         if not _is_int_from(getattr(conf, f"{side}_len"), 1):
@@ -236,6 +258,7 @@ def check_load(conf: LoadConf) -> LoadConf:
     _check_trace(conf)
     if not _is_int_from(conf.seed, 0):
         raise _refusal("seed", "an integer >= 0", conf.seed)
+    _check_prefix(conf)
     if conf.ignore_eos is not True:
         raise _refusal("ignore_eos", "true (output lengths are enforced: every request generates its planned "
                        "length, and a shorter one counts as a mismatch)", conf.ignore_eos)
@@ -432,13 +455,13 @@ def _drawn_lengths(conf: LoadConf, side: str, n: int, stream: np.random.SeedSequ
 def schedule(conf: LoadConf) -> list[RequestPlan]:
     """The requests `conf` offers, in arrival order; the same list for the same conf and seed.
 
-    Arrivals, input lengths and output lengths draw from the three children of default_rng(seed)
-    (`np.random.SeedSequence(seed).spawn(3)`, what `default_rng(seed).spawn(3)` holds), in that
-    order. With duration_s: the arrivals before it (t < duration_s). load=none: no requests."""
+    Arrivals, input lengths, output lengths and which requests share the prefix draw from the
+    children of `np.random.SeedSequence(seed).spawn(4)`, in that order (the first three are what
+    `default_rng(seed).spawn(3)` holds). With duration_s: the arrivals before it (t < duration_s). load=none: no requests."""
     check_load(conf)
     if conf.name == "none":
         return []
-    arrivals_seq, input_seq, output_seq = np.random.SeedSequence(conf.seed).spawn(3)
+    arrivals_seq, input_seq, output_seq, share_seq = np.random.SeedSequence(conf.seed).spawn(4)
     if conf.name == "trace":
         trace = _trace_requests(conf)
     else:
@@ -448,8 +471,11 @@ def schedule(conf: LoadConf) -> list[RequestPlan]:
         raise _refusal("warmup_requests", f"fewer than the {n} requests of the schedule", conf.warmup_requests)
     sides = (("input", trace.input_len, input_seq), ("output", trace.output_len, output_seq))
     lengths = [given if given is not None else _drawn_lengths(conf, side, n, seq) for side, given, seq in sides]
+    shares = (np.random.default_rng(share_seq).random(n) < conf.share_ratio if conf.shared_prefix
+              else np.zeros(n, dtype=bool))
     return [RequestPlan(index=i, arrival_s=float(trace.arrival_s[i]), input_len=int(lengths[0][i]),
-                        output_len=int(lengths[1][i]), warmup=i < conf.warmup_requests) for i in range(n)]
+                        output_len=int(lengths[1][i]), warmup=i < conf.warmup_requests,
+                        shares_prefix=bool(shares[i])) for i in range(n)]
 
 
 def steady_window(plans: Sequence[RequestPlan], conf: LoadConf) -> tuple[float, float]:
@@ -498,5 +524,8 @@ def describe(conf: LoadConf) -> str:
         parts.append(f"steady window +{conf.ramp_s:g} s / -{conf.drain_s:g} s")
     parts += [f"in {_length_label(conf, 'input')}", f"out {_length_label(conf, 'output')}"
               + (" where the file has none" if conf.name == "trace" else "")]
+    if conf.shared_prefix:
+        parts.append(f"{conf.share_ratio:g} of prompts begin with a shared {conf.shared_prefix}-token prefix "
+                     f"(cache {conf.prefix_cache})")
     parts.append(f"seed {conf.seed}")
     return ", ".join(parts)

@@ -158,3 +158,55 @@ def test_a_budgeted_engine_runs_no_more_sequences_than_planned():
     with pytest.raises(ValueError, match="token_budget=4096 but the plan holds activations"):
         ContinuousBatcher(eng, token_budget=4096)
     assert ContinuousBatcher(eng).max_sequences == 2
+
+
+SHARED = 4                                        # the prefix every request but "b" begins with
+
+
+def shared_prompt(rid: str, length: int) -> list[int]:
+    head = prompt("p", SHARED)
+    return head + prompt(rid, length)[SHARED:] if rid != "b" else prompt(rid, length)
+
+
+@pytest.mark.parametrize("model, placement, case", [pytest.param(m, n, c, id=f"{m}-{n}")
+                                                   for m in (MODEL, *SECOND_WAVE, "tiny-deepseek")
+                                                   for n, c in first_cases(m)])
+def test_a_shared_prefix_is_computed_once_and_changes_no_output(model, placement, case):
+    """Requests beginning with one prefix: the first computes it, the later ones get a copy of its
+    state and compute only their own tokens; each gives what it gives alone."""
+    ref_eng = Engine.from_pretrained(model, device="cpu")
+    ref = {rid: ref_eng.generate([shared_prompt(rid, n)], m) for rid, (n, m) in REQUESTS.items()}
+    eng = Engine.from_pretrained(model, device="cpu", placement=placement, **case)
+    b = ContinuousBatcher(eng, token_budget=BUDGET, max_sequences=SEQS, keep_logits=True, prefix_cache=True)
+    got: dict[str, list] = {rid: [] for rid in REQUESTS}
+    cached: dict[str, int] = {}
+    later = [rid for rid in REQUESTS if rid != "a"]      # they join once "a" has computed the prefix
+    b.submit("a", shared_prompt("a", REQUESTS["a"][0]), REQUESTS["a"][1], prefix_len=SHARED)
+    while b.busy:
+        for e in b.step().emitted:
+            got[e.request_id].append(e)
+            if e.index == 0:
+                cached[e.request_id] = e.cached
+        while later and b.prefixes:
+            rid = later.pop(0)
+            b.submit(rid, shared_prompt(rid, REQUESTS[rid][0]), REQUESTS[rid][1], prefix_len=0 if rid == "b" else SHARED)
+    for rid in REQUESTS:
+        assert [e.token for e in got[rid]] == ref[rid].tokens[0], rid
+        assert max((e.logits - lg[0]).abs().max().item() for e, lg in zip(got[rid], ref[rid].logits)) <= TOL
+    assert cached["a"] == cached["b"] == 0                     # the one that computed it; one that does not share it
+    assert cached["c"] == cached["d"] == SHARED                 # later ones: copied
+    assert list(b.prefixes) == [tuple(prompt("p", SHARED))]
+    b.close()
+
+
+def test_a_primed_prefix_is_every_sharing_request_s_hit():
+    eng = Engine.from_pretrained(MODEL, device="cpu")
+    b = ContinuousBatcher(eng, prefix_cache=True)
+    b.prime(prompt("p", SHARED))
+    b.submit("a", shared_prompt("a", 13), 2, prefix_len=SHARED)
+    first = [e for e in b.step().emitted]
+    assert first[0].cached == SHARED
+    with pytest.raises(ValueError, match=r"prefix_len allowed 0..12, got 13"):
+        b.submit("x", shared_prompt("x", 13), 2, prefix_len=13)
+    with pytest.raises(ValueError, match="prime needs the prefix cache"):
+        ContinuousBatcher(eng).prime([1, 2])

@@ -134,3 +134,26 @@ def test_serve_sweep_steps_each_configuration_up_to_its_slo(tmp_path):
         "job: highest rate within the SLO none; first beyond it 5 req/s"), hard.stderr
     refused = cli(["serve-sweep", "load=poisson", "load.rate=3", "load.slo=mixtral-8x7b"], tmp_path)
     assert refused.returncode == 2 and "load.rate is what serve-sweep steps" in refused.stderr
+
+
+@pytest.mark.parametrize("mode", ["primed", "cold", "isolated"])
+def test_a_shared_prefix_is_counted_token_weighted_from_the_prefix_cache(tmp_path, mode):
+    """Every prompt begins with the same 32 of its 48 tokens: primed, every request's 32 come from
+    the prefix cache; isolated, none; cold, only what an earlier request had computed by then.
+    The window's fraction is the tokens' sum over the prompts' sum, from the per-request counts."""
+    proc = cli([*LOAD, "load.shared_prefix=32", f"load.prefix_cache={mode}"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    (job_dir,) = (tmp_path / "results" / "runs").iterdir()
+    rows = serve_rows(results.load(job_dir))
+    by = rows[rows.request_id.notna()].pivot_table(index="request_id", columns="metric", values="value")
+    summary = rows[rows.request_id.isna() & (rows.source == "client")].set_index("metric")["value"]
+    measured = by[by["warmup"] == 0]
+    assert summary["cached_prompt_fraction"] == pytest.approx(
+        measured["cached_prompt_tokens"].sum() / measured["prompt_tokens"].sum())
+    assert set(by["cached_prompt_tokens"]) <= {0, 32}
+    if mode == "primed":
+        assert (by["cached_prompt_tokens"] == 32).all() and summary["cached_prompt_fraction"] == pytest.approx(32 / 48)
+    if mode == "isolated":
+        assert (by["cached_prompt_tokens"] == 0).all()
+    if mode == "cold":
+        assert by.loc["r0", "cached_prompt_tokens"] == 0 and (by["cached_prompt_tokens"] == 32).any()

@@ -47,3 +47,23 @@ def test_llama_server_serves_the_load_our_engine_serves(tmp_path):
     assert summary["requests"] == summary["completed"] == 8 and summary["cached_prompt_fraction"] == 0
     assert summary["harness_overhead_s_per_request"] > 0
     assert theirs[theirs.source == "engine"].empty                     # the server's steps are its own
+
+
+def test_a_primed_shared_prefix_is_the_server_s_own_cache_count(tmp_path):
+    """Every slot is given the 32-token prefix first; each request then lands on a slot holding it,
+    and the server's timings.cache_n counts the tokens it did not compute: the window's fraction is
+    their sum over the prompts' sum. Isolated, the server counts none."""
+    primed, isolated = tmp_path / "primed", tmp_path / "isolated"
+    primed.mkdir(), isolated.mkdir()
+    cli(["engine=llamacpp", *LOAD, "load.shared_prefix=32", "load.prefix_cache=primed"], primed)
+    cli(["engine=llamacpp", *LOAD, "load.shared_prefix=32", "load.prefix_cache=isolated"], isolated)
+    df, rows = serve_rows(run_dir(primed))
+    assert set(df.n_parallel.dropna()) == {4}                          # 3 in flight, one more for the prefix
+    by = rows[rows.request_id.notna()].pivot_table(index="request_id", columns="metric", values="value")
+    summary = rows[rows.request_id.isna()].set_index("metric")["value"]
+    measured = by[by["warmup"] == 0]
+    assert (by["cached_prompt_tokens"] >= 32).all() and (by["cached_prompt_tokens"] < by["prompt_tokens"]).all()
+    assert summary["cached_prompt_fraction"] == pytest.approx(
+        measured["cached_prompt_tokens"].sum() / measured["prompt_tokens"].sum())
+    _, rows = serve_rows(run_dir(isolated))
+    assert (rows[rows.metric == "cached_prompt_tokens"].value == 0).all()
