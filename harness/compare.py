@@ -19,7 +19,9 @@ Rules, so that a red CI job can be argued with:
 
 * **Samples.** Only status-ok rows of un-instrumented runs (`profiler` "none" or null,
   DESIGN §7.7) with a non-null value. The samples of a (config, phase, metric, source) are
-  its raw per-repeat values, pooled over every job of that config in the set.
+  its raw per-repeat values, pooled over every job of that config in the set. A serve pass's
+  measured requests (phase `serve`, warm-up ones left out) are samples too: one per request of
+  its per-request metrics (`serve.ttft_s`, `serve.tpot_s`, `serve.e2el_s`, ...).
 * **Config.** `results.CONFIG_COLUMNS` (the swept factors plus every column a job adds that
   tells settings apart: placement options, ubatch, token source, expert-cache start, threads,
   llama.cpp's configuration, GGUF type and knobs), where present. A column only one side has
@@ -87,10 +89,11 @@ import numpy as np
 import pandas as pd
 
 from harness import results
-from harness.compare_checks import ALPHA, EXIT_CODES, VERDICTS, Check, CompareError, difference, min_mwu_p
+from harness.compare_checks import (ALPHA, EXIT_CODES, VERDICTS, Check, CompareError, difference, min_mwu_p,
+                                    unit_of)
 from harness.compare_manifests import UNRECORDED, machine_name, read_manifests
 from harness.compare_report import render
-from harness.contract import speed_values
+from harness.contract import served_request_values, speed_values
 from harness.results import CONFIG_COLUMNS
 
 __all__ = ["Check", "Comparison", "CompareError", "CONFIG_COLUMNS", "EXIT_CODES", "compare", "compare_paths",
@@ -106,7 +109,10 @@ NA = "<na>"
 
 # ----------------------------------------------------------------------------- comparison
 
-speed_samples = speed_values     # the rows a comparison reads (harness.contract)
+def speed_samples(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows a comparison reads (harness.contract): the speed rows, and each measured request of
+    a serve pass as one sample of its per-request metrics (phase `serve`)."""
+    return pd.concat([speed_values(df), served_request_values(df)], ignore_index=True)
 
 
 @dataclass
@@ -214,7 +220,7 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, checks: Iterable[Check | str]
         config, (phase, metric, source) = key[:len(cfg_cols)], key[len(cfg_cols):]
         a, b = groups["base"].get(key), groups["new"].get(key)
         row = {**dict(zip(cfg_cols, config)), "phase": phase, "metric": metric, "source": source,
-               "unit": results.METRIC_UNITS.get(metric, ""),
+               "unit": unit_of(metric) or "",
                "n_base": 0 if a is None else len(a), "n_new": 0 if b is None else len(b),
                "median_base": None if a is None else float(np.median(a)),
                "median_new": None if b is None else float(np.median(b)),

@@ -31,6 +31,19 @@ EXIT_CODES = {"PASS": 0, "FAIL": 1, "INCOMPLETE": 3, "INCONCLUSIVE": 4}
 _CHECK_RE = re.compile(r"^(?P<phase>[\w*]+)\.(?P<metric>\w+):(?P<sign>[+-])(?P<pct>\d+(?:\.\d+)?)%$")
 
 
+def _request_metrics() -> dict:
+    from harness.serving.metrics import REQUEST_METRICS
+    return REQUEST_METRICS
+
+
+def unit_of(metric: str) -> str | None:
+    """A metric's unit: the contract's, or a served request's (harness.serving.metrics); None: unknown."""
+    if metric in results.METRIC_UNITS:
+        return results.METRIC_UNITS[metric]
+    entry = _request_metrics().get(metric)
+    return entry[0] if entry else None
+
+
 class CompareError(ValueError):
     """A check string, a path or a result set that cannot be compared."""
 
@@ -55,8 +68,9 @@ class Check:
         phase, metric = m["phase"], m["metric"]
         if phase != "*" and phase not in ALL_PHASES:
             raise CompareError(f"check {text!r}: phase {phase!r} unknown; allowed {list(ALL_PHASES)} or *")
-        if metric not in results.METRIC_UNITS:
-            raise CompareError(f"check {text!r}: metric {metric!r} unknown; allowed {sorted(results.METRIC_UNITS)}")
+        if unit_of(metric) is None:
+            raise CompareError(f"check {text!r}: metric {metric!r} unknown; allowed {sorted(results.METRIC_UNITS)} "
+                               f"or a served request's {sorted(_request_metrics())}")
         pct = float(m["pct"])
         if pct <= 0:
             raise CompareError(f"check {text!r}: the threshold must be above 0%")

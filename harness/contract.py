@@ -27,7 +27,8 @@ PREFILL_PHASES = ("prefill_fresh", "prefill_continuation", "prefill_restored")
 OFFLOAD_PHASE = "kv_offload"
 FAILED_PHASE = "job"                              # the phase of the row a failed job records
 QUALITY_PHASE = "quality"                         # a treatment's quality vs the exact reference (harness.quality)
-ALL_PHASES = (*PHASES, OFFLOAD_PHASE, QUALITY_PHASE)
+SERVE_PHASE = "serve"                             # requests under a load: the serve pass's phase and profiler label
+ALL_PHASES = (*PHASES, OFFLOAD_PHASE, QUALITY_PHASE, SERVE_PHASE)
 
 # the KV state each phase starts from (rule 7.2: a prefix-cache hit is never a fresh prefill)
 PREFIX_CACHE = {"load": "none", "prefill_fresh": "none", "decode": "device", "prefill_continuation": "device",
@@ -155,6 +156,23 @@ def speed_rows(df: "pd.DataFrame") -> "pd.DataFrame":
     """The status-ok rows measured with no instrumentation attached: what speed tables, summaries,
     plots, the cost model's validation and compare read (DESIGN.md rule 7.5)."""
     return profiled_rows(df, SPEED_PROFILER)
+
+
+# a served request's rows that say what it was, not how it went: never a sample of a comparison
+SERVE_FLAGS = ("warmup", "failed")
+
+
+def served_request_values(df: "pd.DataFrame") -> "pd.DataFrame":
+    """The serve pass's per-request rows of its measured requests (warm-up ones left out) that hold
+    a value: each request one sample of its metric (what compare reads beside the speed rows)."""
+    rows = profiled_rows(df, SERVE_PHASE)
+    if rows.empty or "request_id" not in rows.columns:
+        return rows.iloc[0:0]
+    rows = rows[rows["request_id"].notna() & rows["value"].notna()]
+    keys = ["sweep_id", "job_id", "request_id"]
+    warm = rows[(rows["metric"] == "warmup") & (rows["value"] == 1)][keys].drop_duplicates()
+    rows = rows.merge(warm.assign(_warm=True), on=keys, how="left")
+    return rows[rows["_warm"].isna() & ~rows["metric"].isin(SERVE_FLAGS)].drop(columns="_warm")
 
 
 def speed_values(df: "pd.DataFrame") -> "pd.DataFrame":

@@ -27,14 +27,14 @@ import pandas as pd
 
 from harness import outliers
 from harness.checks import job_checks
-from harness.contract import QUALITY_PHASE, repeat_rows
+from harness.contract import QUALITY_PHASE, SERVE_PHASE, repeat_rows
 from harness.model_id import WEIGHTS_CAVEATS, weights_label
 from harness.order import natural_key
 from harness.results import CONFIG_COLUMNS
 
 FORMATS = ("md", "csv", "json", "latex")
 PREDICTION = "prediction"          # the prediction pass's rows (harness.passes.prediction)
-SERVE = "serve"                    # the serve pass's rows: its phase and its profiler label (harness.passes.serve)
+SERVE = SERVE_PHASE                # the serve pass's rows: its phase and its profiler label (harness.passes.serve)
 
 
 @dataclass(frozen=True)

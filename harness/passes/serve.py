@@ -20,12 +20,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from harness.contract import SERVE_PHASE
 from harness.passes.base import Pass, RunContext
 
 if TYPE_CHECKING:
     from engine.batcher import StepReport
 
-SERVE_PHASE = "serve"
 STEP_UNITS = {"steps": "count", "sequences_per_step": "count", "tokens_per_step": "count",
               "distinct_experts_per_layer_step": "count", "serve_h2d_bytes": "B", "serve_expert_hits": "count",
               "serve_expert_misses": "count", "serve_hit_rate": "ratio", "harness_overhead_s_per_request": "s"}

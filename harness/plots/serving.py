@@ -11,9 +11,9 @@ from __future__ import annotations
 import pandas as pd
 from matplotlib.figure import Figure
 
+from harness.contract import SERVE_PHASE as SERVE
 from harness.plots.common import MissingData
 
-SERVE = "serve"
 KEYS = ["sweep_id", "job_id"]
 
 

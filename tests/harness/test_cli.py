@@ -13,13 +13,13 @@ import pandas as pd
 import pytest
 
 from harness import results
-from harness.contract import ALL_PHASES, MEASURED_PHASES
+from harness.contract import ALL_PHASES, MEASURED_PHASES, SERVE_PHASE
 from tests.cli_runner import run_cli
 
 pytestmark = pytest.mark.slow     # subprocess/CLI or multi-second runs: `make test` runs them, `-m "not slow"` skips
 REPO = Path(__file__).resolve().parents[2]
 SMALL = ["workload=chat", "workload.context_tokens=256", "workload.gen_tokens=8", "run.quiet=true"]
-PHASES = set(ALL_PHASES)
+PHASES = set(ALL_PHASES) - {SERVE_PHASE}            # serve: only a job with a load has it
 
 
 def moebench(args: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess:

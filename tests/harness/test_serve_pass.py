@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from harness import results
+from harness.compare import compare_paths
 from harness.plots.serving import load_curve
 from tests.harness.test_trust import cli, done_times, popen, table, wait_until
 
@@ -50,6 +51,11 @@ def test_a_load_run_writes_requests_a_summary_and_the_batch_it_made(tmp_path):
     assert set(df.load_max_concurrency.dropna()) == {3}
     manifest = json.loads((job_dir / "manifest.json").read_text())
     assert {"name": "serve", "status": "ran", "reason": None} in manifest["passes"]
+    cmp = compare_paths(job_dir, job_dir, ["serve.ttft_s:+20%", "serve.tpot_s:+20%"])   # a regression gate
+    gated = cmp.table[cmp.table.phase == "serve"].set_index("metric")
+    assert gated.loc["ttft_s", "n_base"] == gated.loc["ttft_s", "n_new"] == 8      # one sample a measured request
+    assert gated.loc["ttft_s", "verdict"] == gated.loc["tpot_s", "verdict"] == "ok" and cmp.verdict == "PASS"
+    assert "warmup" not in gated.index and gated.loc["e2el_s", "unit"] == "s"
     fig = load_curve(df)                                  # goodput and p99 TPOT against the offered load
     goodput, tpot = fig.axes
     (line,) = goodput.get_lines()
