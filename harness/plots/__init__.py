@@ -8,6 +8,8 @@ module per kind of figure:
 - `harness.plots.memory`: `bytes_per_token`, `overlap`, `memory_peaks`
 - `harness.plots.predicted`: `measured_hit_rates`, `hit_rate_curves` (simulator), `what_if` (cost model)
 - `harness.plots.frontier`: `treatment_frontier` (lossy treatments)
+- `harness.plots.serving`: `load_curve` (goodput and p99 TPOT against the offered load; drawn by
+  `moebench serve-sweep`)
 - `harness.plots.common`: `MissingData`, the row selection and summaries they share
 
 Does not own: how a figure looks -- the style table (one colour and marker per placement,
@@ -41,12 +43,14 @@ from harness.plots.common import PHASE_LABELS, SPREAD, MissingData, speed_rows
 from harness.plots.frontier import pareto_front, treatment_frontier
 from harness.plots.memory import bytes_per_token, memory_peaks, overlap
 from harness.plots.predicted import hit_rate_curves, measured_hit_rates, what_if
+from harness.plots.serving import load_curve
 from harness.plots.speed import capacity_sweep, ttft_by_prefix_state
 from harness.plotstyle import STYLE_TABLE, style
 
 __all__ = ["MissingData", "STANDARD", "EXPERIMENT_FIGURES", "STYLE_TABLE", "style", "PHASE_LABELS", "SPREAD",
            "capacity_sweep", "ttft_by_prefix_state", "bytes_per_token", "overlap", "memory_peaks",
-           "hit_rate_curves", "measured_hit_rates", "speed_rows", "what_if", "treatment_frontier", "pareto_front"]
+           "hit_rate_curves", "measured_hit_rates", "speed_rows", "what_if", "treatment_frontier", "pareto_front",
+           "load_curve"]
 
 STANDARD: dict[str, Callable[[pd.DataFrame], Figure]] = {
     "capacity_sweep": capacity_sweep,

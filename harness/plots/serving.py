@@ -34,12 +34,12 @@ def serve_summary(df: pd.DataFrame) -> pd.DataFrame:
 def load_curve(df: pd.DataFrame) -> Figure:
     """Goodput (requests/s meeting the SLO; completed requests/s without one) and p99 TPOT against
     the offered load, one line per placement and cache size."""
-    import matplotlib.pyplot as plt
     s = serve_summary(df)
     x = "load_rate" if s["load_rate"].notna().any() else "load_max_concurrency"
     good = "request_goodput" if "request_goodput" in s and s["request_goodput"].notna().any() else "request_throughput"
     s["config"] = s["placement"].astype(str) + s["cache_capacity"].map(lambda c: "" if pd.isna(c) else f" ({c} slots)")
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    fig = Figure(figsize=(10, 4))
+    a, b = fig.subplots(1, 2)
     for config, g in s.sort_values(x).groupby("config", sort=False):
         a.plot(g[x], g[good], marker="o", label=config)
         b.plot(g[x], g["tpot_s_p99"] * 1e3, marker="o", label=config)
@@ -48,7 +48,7 @@ def load_curve(df: pd.DataFrame) -> Figure:
     a.set(xlabel=xlabel, ylabel=f"goodput, requests/s meeting SLO {slo}" if good == "request_goodput" and slo
           else "completed requests/s", ylim=(0, None))
     b.set(xlabel=xlabel, ylabel="p99 TPOT (ms)", ylim=(0, None))
-    a.legend(title="placement")
+    a.legend(title="placement", loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, fontsize=8)
     if bool(s.get("emulated", pd.Series([False])).any()):
         fig.suptitle("emulated device: the CPU's figures, not a GPU's", fontsize=9)
     fig.tight_layout()
