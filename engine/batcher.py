@@ -138,12 +138,12 @@ class ContinuousBatcher:
         """Queue a request: it joins the batch at the first step with room for it. `prefix_len`: its
         first tokens that other requests share (a system prompt, tool schemas), which the prefix
         cache keeps; at most len(prompt) - 1 (a request computes at least its last token)."""
-        if not 0 <= prefix_len < len(prompt or [0]):
-            raise ValueError(f"request {request_id!r}: prefix_len allowed 0..{max(len(prompt) - 1, 0)}, got {prefix_len}")
         if request_id in self._ids:
             raise ValueError(f"request id {request_id!r} was submitted before")
         if not prompt:
             raise ValueError(f"request {request_id!r}: empty prompt")
+        if not 0 <= prefix_len < len(prompt):
+            raise ValueError(f"request {request_id!r}: prefix_len allowed 0..{len(prompt) - 1}, got {prefix_len}")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"request {request_id!r}: max_new_tokens allowed a positive int, got {max_new_tokens!r}")
         need = len(prompt) + max_new_tokens - 1

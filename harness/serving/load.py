@@ -457,7 +457,8 @@ def schedule(conf: LoadConf) -> list[RequestPlan]:
 
     Arrivals, input lengths, output lengths and which requests share the prefix draw from the
     children of `np.random.SeedSequence(seed).spawn(4)`, in that order (the first three are what
-    `default_rng(seed).spawn(3)` holds). With duration_s: the arrivals before it (t < duration_s). load=none: no requests."""
+    `default_rng(seed).spawn(3)` holds). With duration_s: the arrivals before it (t < duration_s).
+    load=none: no requests."""
     check_load(conf)
     if conf.name == "none":
         return []
