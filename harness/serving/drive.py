@@ -62,8 +62,7 @@ class Driven:
 def drive(batcher: ContinuousBatcher, requests: list[Request], max_concurrency: int | None,
           clock: Callable[[], float] = time.perf_counter) -> Driven:
     """Run `requests` through `batcher` on the client-side clock (module docstring)."""
-    queue = deque(sorted(requests, key=lambda r: (r.arrival_s, r.request_id)))
-    by_id = {r.request_id: r for r in requests}
+    queue = deque(sorted(requests, key=_arrival_order))
     sent: dict[str, float] = {}
     times: dict[str, list[float]] = {r.request_id: [] for r in requests}
     cached: dict[str, int | None] = {}
@@ -96,11 +95,8 @@ def drive(batcher: ContinuousBatcher, requests: list[Request], max_concurrency: 
             if e.finished:
                 in_flight.discard(e.request_id)
     wall = clock() - t0
-    timelines = [RequestTimeline(request_id=rid, arrival_s=sent[rid], token_times_s=tuple(times[rid]),
-                                 prompt_tokens=len(by_id[rid].prompt), output_tokens_asked=by_id[rid].output_len,
-                                 cached_prompt_tokens=cached.get(rid), error=None, warmup=by_id[rid].warmup)
-                 for rid in sorted(sent, key=lambda k: sent[k])]
-    return Driven(timelines, steps, wall, engine_s, max(0.0, wall - engine_s - slept_s))
+    return Driven(_timelines(requests, sent, times, cached, {}), steps, wall, engine_s,
+                  max(0.0, wall - engine_s - slept_s))
 
 
 def drive_requests(send: Callable[[Request, Callable[[], None]], int | None], requests: list[Request],
@@ -132,7 +128,7 @@ def drive_requests(send: Callable[[Request, Callable[[], None]], int | None], re
 
     cpu0 = time.process_time()
     threads = []
-    for r in sorted(requests, key=lambda r: (r.arrival_s, r.request_id)):
+    for r in sorted(requests, key=_arrival_order):
         wait = r.arrival_s - (clock() - t0)
         if wait > 0:
             time.sleep(wait)
@@ -142,10 +138,18 @@ def drive_requests(send: Callable[[Request, Callable[[], None]], int | None], re
     for th in threads:
         th.join()
     wall, cpu = clock() - t0, time.process_time() - cpu0
+    return Driven(_timelines(requests, sent, times, cached, errors), [], wall, 0.0, cpu)
+
+
+def _arrival_order(r: Request) -> tuple[float, str]:
+    return r.arrival_s, r.request_id
+
+
+def _timelines(requests: list[Request], sent: dict[str, float], times: dict[str, list[float]],
+               cached: dict[str, int | None], errors: dict[str, str]) -> list[RequestTimeline]:
+    """The requests that were sent, in the order they were, as the client saw them."""
     by_id = {r.request_id: r for r in requests}
-    timelines = [RequestTimeline(request_id=rid, arrival_s=sent[rid], token_times_s=tuple(times[rid]),
-                                 prompt_tokens=len(by_id[rid].prompt), output_tokens_asked=by_id[rid].output_len,
-                                 cached_prompt_tokens=cached.get(rid), error=errors.get(rid),
-                                 warmup=by_id[rid].warmup)
-                 for rid in sorted(sent, key=lambda k: sent[k])]
-    return Driven(timelines, [], wall, 0.0, cpu)
+    return [RequestTimeline(request_id=rid, arrival_s=sent[rid], token_times_s=tuple(times[rid]),
+                            prompt_tokens=len(by_id[rid].prompt), output_tokens_asked=by_id[rid].output_len,
+                            cached_prompt_tokens=cached.get(rid), error=errors.get(rid), warmup=by_id[rid].warmup)
+            for rid in sorted(sent, key=sent.__getitem__)]
