@@ -26,6 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from harness import results  # noqa: E402
+from harness.contract import served_summary_rows  # noqa: E402
 
 TARGET_S = 1e-3
 COMMON = ["workload=chat", "workload.context_tokens=256", "run.repeats=1", "run.warmup=0", "run.quiet=true",
@@ -44,7 +45,8 @@ def serve(args: list[str], out: Path) -> dict[str, float]:
     if not runs:
         raise SystemExit(f"no run for {args}: {proc.stderr[-2000:]}")
     df = results.load(runs[-1])
-    rows = df[(df.phase == "serve") & df.request_id.isna() & (df.source == "client")]
+    rows = served_summary_rows(df)
+    rows = rows[rows.source == "client"]
     if rows.empty:
         raise SystemExit(f"no serving summary for {args}: {df[df.status == 'failed'].error.tolist()}")
     return rows.set_index("metric")["value"].to_dict()

@@ -162,6 +162,13 @@ def speed_rows(df: "pd.DataFrame") -> "pd.DataFrame":
 SERVE_FLAGS = ("warmup", "failed")
 
 
+def served_summary_rows(df: "pd.DataFrame") -> "pd.DataFrame":
+    """The serve pass's status-ok rows that are not one request's: each job's window summary
+    (source client) and its engine's batch counters (source engine)."""
+    rows = profiled_rows(df, SERVE_PHASE)
+    return rows[rows["request_id"].isna()] if "request_id" in rows.columns else rows
+
+
 def served_request_values(df: "pd.DataFrame") -> "pd.DataFrame":
     """The serve pass's per-request rows of its measured requests (warm-up ones left out) that hold
     a value: each request one sample of its metric (what compare reads beside the speed rows)."""

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from harness.contract import EMULATED_OVERLAP_NOTE, phase_rank
+from harness.contract import EMULATED_OVERLAP_NOTE, SERVE_PHASE, phase_rank, served_summary_rows
 from harness.results import spread_table
 
 if TYPE_CHECKING:
@@ -192,7 +192,7 @@ class Reporter:
             if q["median"].notna().any():
                 self.console.print(self._table(f"job {job_id} quality vs the exact reference (kv_dtype="
                                                f"{job['kv_dtype'].iloc[0]})", q, QUALITY_TABLE, spread=False))
-        for job_id, job, sv in _pass_rows(df, "serve", summary_only=True):
+        for job_id, job, sv in _pass_rows(served_summary_rows(df), SERVE_PHASE):
             first = job.iloc[0]
             slo = next(iter(job["slo"].dropna()), None) if "slo" in job else None
             self.console.print(Text(
@@ -376,11 +376,8 @@ class _ProgressLines:
             yield Text(line, no_wrap=True, overflow="crop")
 
 
-def _pass_rows(df: pd.DataFrame, profiler: str, summary_only: bool = False):
-    """(job id, its ok rows of a pass's `profiler` label, their spread table) per job that has some;
-    `summary_only`: without per-request rows (a `request_id`)."""
+def _pass_rows(df: pd.DataFrame, profiler: str):
+    """(job id, its ok rows of a pass's `profiler` label, their spread table) per job that has some."""
     rows = df[(df["status"] == "ok") & (df.get("profiler", pd.Series(index=df.index)) == profiler)]
-    if summary_only and "request_id" in rows:
-        rows = rows[rows["request_id"].isna()]
     for job_id, job in rows.groupby("job_id", sort=False):
         yield job_id, job, spread_table(job.assign(profiler="none"))

@@ -3,10 +3,9 @@
 Owns: stepping the offered load up for each job the overrides make (a sweep over placements and
 cache sizes, `-m` style comma lists) -- `load.rate` from `--start`, times `--factor` each step,
 at most `--steps` steps -- until the job's serving summary says the SLO is not met (or the job
-failed), each step a real `moebench` run in a results dir of its own under `--out`; then the
-frontier table (per configuration: the highest rate that met the SLO, its goodput and p99
-latencies, and the first rate that did not) and the figure of goodput and p99 TPOT against load
-(harness.plots.serving.load_curve) beside it. Does not own: a run (the moebench CLI), the metrics
+failed), each step a real `moebench` run in a results dir of its own under `--out`; then one line
+per configuration (the highest rate that met the SLO, and the first that did not) and the figure
+of goodput and p99 TPOT against load (harness.plots.serving.load_curve) beside the runs. Does not own: a run (the moebench CLI), the metrics
 (harness.serving.metrics), the load spec (harness.serving.load).
 
     moebench serve-sweep placement=resident,fetch load=poisson load.requests=32 load.max_concurrency=4 \\
@@ -52,14 +51,15 @@ def _step(job: list[str], rate: float, out: Path) -> tuple[bool | None, Path | N
     """Run one job at `rate`: whether its window met the SLO (None: no serving summary -- the job or
     its serve pass failed), and its job dir."""
     from harness import results
+    from harness.contract import served_summary_rows
     out.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "-m", "harness.cli", *job, f"load.rate={rate:g}", *RUN_DEFAULTS, f"run.out={out}"],
                    capture_output=True, text=True)
     runs = sorted((out / "runs").glob("*")) if (out / "runs").is_dir() else []
     if not runs:
         return None, None
-    df = results.load(runs[-1])
-    met = df[(df["phase"] == "serve") & (df["metric"] == "slo_met") & (df["status"] == "ok")]["value"].dropna()
+    rows = served_summary_rows(results.load(runs[-1]))
+    met = rows[rows["metric"] == "slo_met"]["value"].dropna()
     return (bool(met.iloc[0]) if len(met) else None), runs[-1]
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pandas as pd
 from matplotlib.figure import Figure
 
-from harness.contract import SERVE_PHASE as SERVE
+from harness.contract import served_summary_rows
 from harness.plots.common import MissingData
 
 KEYS = ["sweep_id", "job_id"]
@@ -19,9 +19,7 @@ KEYS = ["sweep_id", "job_id"]
 
 def serve_summary(df: pd.DataFrame) -> pd.DataFrame:
     """One row per job: its load and configuration columns and its summary metrics as columns."""
-    rows = df[(df["status"] == "ok") & (df["phase"] == SERVE) & (df.get("profiler") == SERVE)]
-    if "request_id" in rows:
-        rows = rows[rows["request_id"].isna()]
+    rows = served_summary_rows(df)
     if rows.empty:
         raise MissingData("serving: no serve rows (run a job with load=..., the serve pass)")
     wide = rows.pivot_table(index=KEYS, columns="metric", values="value", aggfunc="first")
