@@ -52,6 +52,10 @@ class _Running:
     out: list[int] = field(default_factory=list)    # tokens emitted so far
     prefix: int = 0                                 # its first `prefix` tokens are shareable
     cached: int = 0                                 # prompt tokens the prefix cache gave it
+    key: tuple[int, ...] = field(init=False)        # its shareable prefix, as the prefix cache holds it
+
+    def __post_init__(self) -> None:
+        self.key = tuple(self.prompt[:self.prefix])
 
 
 @dataclass(frozen=True)
@@ -157,11 +161,16 @@ class ContinuousBatcher:
         """Fill the prefix cache with `prefix` now (a warm-up: requests beginning with it then find it)."""
         if not self.prefix_cache:
             raise ValueError("prime needs the prefix cache (prefix_cache=True)")
-        key = tuple(prefix)
-        if key not in self.prefixes:
-            sess = self.engine.new_session(1)
+        def fill(sess: Session) -> None:
             self.engine.prefill(sess, [list(prefix)])
             self.engine.check_finite(sess)
+        self._hold(tuple(prefix), fill)
+
+    def _hold(self, key: tuple[int, ...], fill) -> None:
+        """Keep a session holding prefix `key`, filled by `fill(session)`, unless one is kept already."""
+        if key not in self.prefixes:
+            sess = self.engine.new_session(1)
+            fill(sess)
             self.prefixes[key] = sess
 
     def _admit(self) -> list[str]:
@@ -169,21 +178,13 @@ class ContinuousBatcher:
         while self.waiting and len(self.running) < self.max_sequences:
             rid, prompt, n, prefix = self.waiting.popleft()
             r = _Running(rid, prompt, n, self.engine.new_session(1), prefix=prefix if self.prefix_cache else 0)
-            held = self.prefixes.get(tuple(prompt[:r.prefix])) if r.prefix else None
+            held = self.prefixes.get(r.key) if r.prefix else None
             if held is not None:                        # a hit: the prefix's KV copied, not computed
                 held.copy_to(r.session)
                 r.fed = r.cached = r.prefix
             self.running.append(r)
             joined.append(rid)
         return joined
-
-    def _keep_prefix(self, r: _Running) -> None:
-        """r has just fed exactly its shareable prefix: keep a copy for the requests after it."""
-        key = tuple(r.prompt[:r.prefix])
-        if key not in self.prefixes:
-            sess = self.engine.new_session(1)
-            r.session.copy_to(sess)
-            self.prefixes[key] = sess
 
     def _items(self) -> tuple[list[tuple[_Running, list[int]]], int]:
         """The step's items and how many of them decode: decodes first, then prompt chunks."""
@@ -194,7 +195,7 @@ class ContinuousBatcher:
             if room <= 0:
                 break
             if r.fed < len(r.prompt):
-                end = r.prefix if r.fed < r.prefix and tuple(r.prompt[:r.prefix]) not in self.prefixes \
+                end = r.prefix if r.fed < r.prefix and r.key not in self.prefixes \
                     else len(r.prompt)                  # a prefix to keep ends its own chunk
                 chunk = r.prompt[r.fed:min(end, r.fed + room)]
                 items.append((r, chunk))
@@ -220,8 +221,8 @@ class ContinuousBatcher:
         for i, ((r, toks), tok) in enumerate(zip(items, tokens)):
             if r.fed < len(r.prompt):
                 r.fed += len(toks)
-                if r.prefix and r.fed == r.prefix:
-                    self._keep_prefix(r)
+                if r.prefix and r.fed == r.prefix:      # just fed its prefix: a copy for the requests after it
+                    self._hold(r.key, r.session.copy_to)
                 if r.fed < len(r.prompt):
                     continue                            # mid-prompt: its logits choose nothing
             r.out.append(tok)
