@@ -256,6 +256,7 @@ class RunSpec:
     weights: Any = None
     weights_note: str = ""
     load: LoadConf | None = None       # checked (harness.serving.load.check_load); None: load=none
+    load_tokens: int = 0               # the load's longest request, prompt and output (its schedule's)
 
     @property
     def lossy(self) -> bool:
@@ -273,11 +274,7 @@ class RunSpec:
         """The KV a job's sessions need: the context, the replies and two further turns (harness.contract);
         under a load, also its longest request (prompt and output)."""
         w = self.workload
-        tokens = session_tokens(w.context_tokens, w.gen_tokens, w.turn_tokens)
-        if self.load is None:
-            return tokens
-        from harness.serving.load import schedule
-        return max(tokens, max(r.input_len + r.output_len for r in schedule(self.load)))
+        return max(session_tokens(w.context_tokens, w.gen_tokens, w.turn_tokens), self.load_tokens)
 
     @property
     def planned_batch(self) -> int:

@@ -27,7 +27,7 @@ from harness.config.schema import (DEVICES, DTYPES, GROUP_SCHEMAS, PROFILERS,
                                    RunConf, RunSpec, WorkloadConf, allowed_error)
 from harness.contract import EXPERT_CACHE_STATES, RESUME_MODES, session_tokens
 from harness.passes import check_passes
-from harness.serving.load import LoadConf, check_load
+from harness.serving.load import LoadConf, check_load, schedule
 
 
 def check_keys(cfg: DictConfig) -> None:
@@ -168,7 +168,11 @@ def validate(cfg: DictConfig) -> RunSpec:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     load = load if load.name != "none" else None
-    spec = RunSpec(kv_dtype=kv_dtype, load=load, model=model, placement=pname, placement_options=placement, capacity=capacity,
+    try:                                      # the KV its longest request needs; a trace file read once here
+        load_tokens = max((r.input_len + r.output_len for r in schedule(load)), default=0) if load else 0
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    spec = RunSpec(kv_dtype=kv_dtype, load=load, load_tokens=load_tokens, model=model, placement=pname, placement_options=placement, capacity=capacity,
                    policy=c["cache"]["policy"] if uses_cache else None, prefetch=prefetch,
                    workload=workload, hardware=hardware, run=run, engine=engine, model_config=mcfg,
                    policy_options=policy_options, prefetch_options=prefetch_options, engine_options=engine_options,
