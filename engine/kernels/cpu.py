@@ -214,8 +214,8 @@ def quant_usable(x: torch.Tensor, packed: torch.Tensor) -> bool:
 
 
 def int4_group_ok(group: int) -> bool:
-    """Whether the kernel reads int4 groups of this size (a power of two >= 8: a 16-wide step then
-    spans whole groups or halves of one)."""
+    """Whether the kernel reads int4 groups of this size (a power of two >= 8: each 32-bit lane of
+    8 weights then lies in one group, and a block of lanes spans whole groups or part of one)."""
     return group >= 8 and group & (group - 1) == 0
 
 
@@ -234,12 +234,13 @@ def int8_linear(x: torch.Tensor, packed: torch.Tensor, q_at: int, scale_at: int,
 
 
 def int4_linear(x: torch.Tensor, packed: torch.Tensor, q_at: int, scale_at: int, zero_at: int, O: int, K: int,
-                group: int) -> torch.Tensor:
+                group: int, lanes: int = 0) -> torch.Tensor:
     """As `int8_linear` for the int4 matrix w [O, K]: two values a byte (low nibble first) from
     q_at, fp32 scales [O, K/group] from scale_at, uint8 zero points [O, K/group] from zero_at;
     the sum over groups of scale x (the dot product of q and x - zero x the group's sum of x).
-    `group`: see int4_group_ok."""
-    return _ops().int4_linear(x, packed, q_at, scale_at, zero_at, O, K, group)
+    `group`: see int4_group_ok. `lanes`: 0 runs the widest blocks this CPU has (16 lanes with
+    AVX-512, else 8); 8 or 16 asks for one (rows_linear.cpp's int4 section: each width's own bits)."""
+    return _ops().int4_linear(x, packed, q_at, scale_at, zero_at, O, K, group, lanes)
 
 
 def int8_q8_linear(x: torch.Tensor, packed: torch.Tensor, q_at: int, scale_at: int, O: int, K: int) -> torch.Tensor:

@@ -12,8 +12,9 @@
 // scale; int4 two a byte with a scale and zero point per group), so nothing the size of the matrix
 // is written per call: the integer values are converted in registers, exactly, and multiplied with
 // x; a scale multiplies a sum once -- the row's (int8) or each group's (int4) -- not each weight,
-// and int4's zero point multiplies the group's sum of x once (computed per call), which is what
-// makes the quantised kernel cheaper per weight than the dense one. So a row's output is the
+// and int4's zero points leave the weight loop altogether (each group's zero point times the group's
+// sum of x, summed once a row), which is what makes the quantised kernel cheaper per weight than the
+// dense one. So a row's output is the
 // dequantised matrix's product up to fp32 rounding (not its bits), the same bits at any batch and
 // thread count.
 // Does not own: which call sites use it, whether this CPU can run it, building it
@@ -75,17 +76,12 @@ inline float hsum(__m256 v) {                                  // a fixed tree: 
 }
 
 // The weight rows a kernel reads, as row readers: `row(o)` gives weight row o's reader, whose
-// `load16(k, w0, w1)` yields 16 values of inputs k..k+15 (k a multiple of 16) as two 8-lane
-// vectors, matched lane for lane with 16 values of x at k (`x_of` says which: the dense and int8
-// readers' lanes are inputs k..k+7 and k+8..k+15; int4's are the low and high nibbles of 8 bytes,
-// inputs k, k+2, .., k+14 and k+1, .., k+15, so x is handed to the kernel with each 16 inputs
-// de-interleaved to match: `deinterleave16`). `at(t)` is input t's value for the scalar tail, and
-// `finish(s)` turns a row's sum into its output. Quantised readers leave their scales out of the
-// values: int8's finish multiplies by the row's scale; int4 (kGrouped) folds each group's partial
-// sums into the row's totals times the group's scale when the group ends (`scales(k)`, one per lane).
+// `load16(k, w0, w1)` yields 16 values of inputs k..k+7 and k+8..k+15 (k a multiple of 16) as two
+// 8-lane vectors, `at(t)` input t's value for the scalar tail, and `finish(s)` turns a row's sum
+// into its output (int8's multiplies by the row's scale, which stays out of the values). int4 has
+// blocks of its own (Int4Blocks).
 template <typename W>
 struct DenseRows {                                             // fp32 or bf16, row stride ldw elements
-  static constexpr bool kGrouped = false;
   const W* w; int64_t ldw;
   struct Row {
     const W* p;
@@ -97,7 +93,6 @@ struct DenseRows {                                             // fp32 or bf16, 
 };
 
 struct Int8Rows {                                              // int8 [O, K], fp32 scale [O]: y = scale * sum(q x)
-  static constexpr bool kGrouped = false;
   const int8_t* q; const float* scale; int64_t K;
   struct Row {
     const int8_t* p; float sf; int64_t ahead;
@@ -114,72 +109,19 @@ struct Int8Rows {                                              // int8 [O, K], f
   inline Row row(int64_t o) const { return {q + o * K, scale[o], PREFETCH_ROWS * K}; }
 };
 
-// int4: uint8 [O, K/2] (low nibble first), fp32 scale and uint8 zero [O, K/group]; group = 1 << lg,
-// >= 8: y = sum over groups g of scale_g * (sum over the group of q x - zero_g * sum of the group's x).
-// The zero point leaves the inner loop: a step converts its nibbles and multiplies, nothing else,
-// and where a fold unit ends -- a group (lg >= 4), or each 16-wide step for group 8 (kPairs: its
-// lanes 0-3 in group k/8, lanes 4-7 in the next) -- the unit's lane sums of q x less zero times
-// the same lanes' sums of x (`xsum`: computed once per call, [n, U, 8]) are folded in times the
-// scales. kPairs is a type of its own, so the step has no branch on it.
-// An int4 fold unit is 1 << int4_unit_shift(lg) inputs: the group, or one 16-wide step for group 8.
-constexpr int int4_unit_shift(int lg) { return lg > 4 ? lg : 4; }
-
-template <bool kPairs>
-struct Int4Rows {
-  static constexpr bool kGrouped = true;
-  const uint8_t* q; const float* scale; const uint8_t* zero; int64_t K, G; int lg;
-  const float* xs; int64_t U;                                  // x's lane sums per fold unit, U units a row of x
-  inline bool group_ends(int64_t k) const { return kPairs || ((k + 16) & ((int64_t{1} << lg) - 1)) == 0; }
-  inline int64_t unit(int64_t k) const { return k >> int4_unit_shift(lg); }
-  inline __m256 xsum(int64_t j, int64_t k) const { return _mm256_loadu_ps(xs + (j * U + unit(k)) * 8); }
-  struct Row {
-    const uint8_t* p; const float* s; const uint8_t* z; int lg; int64_t ahead;
-    inline void load16(int64_t k, __m256& w0, __m256& w1) const {
-      if ((k & 127) == 0) _mm_prefetch(reinterpret_cast<const char*>(p + k / 2 + ahead), _MM_HINT_T0);
-      const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + k / 2)));
-      w0 = _mm256_cvtepi32_ps(_mm256_and_si256(b, _mm256_set1_epi32(0x0F)));
-      w1 = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
-    }
-    // a group's scale / zero point in every lane; kPairs: groups g and g + 1 in lanes 0-3 and 4-7,
-    // read together and spread by one permute (eight scalar inserts a step cost more than its weights)
-    inline __m256 scales(int64_t k) const {
-      const int64_t g = k >> lg;
-      if constexpr (!kPairs) return _mm256_set1_ps(s[g]);
-      const __m128 two = _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s + g)));
-      return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(two), _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
-    }
-    inline __m256 zeros(int64_t k) const {
-      const int64_t g = k >> lg;
-      if constexpr (!kPairs) return _mm256_set1_ps(static_cast<float>(z[g]));
-      uint16_t both;
-      std::memcpy(&both, z + g, 2);
-      const __m256 two = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi32_si128(both)));
-      return _mm256_permutevar8x32_ps(two, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
-    }
-    inline float at(int64_t t) const {
-      const int64_t g = t >> lg;
-      const int v = (p[t / 2] >> (4 * (t & 1))) & 0x0F;
-      return static_cast<float>(v - static_cast<int>(z[g])) * s[g];
-    }
-    inline float finish(float s) const { return s; }
-  };
-  inline Row row(int64_t o) const { return {q + o * (K / 2), scale + o * G, zero + o * G, lg, PREFETCH_ROWS * (K / 2)}; }
-};
-
 // y[j * O + r] = dot(weight row o + r, x + j * K) for r < R weight rows and j < NB rows of x. Every
 // (weight row, x row) pair runs the same instructions in the same order whatever R and NB are: two
-// 8-lane accumulators over 16-wide steps (grouped: a fold unit's, summed, less its zero points
-// times x's lane sums, folded into one total times its scales when it ends), summed, reduced by
-// hsum, then the tail one fma at a time, then `finish`.
+// 8-lane accumulators over 16-wide steps, summed, reduced by hsum, then the tail one fma at a time,
+// then `finish`.
 // R > 1 reads R weight rows side by side: several memory streams per thread, which one core needs
 // to reach its share of the bandwidth (one stream alone reads at about 3/4 of it here).
 template <typename Rows, int64_t R, int64_t NB>
-inline void dot_block(const Rows& rows, int64_t o, const float* x, int64_t j0, int64_t K, float* y, int64_t O) {
+inline void dot_block(const Rows& rows, int64_t o, const float* x, int64_t K, float* y, int64_t O) {
   typename Rows::Row rr[R];
   for (int64_t r = 0; r < R; ++r) rr[r] = rows.row(o + r);
-  __m256 a0[R][NB], a1[R][NB], t[R][NB];
+  __m256 a0[R][NB], a1[R][NB];
   for (int64_t r = 0; r < R; ++r)
-    for (int64_t j = 0; j < NB; ++j) a0[r][j] = a1[r][j] = t[r][j] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < NB; ++j) a0[r][j] = a1[r][j] = _mm256_setzero_ps();
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
     for (int64_t r = 0; r < R; ++r) {
@@ -190,22 +132,10 @@ inline void dot_block(const Rows& rows, int64_t o, const float* x, int64_t j0, i
         a1[r][j] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + j * K + k + 8), a1[r][j]);
       }
     }
-    if constexpr (Rows::kGrouped) {
-      if (rows.group_ends(k)) {
-        for (int64_t r = 0; r < R; ++r) {
-          const __m256 sc = rr[r].scales(k), zv = rr[r].zeros(k);
-          for (int64_t j = 0; j < NB; ++j) {
-            const __m256 a = _mm256_fnmadd_ps(zv, rows.xsum(j0 + j, k), _mm256_add_ps(a0[r][j], a1[r][j]));
-            t[r][j] = _mm256_fmadd_ps(a, sc, t[r][j]);
-            a0[r][j] = a1[r][j] = _mm256_setzero_ps();
-          }
-        }
-      }
-    }
   }
   for (int64_t r = 0; r < R; ++r)
     for (int64_t j = 0; j < NB; ++j) {
-      float s = hsum(Rows::kGrouped ? t[r][j] : _mm256_add_ps(a0[r][j], a1[r][j]));
+      float s = hsum(_mm256_add_ps(a0[r][j], a1[r][j]));
       for (int64_t t = k; t < K; ++t) s = std::fma(rr[r].at(t), x[j * K + t], s);
       y[j * O + o + r] = rr[r].finish(s);
     }
@@ -282,7 +212,7 @@ struct FloatBlocks {
     if constexpr (std::is_same_v<Rows, DenseRows<float>> && R == 4 && NB == 1) {
       if (avx512) return dense4_avx512(w.w, w.ldw, o, x + j * K, K, y + j * O);
     }
-    dot_block<Rows, R, NB>(w, o, x + j * K, j, K, y + j * O, O);
+    dot_block<Rows, R, NB>(w, o, x + j * K, K, y + j * O, O);
   }
 };
 
@@ -512,47 +442,6 @@ at::Tensor quant_prologue(const at::Tensor& x, const at::Tensor& packed, int64_t
   return x.contiguous();
 }
 
-// x [n, K] with each full 16 inputs k..k+15 reordered as k, k+2, .., k+14, k+1, k+3, .., k+15 (the
-// order of int4's nibble lanes); a tail past the last full 16 stays in place.
-at::Tensor deinterleave16(const at::Tensor& x) {
-  const int64_t n = x.size(0), K = x.size(1), full = K / 16 * 16;
-  at::Tensor out = at::empty_like(x);
-  const float* src = x.data_ptr<float>();
-  float* dst = out.data_ptr<float>();
-  for (int64_t j = 0; j < n; ++j, src += K, dst += K) {
-    for (int64_t k = 0; k < full; k += 16)
-      for (int64_t i = 0; i < 8; ++i) {
-        dst[k + i] = src[k + 2 * i];
-        dst[k + 8 + i] = src[k + 2 * i + 1];
-      }
-    for (int64_t t = full; t < K; ++t) dst[t] = src[t];
-  }
-  return out;
-}
-
-// Int4Rows::xsum's table from the de-interleaved x [n, K]: [n, U, 8], lane i of fold unit u the
-// sum, step by step in order, of the two inputs weight lanes i of w0 and w1 meet in each 16-wide
-// step of the unit (int4_unit_shift; the full steps only: a tail is summed by `at`).
-at::Tensor lane_sums(const at::Tensor& xd, int lg) {
-  const int64_t unit_steps = int64_t{1} << (int4_unit_shift(lg) - 4);
-  const int64_t n = xd.size(0), K = xd.size(1), U = K / 16 / unit_steps;
-  at::Tensor out = at::empty({n, U, 8}, xd.options());
-  const float* x = xd.data_ptr<float>();
-  float* o = out.data_ptr<float>();
-  for (int64_t j = 0; j < n; ++j)
-    for (int64_t u = 0; u < U; ++u, o += 8)
-      for (int64_t i = 0; i < 8; ++i) {
-        float acc = 0.0f;
-        for (int64_t st = 0; st < unit_steps; ++st) {
-          const float* at = x + j * K + (u * unit_steps + st) * 16;
-          acc += at[i];
-          acc += at[8 + i];
-        }
-        o[i] = acc;
-      }
-  return out;
-}
-
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, int64_t q_at, int64_t scale_at, int64_t O,
                        int64_t K) {
   at::Tensor xc = quant_prologue(x, packed, K, "int8_linear");
@@ -563,28 +452,183 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, int64_t q_
   return out;
 }
 
+// --- int4 with fp32 activations ------------------------------------------------------------------
+// int4: uint8 [O, K/2] (low nibble first), fp32 scale and uint8 zero [O, G], G = K / group, group =
+// 1 << lg >= 8: y = sum over groups g of scale_g * sum over the group of q x  -  sum over groups of
+// scale_g * zero_g * (the group's sum of x). The weights are read as 32-bit lanes of 8 nibbles
+// (4 bytes, inputs 8L..8L+7 of a block) without widening: the lane's nibble c masked in place is
+// q * 16^(c mod 4) (c >= 4 from the lane shifted down 16 bits), converted exactly, and meets x's
+// input 8L + c pre-scaled by 16^-(c mod 4) (exact: a power of two), so a block of 8 * W inputs
+// (W lanes) is one load, one shift and 8 masks, conversions and fmas -- no widening and no
+// shuffle -- and every lane lies in one group (a group is >= 8 inputs), so the block's sum is
+// folded into the row's total times a vector of its groups' scales. x is laid out per call to
+// match (`int4_x`), with each group's sum of x; the zero points are one short dot product a row
+// (`int4_tail`), outside the weight loop. W = 16 (AVX-512) where the CPU has it, else 8 (AVX2);
+// one width for every block of a call, so a row's output is the same bits at any batch and thread
+// count on a given CPU (not across the two widths).
+struct Int4Args {
+  const uint8_t* q; const float* scale; const uint8_t* zero; int64_t K, G; int lg;
+  const float* xp; const float* xg;   // x laid out per block [n, K] and x's group sums [n, G] (int4_x)
+  int64_t full;                       // inputs in whole blocks; the rest is the scalar tail
+  int32_t sidx[16], smask[16];        // a block's scales: lane L's is scale[k >> lg + sidx[L]], loaded where smask
+};
+
+// Row o's output from the sum s of its whole blocks against x row j: the tail's inputs one fma at
+// a time (each value's scale applied to it), then less the zero points' term, in a fixed order.
+inline float int4_tail(const Int4Args& a, float s, int64_t o, int64_t j) {
+  const uint8_t* p = a.q + o * (a.K / 2);
+  const float* sc = a.scale + o * a.G;
+  const uint8_t* z = a.zero + o * a.G;
+  const float* x = a.xp + j * a.K;
+  for (int64_t t = a.full; t < a.K; ++t)
+    s = std::fma(static_cast<float>((p[t / 2] >> (4 * (t & 1))) & 0x0F) * sc[t >> a.lg], x[t], s);
+  const float* xg = a.xg + j * a.G;
+  __m256 zt = _mm256_setzero_ps();
+  int64_t g = 0;
+  for (; g + 8 <= a.G; g += 8) {
+    const __m256 zv = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(z + g))));
+    zt = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(sc + g), zv), _mm256_loadu_ps(xg + g), zt);
+  }
+  float zs = hsum(zt);
+  for (; g < a.G; ++g) zs = std::fma(sc[g] * static_cast<float>(z[g]), xg[g], zs);
+  return s - zs;
+}
+
+// R weight rows from o against NB rows of x from j0, 8 lanes (blocks of 64 inputs).
+template <int64_t R, int64_t NB>
+void int4_block8(const Int4Args& a, int64_t o, int64_t j0, float* y, int64_t O) {
+  const __m256i m0 = _mm256_set1_epi32(0xF), m1 = _mm256_set1_epi32(0xF0), m2 = _mm256_set1_epi32(0xF00),
+                m3 = _mm256_set1_epi32(0xF000);
+  const __m256i sidx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.sidx)),
+                smask = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.smask));
+  const int64_t ahead = PREFETCH_ROWS * (a.K / 2);
+  __m256 t[R][NB];
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t j = 0; j < NB; ++j) t[r][j] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < a.full; k += 64) {
+    for (int64_t r = 0; r < R; ++r) {
+      const uint8_t* p = a.q + (o + r) * (a.K / 2) + k / 2;
+      if ((k & 127) == 0) _mm_prefetch(reinterpret_cast<const char*>(p + ahead), _MM_HINT_T0);
+      const __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), h = _mm256_srli_epi32(d, 16);
+      const __m256 w[8] = {_mm256_cvtepi32_ps(_mm256_and_si256(d, m0)), _mm256_cvtepi32_ps(_mm256_and_si256(d, m1)),
+                           _mm256_cvtepi32_ps(_mm256_and_si256(d, m2)), _mm256_cvtepi32_ps(_mm256_and_si256(d, m3)),
+                           _mm256_cvtepi32_ps(_mm256_and_si256(h, m0)), _mm256_cvtepi32_ps(_mm256_and_si256(h, m1)),
+                           _mm256_cvtepi32_ps(_mm256_and_si256(h, m2)), _mm256_cvtepi32_ps(_mm256_and_si256(h, m3))};
+      const __m256 sc = _mm256_permutevar8x32_ps(
+          _mm256_maskload_ps(a.scale + (o + r) * a.G + (k >> a.lg), smask), sidx);
+      for (int64_t j = 0; j < NB; ++j) {
+        const float* x = a.xp + (j0 + j) * a.K + k;
+        __m256 s = _mm256_mul_ps(w[0], _mm256_loadu_ps(x));
+        for (int c = 1; c < 8; ++c) s = _mm256_fmadd_ps(w[c], _mm256_loadu_ps(x + 8 * c), s);
+        t[r][j] = _mm256_fmadd_ps(s, sc, t[r][j]);
+      }
+    }
+  }
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t j = 0; j < NB; ++j) y[(j0 + j) * O + o + r] = int4_tail(a, hsum(t[r][j]), o + r, j0 + j);
+}
+
+// int4_block8 in 16 lanes (blocks of 128 inputs), for a CPU with AVX-512: half the instructions a
+// weight, where the 8-lane block is bound by its conversions rather than its reads.
+template <int64_t R, int64_t NB>
+__attribute__((target("avx512f"))) void int4_block16(const Int4Args& a, int64_t o, int64_t j0, float* y, int64_t O) {
+  const __m512i m0 = _mm512_set1_epi32(0xF), m1 = _mm512_set1_epi32(0xF0), m2 = _mm512_set1_epi32(0xF00),
+                m3 = _mm512_set1_epi32(0xF000);
+  const __m512i sidx = _mm512_loadu_si512(a.sidx);
+  const __mmask16 smask = _mm512_cmpneq_epi32_mask(_mm512_loadu_si512(a.smask), _mm512_setzero_si512());
+  const int64_t ahead = PREFETCH_ROWS * (a.K / 2);
+  __m512 t[R][NB];
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t j = 0; j < NB; ++j) t[r][j] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < a.full; k += 128) {
+    for (int64_t r = 0; r < R; ++r) {
+      const uint8_t* p = a.q + (o + r) * (a.K / 2) + k / 2;
+      _mm_prefetch(reinterpret_cast<const char*>(p + ahead), _MM_HINT_T0);
+      const __m512i d = _mm512_loadu_si512(p), h = _mm512_srli_epi32(d, 16);
+      const __m512 w[8] = {_mm512_cvtepi32_ps(_mm512_and_si512(d, m0)), _mm512_cvtepi32_ps(_mm512_and_si512(d, m1)),
+                           _mm512_cvtepi32_ps(_mm512_and_si512(d, m2)), _mm512_cvtepi32_ps(_mm512_and_si512(d, m3)),
+                           _mm512_cvtepi32_ps(_mm512_and_si512(h, m0)), _mm512_cvtepi32_ps(_mm512_and_si512(h, m1)),
+                           _mm512_cvtepi32_ps(_mm512_and_si512(h, m2)), _mm512_cvtepi32_ps(_mm512_and_si512(h, m3))};
+      const __m512 sc = _mm512_permutexvar_ps(sidx, _mm512_maskz_loadu_ps(smask, a.scale + (o + r) * a.G + (k >> a.lg)));
+      for (int64_t j = 0; j < NB; ++j) {
+        const float* x = a.xp + (j0 + j) * a.K + k;
+        __m512 s = _mm512_mul_ps(w[0], _mm512_loadu_ps(x));
+        for (int c = 1; c < 8; ++c) s = _mm512_fmadd_ps(w[c], _mm512_loadu_ps(x + 16 * c), s);
+        t[r][j] = _mm512_fmadd_ps(s, sc, t[r][j]);
+      }
+    }
+  }
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t j = 0; j < NB; ++j) {
+      const __m256 lo = _mm512_castps512_ps256(t[r][j]);
+      const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(t[r][j]), 1));
+      y[(j0 + j) * O + o + r] = int4_tail(a, hsum(_mm256_add_ps(lo, hi)), o + r, j0 + j);
+    }
+}
+
+template <bool kWide>
+struct Int4Blocks {
+  const Int4Args& a; float* y; int64_t O;
+  template <int64_t R, int64_t NB>
+  void block(int64_t o, int64_t j) const {
+    if constexpr (kWide) int4_block16<R, NB>(a, o, j, y, O); else int4_block8<R, NB>(a, o, j, y, O);
+  }
+};
+
+// x [n, K] laid out for blocks of `lanes` 32-bit weight lanes (8 * lanes inputs): block b's chunk
+// c (c < 8), lane L holds input b + 8L + c times 16^-(c mod 4); the tail past the last whole block
+// stays in place. And x's sums per group of 1 << lg inputs, in input order: [n, G].
+std::tuple<at::Tensor, at::Tensor> int4_x(const at::Tensor& x, int64_t lanes, int lg) {
+  const int64_t n = x.size(0), K = x.size(1), B = 8 * lanes, full = K / B * B, group = int64_t{1} << lg;
+  at::Tensor xp = at::empty_like(x), xg = at::empty({n, K / group}, x.options());
+  const float* src = x.data_ptr<float>();
+  float* dst = xp.data_ptr<float>();
+  float* sums = xg.data_ptr<float>();
+  constexpr float kScale[4] = {1.0f, 1.0f / 16, 1.0f / 256, 1.0f / 4096};
+  for (int64_t j = 0; j < n; ++j, src += K, dst += K) {
+    for (int64_t b = 0; b < full; b += B)
+      for (int64_t c = 0; c < 8; ++c)
+        for (int64_t L = 0; L < lanes; ++L) dst[b + lanes * c + L] = src[b + 8 * L + c] * kScale[c % 4];
+    for (int64_t t = full; t < K; ++t) dst[t] = src[t];
+    for (int64_t g = 0; g < K / group; ++g, ++sums) {
+      float acc = 0.0f;
+      for (int64_t i = 0; i < group; ++i) acc += src[g * group + i];
+      *sums = acc;
+    }
+  }
+  return {xp, xg};
+}
+
+// lanes: 16 or 8, or 0 for the widest this CPU runs (a test runs the 8-lane blocks on an AVX-512 CPU too).
 at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, int64_t q_at, int64_t scale_at, int64_t zero_at,
-                       int64_t O, int64_t K, int64_t group) {
+                       int64_t O, int64_t K, int64_t group, int64_t lanes) {
   TORCH_CHECK(group >= 8 && (group & (group - 1)) == 0 && K % group == 0, "int4_linear: the group size must be a "
               "power of two >= 8 dividing K = ", K, ", got ", group);
+  TORCH_CHECK(lanes == 0 || lanes == 8 || (lanes == 16 && cpu_has_avx512()), "int4_linear: lanes must be 0, 8 or "
+              "(on a CPU with AVX-512) 16, got ", lanes);
   at::Tensor xc = quant_prologue(x, packed, K, "int4_linear");
-  const int64_t G = K / group;
+  const int64_t G = K / group, n = xc.size(0);
   const int lg = log2_of(group);
-  const uint8_t* q = packed_part(packed, q_at, O * K / 2, 1, "int4_linear values");
-  const float* scale = reinterpret_cast<const float*>(packed_part(packed, scale_at, 4 * O * G, 4, "int4_linear scales"));
-  const uint8_t* zero = packed_part(packed, zero_at, O * G, 1, "int4_linear zero points");
-  at::Tensor out = at::empty({xc.size(0), O}, xc.options());
-  if (xc.size(0) > 0) {
-    at::Tensor xd = deinterleave16(xc);
-    at::Tensor xs = lane_sums(xd, lg);
-    const int64_t U = xs.size(1);
-    if (lg == 3)
-      rows_kernel(xd.data_ptr<float>(), xd.size(0), Int4Rows<true>{q, scale, zero, K, G, lg, xs.data_ptr<float>(), U},
-                  O, K, out.data_ptr<float>());
-    else
-      rows_kernel(xd.data_ptr<float>(), xd.size(0), Int4Rows<false>{q, scale, zero, K, G, lg, xs.data_ptr<float>(), U},
-                  O, K, out.data_ptr<float>());
+  const bool wide = lanes == 16 || (lanes == 0 && cpu_has_avx512());
+  lanes = wide ? 16 : 8;
+  Int4Args a{packed_part(packed, q_at, O * K / 2, 1, "int4_linear values"),
+             reinterpret_cast<const float*>(packed_part(packed, scale_at, 4 * O * G, 4, "int4_linear scales")),
+             packed_part(packed, zero_at, O * G, 1, "int4_linear zero points"), K, G, lg, nullptr, nullptr,
+             K / (8 * lanes) * (8 * lanes), {}, {}};
+  for (int64_t L = 0; L < lanes; ++L) {
+    a.sidx[L] = static_cast<int32_t>((8 * L) >> lg);                       // 0 in every lane for a group >= a block
+    a.smask[L] = L < std::max<int64_t>(1, (8 * lanes) >> lg) ? -1 : 0;     // the block's groups' scales
   }
+  at::Tensor out = at::empty({n, O}, xc.options());
+  if (n == 0) return out;
+  auto [xp, xg] = int4_x(xc, lanes, lg);
+  a.xp = xp.data_ptr<float>();
+  a.xg = xg.data_ptr<float>();
+  float* y = out.data_ptr<float>();
+  auto run = [&](const auto& blocks) {
+    run_chunks([&blocks, n](int64_t o0, int64_t o1) { blocked_range(blocks, n, o0, o1); }, O, O * K * n);
+  };
+  if (wide) run(Int4Blocks<true>{a, y, O}); else run(Int4Blocks<false>{a, y, O});
   return out;
 }
 
@@ -759,8 +803,8 @@ TORCH_LIBRARY(moebench_cpu, m) {
   m.def("grouped_small_linear(Tensor x, Tensor w, Tensor offs, int max_rows, bool widen_bf16) -> Tensor",
         &grouped_small_linear);
   m.def("int8_linear(Tensor x, Tensor packed, int q_at, int scale_at, int O, int K) -> Tensor", &int8_linear);
-  m.def("int4_linear(Tensor x, Tensor packed, int q_at, int scale_at, int zero_at, int O, int K, int group) -> Tensor",
-        &int4_linear);
+  m.def("int4_linear(Tensor x, Tensor packed, int q_at, int scale_at, int zero_at, int O, int K, int group, int lanes) "
+        "-> Tensor", &int4_linear);
   m.def("int8_q8_linear(Tensor x, Tensor packed, int q_at, int scale_at, int O, int K) -> Tensor", &int8_q8_linear);
   m.def("int4_q8_linear(Tensor x, Tensor packed, int q_at, int scale_at, int zero_at, int O, int K, int group) -> "
         "Tensor", &int4_q8_linear);

@@ -26,6 +26,17 @@ SHAPES = [(96, 32), (77, 48), (130, 200), (2048, 64)]          # [O, K]: odd row
 GROUPS = [8, 16, 32]
 
 
+def _avx512() -> bool:
+    try:
+        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return False
+    return "avx512f" in flags
+
+
+LANES = (8, 16) if _avx512() else (8,)        # int4's block widths this CPU runs: each is tested
+
+
 @pytest.fixture
 def threads():
     before = torch.get_num_threads()
@@ -55,14 +66,18 @@ def matrix(fmt: str, O: int, K: int, group: int = 32, seed: int = 0) -> tuple[to
 
 
 def run(fmt: str, x: torch.Tensor, packed: torch.Tensor, args: tuple, activations: str = "fp32") -> torch.Tensor:
-    """The kernel for `fmt` on inputs as given (activations fp32) or rounded to int8 by it (int8)."""
+    """The kernel for `fmt` on inputs as given (activations fp32; "fp32/16" runs int4's 16-lane
+    blocks) or rounded to int8 by it (int8)."""
     if activations == "int8":
         return (cpu.int8_q8_linear if fmt == "int8" else cpu.int4_q8_linear)(x, packed, *args)
-    return (cpu.int8_linear if fmt == "int8" else cpu.int4_linear)(x, packed, *args)
+    if fmt == "int8":
+        return cpu.int8_linear(x, packed, *args)
+    return cpu.int4_linear(x, packed, *args, lanes=int(activations.partition("/")[2] or 8))
 
 
 CASES = [("int8", O, K, 32, "fp32") for O, K in SHAPES] + \
-        [("int4", O, K, g, "fp32") for O, K in SHAPES for g in GROUPS if K % g == 0] + \
+        [("int4", O, K, g, f"fp32/{lanes}") for O, K in SHAPES for g in GROUPS if K % g == 0 for lanes in LANES] + \
+        [("int4", 77, 2048, g, f"fp32/{lanes}") for g in (128, 256) for lanes in LANES] + \
         [("int8", 96, 64, 32, "int8"), ("int8", 77, 2048, 32, "int8"), ("int4", 96, 64, 32, "int8"),   # int8 inputs:
          ("int4", 130, 128, 64, "int8"), ("int4", 77, 2048, 128, "int8")]                             # K % 32, groups >= 32
 
