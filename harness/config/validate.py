@@ -172,6 +172,10 @@ def validate(cfg: DictConfig) -> RunSpec:
         load_tokens = max((r.input_len + r.output_len for r in schedule(load)), default=0) if load else 0
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    if load_tokens > mcfg.max_position_embeddings:
+        raise ConfigError(
+            f"load: its longest request, {load_tokens} tokens (prompt and output), is longer than the model allows "
+            f"(max_position_embeddings {mcfg.max_position_embeddings} for {mcfg.name or model.name!r})")
     spec = RunSpec(kv_dtype=kv_dtype, load=load, load_tokens=load_tokens, model=model, placement=pname, placement_options=placement, capacity=capacity,
                    policy=c["cache"]["policy"] if uses_cache else None, prefetch=prefetch,
                    workload=workload, hardware=hardware, run=run, engine=engine, model_config=mcfg,

@@ -1,1 +1,2 @@
-"""Serving under load: the load spec, the client-side request timelines and the serving metrics."""
+"""Serving under load: the load spec, the trace and length-dataset files it reads, the client-side
+request timelines and the serving metrics."""

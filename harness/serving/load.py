@@ -2,19 +2,22 @@
 its prompt and its reply are -- and the request schedule it makes.
 
 Owns: `LoadConf` (the `load` group's schema), `check_load` (every refusal one line: the key, what
-is allowed, what was given), `schedule` (the seeded list of `RequestPlan`s), `read_trace` (the
-trace-file format), `steady_window` (the measured window) and `describe` (a one-line label for
-table headers). Does not own: sending requests or timing them, the serving metrics
-(harness.serving.metrics), registering the group in the ConfigStore (harness.config.schema).
+is allowed, what was given), `schedule` (the seeded list of `RequestPlan`s), `steady_window` (the
+measured window) and `describe` (a one-line label for table headers). Does not own: reading trace
+and length-dataset files (harness.serving.trace_files, re-exported here), sending requests or
+timing them, the serving metrics (harness.serving.metrics), registering the group in the
+ConfigStore (harness.config.schema).
 Pure Python and numpy: no torch, no Hydra.
 
 Arrivals in seconds from the start, the first at 0 (r = `rate`, b = `burstiness`): constant
 t_i = i/r; poisson, exponential gaps of mean 1/r; gamma, Gamma(shape=b, scale=1/(r*b)) gaps (mean
 1/r, CV 1/sqrt(b): vLLM `bench serve`'s burstiness); trace, a file's timestamps shifted to 0; rate
 null, all at 0 (a closed loop that max_concurrency limits). Lengths are fixed, uniform (vLLM's
-`--random-range-ratio`) or normal. Arrivals, input and output lengths draw from their own children
-of `default_rng(seed)`. docs/serving_load.md has every key, the formulas, the steady window and
-the trace format.
+`--random-range-ratio`), normal, or a length dataset's rows (a file of input and output lengths
+without arrival times, its rows drawn in a seeded order, a request's two lengths from one row).
+Arrivals, input and output lengths and the dataset's rows draw from their own children of
+`SeedSequence(seed)`. docs/serving_load.md has every key, the formulas, the steady window and
+the file formats.
 
     from harness.serving.load import LoadConf, describe, schedule, steady_window
     conf = LoadConf(name="poisson", rate=4.0, requests=32, warmup_requests=2, max_concurrency=4)
@@ -25,8 +28,6 @@ the trace format.
 """
 from __future__ import annotations
 
-import csv
-import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
@@ -35,12 +36,14 @@ from typing import Any, Optional
 
 import numpy as np
 
-__all__ = ["LoadConf", "RequestPlan", "Trace", "check_load", "schedule", "read_trace", "steady_window",
-           "describe", "NAMES", "LENGTH_DISTS"]
+from harness.serving.trace_files import SIDES, SUFFIXES, Trace, read_dataset, read_trace
+
+__all__ = ["LoadConf", "RequestPlan", "Trace", "check_load", "schedule", "read_trace", "read_dataset",
+           "steady_window", "describe", "NAMES", "LENGTH_DISTS"]
 
 NAMES = ("none", "constant", "poisson", "gamma", "trace")
-LENGTH_DISTS = ("fixed", "uniform", "normal")
-TRACE_SUFFIXES = (".jsonl", ".csv")
+DATASET = "dataset"                        # the length "distribution" that is a file's rows
+LENGTH_DISTS = ("fixed", "uniform", "normal", DATASET)
 
 
 @dataclass
@@ -56,14 +59,15 @@ class LoadConf:
     drain_s: float = 0.0                   # ... and ends this long before the last one
     input_len: int = 256                   # prompt tokens (the mean of a distribution)
     output_len: int = 64                   # generated tokens (the mean of a distribution)
-    input_dist: str = "fixed"              # fixed | uniform | normal
+    input_dist: str = "fixed"              # fixed | uniform | normal | dataset (dataset_file's rows)
     output_dist: str = "fixed"
     input_ratio: float = 0.0               # uniform: integers in [len*(1-ratio), len*(1+ratio)], 0 < ratio < 1
     output_ratio: float = 0.0
     input_std: float = 0.0                 # normal: the standard deviation in tokens (rounded, clipped to >= 1)
     output_std: float = 0.0
     trace_file: Optional[str] = None       # trace: a .jsonl or .csv of arrivals and, optionally, lengths
-    seed: int = 0                          # arrivals and each length draw from their own child of default_rng(seed)
+    dataset_file: Optional[str] = None     # *_dist=dataset: a .jsonl or .csv of (input, output) lengths, no times
+    seed: int = 0                          # arrivals, each length draw and a dataset's rows: a child of it each
     ignore_eos: bool = True                # generate exactly the planned output length, past any end-of-sequence
     slo: Optional[str] = None              # goodput's bound: a preset (harness.serving.metrics.SLO_PRESETS) or
                                            # "ttft=2.0,tpot=0.2[,percentile=99]"; null: no goodput
@@ -187,11 +191,12 @@ def _draw_normal(rng: np.random.Generator, mean: int, std: float, n: int) -> np.
 @dataclass(frozen=True)
 class _Dist:
     spread: Optional[str]       # the key suffix of its spread (ratio | std), None: none
-    draw: Callable[[np.random.Generator, int, float, int], np.ndarray]
+    # n lengths from (rng, *_len, spread, n); None: the lengths are a dataset's rows, not drawn around *_len
+    draw: Optional[Callable[[np.random.Generator, int, float, int], np.ndarray]]
 
 
 DISTS: dict[str, _Dist] = {"fixed": _Dist(None, _draw_fixed), "uniform": _Dist("ratio", _draw_uniform),
-                           "normal": _Dist("std", _draw_normal)}
+                           "normal": _Dist("std", _draw_normal), DATASET: _Dist(None, None)}
 # what a distribution's spread may be (any other distribution leaves the key at 0)
 SPREADS: dict[str, tuple[str, Callable[[float], bool]]] = {
     "ratio": ("a number in (0, 1)", lambda v: 0 < v < 1),
@@ -215,12 +220,17 @@ def _check_prefix(conf: LoadConf) -> None:
 
 
 def _check_lengths(conf: LoadConf) -> None:
-    for side in ("input", "output"):
-        if not _is_int_from(getattr(conf, f"{side}_len"), 1):
-            raise _refusal(f"{side}_len", "an integer >= 1", getattr(conf, f"{side}_len"))
-        dist = getattr(conf, f"{side}_dist")
+    default = LoadConf()
+    for side in SIDES:
+        key, dist = f"{side}_len", getattr(conf, f"{side}_dist")
         if dist not in DISTS:
             raise _refusal(f"{side}_dist", ", ".join(LENGTH_DISTS), dist)
+        if dist == DATASET:                        # the file's rows are the lengths: *_len does nothing
+            if getattr(conf, key) != getattr(default, key):
+                raise _refusal(key, f"the default {getattr(default, key)} with load.{side}_dist={dist} (the lengths "
+                                    "are load.dataset_file's)", getattr(conf, key))
+        elif not _is_int_from(getattr(conf, key), 1):
+            raise _refusal(key, "an integer >= 1", getattr(conf, key))
         for spread, (allowed, ok) in SPREADS.items():
             key = f"{side}_{spread}"
             v = getattr(conf, key)
@@ -231,22 +241,41 @@ def _check_lengths(conf: LoadConf) -> None:
                 raise _refusal(key, f"0 with load.{side}_dist={dist}", v)
 
 
-def _check_trace(conf: LoadConf) -> None:
-    f = conf.trace_file
-    if conf.name != "trace":
-        if f is not None:
-            raise _refusal("trace_file", "null unless load=trace", f)
-        return
-    if not isinstance(f, str) or Path(f).suffix.lower() not in TRACE_SUFFIXES:
-        raise _refusal("trace_file", "a .jsonl or .csv file with load=trace", f)
+def _check_file(key: str, f: Any, needed_with: str) -> None:
+    """A trace or length-dataset file: a .jsonl or .csv path, relative to the working directory,
+    that exists. Its rows are read (and checked) by `schedule`."""
+    if not isinstance(f, str) or Path(f).suffix.lower() not in SUFFIXES:
+        raise _refusal(key, f"a .jsonl or .csv file with {needed_with}", f)
     if not Path(f).is_file():
-        raise ValueError(f"load.trace_file: allowed an existing .jsonl or .csv file, got {f!r} (no such file)")
+        raise ValueError(f"load.{key}: allowed an existing .jsonl or .csv file, got {f!r} (no such file)")
+
+
+def _check_trace(conf: LoadConf) -> None:
+    if conf.name != "trace":
+        if conf.trace_file is not None:
+            raise _refusal("trace_file", "null unless load=trace", conf.trace_file)
+        return
+    _check_file("trace_file", conf.trace_file, "load=trace")
+
+
+def _dataset_sides(conf: LoadConf) -> list[str]:
+    return [side for side in SIDES if getattr(conf, f"{side}_dist") == DATASET]
+
+
+def _check_dataset(conf: LoadConf) -> None:
+    sides = _dataset_sides(conf)
+    if not sides:
+        if conf.dataset_file is not None:
+            raise _refusal("dataset_file", f"null unless load.input_dist or load.output_dist is {DATASET}",
+                           conf.dataset_file)
+        return
+    _check_file("dataset_file", conf.dataset_file, f"load.{sides[0]}_dist={DATASET}")
 
 
 def check_load(conf: LoadConf) -> LoadConf:
     """`conf`, unchanged, if it describes a load; else a ValueError of one line naming the key,
-    what is allowed and what was given. Reads nothing but whether a trace file exists: a trace's
-    rows are checked when `schedule` reads them."""
+    what is allowed and what was given. Reads nothing but whether a trace or dataset file exists:
+    its rows are checked when `schedule` reads them."""
     if conf.name not in NAMES:
         raise _refusal("name", ", ".join(NAMES), conf.name)
     if conf.name == "none":
@@ -256,6 +285,7 @@ def check_load(conf: LoadConf) -> LoadConf:
     _check_count(conf)
     _check_lengths(conf)
     _check_trace(conf)
+    _check_dataset(conf)
     if not _is_int_from(conf.seed, 0):
         raise _refusal("seed", "an integer >= 0", conf.seed)
     _check_prefix(conf)
@@ -269,130 +299,6 @@ def check_load(conf: LoadConf) -> LoadConf:
         except ValueError as exc:
             raise ValueError(f"load.slo: {exc}") from None
     return conf
-
-
-# --- trace files -------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Trace:
-    """A trace file's requests in arrival order: arrivals from 0 and, where the file has them, lengths."""
-
-    arrival_s: np.ndarray               # float64 [N], sorted, arrival_s[0] == 0
-    input_len: Optional[np.ndarray]     # int64 [N]; None: the file has no input lengths
-    output_len: Optional[np.ndarray]    # int64 [N]; None: the file has no output lengths
-
-
-def _parse_number(v: Any) -> float:
-    if isinstance(v, bool):
-        raise ValueError(v)
-    return float(v)
-
-
-def _parse_datetime_ns(v: Any) -> int:
-    if not isinstance(v, str):
-        raise ValueError(v)
-    return int(np.datetime64(v.strip(), "ns").astype(np.int64))
-
-
-# time column -> (what it holds, its parser, seconds per parsed unit)
-TIME_COLUMNS: dict[str, tuple[str, Callable[[Any], float | int], float]] = {
-    "timestamp": ("a number of milliseconds", _parse_number, 1e-3),             # Mooncake's traces
-    "timestamp_s": ("a number of seconds", _parse_number, 1.0),
-    "TIMESTAMP": ("a date-time YYYY-MM-DD HH:MM:SS[.fraction]", _parse_datetime_ns, 1e-9),   # Azure's
-}
-INPUT_COLUMNS = ("input_length", "ContextTokens")
-OUTPUT_COLUMNS = ("output_length", "GeneratedTokens")
-
-
-def _rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
-    """(line number, row) for each request of a .jsonl (one object a line) or .csv (a header row)."""
-    where = f"load.trace_file: {path.name}"
-    if path.suffix.lower() == ".csv":
-        with path.open(newline="", encoding="utf-8-sig") as fh:
-            reader = csv.DictReader(fh, skipinitialspace=True)
-            reader.fieldnames = [c.strip() for c in reader.fieldnames or []]
-            return [(reader.line_num, row) for row in reader if any(v not in (None, "") for v in row.values())]
-    rows = []
-    with path.open(encoding="utf-8") as fh:
-        for line_no, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                row = None
-            if not isinstance(row, dict):
-                raise ValueError(f"{where} line {line_no}: allowed a JSON object per line, got {line.strip()[:60]!r}")
-            rows.append((line_no, row))
-    return rows
-
-
-def _one_column(path: Path, row: dict[str, Any], names: Sequence[str], what: str) -> Optional[str]:
-    found = [c for c in names if c in row]
-    if len(found) > 1:
-        raise ValueError(f"load.trace_file: {path.name}: allowed one {what} column of {', '.join(names)}, "
-                         f"got {' and '.join(found)}")
-    return found[0] if found else None
-
-
-def _cell(path: Path, line: int, row: dict[str, Any], col: str) -> Any:
-    v = row.get(col)
-    if v is None or v == "":
-        raise ValueError(f"load.trace_file: {path.name} line {line}: allowed a value in column {col!r} "
-                         "(the first row has one), got none")
-    return v
-
-
-def _length(path: Path, line: int, col: str, v: Any) -> int:
-    try:
-        n = int(v.strip()) if isinstance(v, str) else int(v) if float(v).is_integer() else None
-    except (TypeError, ValueError):
-        n = None
-    if n is None or isinstance(v, bool) or n < 1:
-        raise ValueError(f"load.trace_file: {path.name} line {line}: allowed an integer >= 1 in column {col!r}, "
-                         f"got {v!r}")
-    return n
-
-
-def read_trace(path: str | Path) -> Trace:
-    """A trace file's requests, sorted by arrival (stable: equal timestamps keep the file's order).
-
-    One time column: `timestamp` (milliseconds, as Mooncake's traces), `timestamp_s` (seconds) or
-    `TIMESTAMP` (a date-time, as Azure's LLM inference traces); optionally `input_length` or
-    `ContextTokens`, and `output_length` or `GeneratedTokens` (integers >= 1). Other columns
-    (Mooncake's `hash_ids`) are ignored. A .jsonl holds one JSON object a line; a .csv a header row.
-    The columns of the first row are the file's columns: every row must fill them."""
-    path = Path(path)
-    rows = _rows(path)
-    if not rows:
-        raise ValueError(f"load.trace_file: allowed a file with at least one request, got {str(path)!r} (no rows)")
-    first = rows[0][1]
-    time_col = _one_column(path, first, tuple(TIME_COLUMNS), "time")
-    if time_col is None:
-        raise ValueError(f"load.trace_file: {path.name}: allowed a time column timestamp (ms), timestamp_s (s) or "
-                         f"TIMESTAMP (date-time), got columns {', '.join(map(str, first))}")
-    what, parse, seconds = TIME_COLUMNS[time_col]
-    len_cols = {side: _one_column(path, first, names, f"{side} length")
-                for side, names in (("input", INPUT_COLUMNS), ("output", OUTPUT_COLUMNS))}
-    times = []
-    lengths: dict[str, list[int]] = {side: [] for side, col in len_cols.items() if col}
-    for line, row in rows:
-        v = _cell(path, line, row, time_col)
-        try:
-            t = parse(v)
-        except (TypeError, ValueError):
-            t = math.nan
-        if isinstance(t, float) and not math.isfinite(t):
-            raise ValueError(f"load.trace_file: {path.name} line {line}: allowed {what} in column {time_col!r}, "
-                             f"got {v!r}")
-        times.append(t)
-        for side in lengths:
-            col = len_cols[side]
-            lengths[side].append(_length(path, line, col, _cell(path, line, row, col)))
-    raw = np.array(times)                          # int64 ns for date-times: exact before the shift
-    order = np.argsort(raw, kind="stable")
-    arrival_s = ((raw[order] - raw[order[0]]) * seconds).astype(np.float64)
-    got = {side: np.array(v, dtype=np.int64)[order] for side, v in lengths.items()}
-    return Trace(arrival_s, got.get("input"), got.get("output"))
 
 
 # --- the schedule ------------------------------------------------------------------------------
@@ -452,17 +358,37 @@ def _drawn_lengths(conf: LoadConf, side: str, n: int, stream: np.random.SeedSequ
     return dist.draw(np.random.default_rng(stream), getattr(conf, f"{side}_len"), spread, n)
 
 
+def _dataset_rows(rows: int, n: int, stream: np.random.SeedSequence) -> np.ndarray:
+    """Which of a dataset's `rows` each of `n` requests takes (int64 [n]): the rows in a seeded random
+    order, each once before any is taken again -- a new order for each pass over the file. As vLLM's
+    datasets (shuffled with the seed, the first n taken) where n <= rows; the first n of any longer
+    draw from the same stream."""
+    rng = np.random.default_rng(stream)
+    return np.concatenate([rng.permutation(rows) for _ in range(-(-n // rows))])[:n]
+
+
+def _dataset_lengths(conf: LoadConf, n: int, stream: np.random.SeedSequence) -> dict[str, np.ndarray]:
+    """side -> int64 [n] for the sides whose distribution is the dataset: both from one row per request."""
+    sides = _dataset_sides(conf)
+    if not sides:
+        return {}
+    table = read_dataset(conf.dataset_file, sides)
+    pick = _dataset_rows(len(table[sides[0]]), n, stream)
+    return {side: column[pick] for side, column in table.items()}
+
+
 def schedule(conf: LoadConf) -> list[RequestPlan]:
     """The requests `conf` offers, in arrival order; the same list for the same conf and seed.
 
-    Arrivals, input lengths, output lengths and which requests share the prefix draw from the
-    children of `np.random.SeedSequence(seed).spawn(4)`, in that order (the first three are what
-    `default_rng(seed).spawn(3)` holds). With duration_s: the arrivals before it (t < duration_s).
+    Arrivals, input lengths, output lengths, which requests share the prefix and which row of a
+    length dataset each request takes draw from the children of `np.random.SeedSequence(seed).spawn(5)`,
+    in that order (the first three are what `default_rng(seed).spawn(3)` holds). With duration_s: the
+    arrivals before it (t < duration_s). A trace's own lengths come before any distribution's.
     load=none: no requests."""
     check_load(conf)
     if conf.name == "none":
         return []
-    arrivals_seq, input_seq, output_seq, share_seq = np.random.SeedSequence(conf.seed).spawn(4)
+    arrivals_seq, input_seq, output_seq, share_seq, rows_seq = np.random.SeedSequence(conf.seed).spawn(5)
     if conf.name == "trace":
         trace = _trace_requests(conf)
     else:
@@ -470,8 +396,10 @@ def schedule(conf: LoadConf) -> list[RequestPlan]:
     n = len(trace.arrival_s)
     if conf.warmup_requests >= n:
         raise _refusal("warmup_requests", f"fewer than the {n} requests of the schedule", conf.warmup_requests)
+    from_file = _dataset_lengths(conf, n, rows_seq)
     sides = (("input", trace.input_len, input_seq), ("output", trace.output_len, output_seq))
-    lengths = [given if given is not None else _drawn_lengths(conf, side, n, seq) for side, given, seq in sides]
+    lengths = [given if given is not None else from_file[side] if side in from_file
+               else _drawn_lengths(conf, side, n, seq) for side, given, seq in sides]
     shares = (np.random.default_rng(share_seq).random(n) < conf.share_ratio if conf.shared_prefix
               else np.zeros(n, dtype=bool))
     return [RequestPlan(index=i, arrival_s=float(trace.arrival_s[i]), input_len=int(lengths[0][i]),
@@ -501,6 +429,8 @@ def steady_window(plans: Sequence[RequestPlan], conf: LoadConf) -> tuple[float, 
 # --- labels ------------------------------------------------------------------------------------
 def _length_label(conf: LoadConf, side: str) -> str:
     mean, dist = getattr(conf, f"{side}_len"), getattr(conf, f"{side}_dist")
+    if dist == DATASET:
+        return f"{dist} {Path(conf.dataset_file or '').name}"
     spread = {"uniform": lambda: f" ±{getattr(conf, f'{side}_ratio') * 100:g}%",
               "normal": lambda: f" sd {getattr(conf, f'{side}_std'):g}"}.get(dist, lambda: "")()
     return f"{mean} {dist}{spread}"

@@ -1,5 +1,6 @@
 """The load spec: arrival processes with the statistics their formulas promise, seeded and
 reproducible; length distributions within their bounds; trace files replayed in each accepted form;
+length datasets sampled row by row, each row once before any repeats, beside any arrival process;
 warm-up and the steady window on a hand-built case; every refusal as one line naming the key, what
 is allowed and what was given; every conf/load option building a checked LoadConf."""
 from __future__ import annotations
@@ -203,6 +204,113 @@ def test_a_bad_trace_is_refused_in_one_line(tmp_path, name, text, kw, message):
     assert str(e.value) == message
 
 
+# --- length datasets ---------------------------------------------------------------------------
+PAIRS = [(512, 128), (1024, 64), (48, 300), (7, 7), (2000, 1)]
+
+
+def dataset(tmp_path: Path, name: str = "lengths.jsonl", rows=PAIRS, text: str | None = None) -> str:
+    path = tmp_path / name
+    path.write_text(text if text is not None else
+                    "".join(json.dumps({"input_length": i, "output_length": o}) + "\n" for i, o in rows))
+    return str(path)
+
+
+def pairs(plans: list[RequestPlan]) -> list[tuple[int, int]]:
+    return [(p.input_len, p.output_len) for p in plans]
+
+
+def test_a_dataset_gives_each_request_one_rows_two_lengths_each_row_once_per_pass(tmp_path):
+    """The reference: request i takes row order[i], where order is the rows' permutations drawn in
+    turn from the fifth child of SeedSequence(seed) -- each row once per pass over the file."""
+    f = dataset(tmp_path)
+    plans = schedule(LoadConf(name="poisson", rate=4.0, requests=13, input_dist="dataset", output_dist="dataset",
+                              dataset_file=f, seed=5))
+    rng = np.random.default_rng(np.random.SeedSequence(5).spawn(5)[4])
+    order = np.concatenate([rng.permutation(5) for _ in range(3)])[:13]
+    assert pairs(plans) == [PAIRS[i] for i in order]
+    for start in (0, 5):                                        # a pass: every row exactly once
+        assert sorted(pairs(plans)[start:start + 5]) == sorted(PAIRS)
+    many = pairs(schedule(LoadConf(name="constant", rate=1.0, requests=1003, input_dist="dataset",
+                                   output_dist="dataset", dataset_file=f)))
+    assert {many.count(pair) for pair in PAIRS} == {200, 201}   # 200 whole passes and 3 rows of the next
+
+
+def test_a_dataset_moves_neither_the_arrivals_nor_a_drawn_side(tmp_path):
+    f = dataset(tmp_path)
+    for arrivals in ({"name": "poisson", "rate": 4.0}, {"name": "gamma", "rate": 2.0, "burstiness": 0.25},
+                     {"name": "constant", "rate": 3.0}, {"name": "poisson", "rate": None, "max_concurrency": 2}):
+        base = LoadConf(**arrivals, requests=40, output_dist="uniform", output_ratio=0.5, seed=2)
+        mixed = dataclasses.replace(base, input_dist="dataset", dataset_file=f)
+        a, b = schedule(base), schedule(mixed)
+        assert [p.arrival_s for p in a] == [p.arrival_s for p in b], arrivals
+        assert [p.output_len for p in a] == [p.output_len for p in b]              # drawn, as without the file
+        assert {p.input_len for p in b} == {i for i, _ in PAIRS}
+    closed = schedule(LoadConf(name="constant", rate=None, max_concurrency=2, requests=6, input_dist="dataset",
+                               output_dist="dataset", dataset_file=f))
+    assert [p.arrival_s for p in closed] == [0.0] * 6 and set(pairs(closed)) <= set(PAIRS)
+
+
+def test_a_seed_fixes_the_rows_and_a_duration_takes_the_same_rows_as_a_count(tmp_path):
+    conf = LoadConf(name="poisson", rate=4.0, requests=30, input_dist="dataset", output_dist="dataset",
+                    dataset_file=dataset(tmp_path), seed=9)
+    assert schedule(conf) == schedule(conf)
+    assert pairs(schedule(dataclasses.replace(conf, seed=10))) != pairs(schedule(conf))
+    by_time = schedule(dataclasses.replace(conf, requests=None, duration_s=5.0))
+    assert pairs(by_time) == pairs(schedule(conf))[:len(by_time)]
+
+
+def test_trace_files_are_length_datasets_with_their_times_ignored(tmp_path):
+    """The Mooncake and Azure column names, read by the trace reader's rules; times play no part."""
+    mooncake = dataset(tmp_path, "m.jsonl", text=json.dumps({"timestamp": 9, "input_length": 6755, "output_length": 500,
+                                                              "hash_ids": [0, 1]}) + "\n")
+    azure = dataset(tmp_path, "a.csv", text="TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                                            "2023-11-16 18:15:46.6805900,4808,10\n2023-11-16 18:15:50.9951380,3180,8\n")
+    plain = dataset(tmp_path, "p.csv", text="input_length,output_length\n 30, 4\n")
+    for f, want in ((mooncake, {(6755, 500)}), (azure, {(4808, 10), (3180, 8)}), (plain, {(30, 4)})):
+        plans = schedule(LoadConf(name="constant", rate=2.0, requests=4, input_dist="dataset",
+                                  output_dist="dataset", dataset_file=f))
+        assert set(pairs(plans)) == want and [p.arrival_s for p in plans] == [0.0, 0.5, 1.0, 1.5]
+
+
+def test_one_side_from_a_dataset_needs_only_its_column(tmp_path):
+    f = dataset(tmp_path, "in.csv", text="ContextTokens\n100\n200\n")
+    plans = schedule(LoadConf(name="poisson", rate=4.0, requests=8, input_dist="dataset", dataset_file=f,
+                              output_len=9))
+    assert {p.input_len for p in plans} == {100, 200} and {p.output_len for p in plans} == {9}
+    with pytest.raises(ValueError) as e:
+        schedule(LoadConf(name="poisson", rate=4.0, requests=8, output_dist="dataset", dataset_file=f))
+    assert str(e.value) == ("load.dataset_file: in.csv: allowed a column output_length or GeneratedTokens for the "
+                            "output lengths, got columns ContextTokens")
+
+
+def test_a_trace_without_lengths_takes_them_from_a_dataset(tmp_path):
+    f = dataset(tmp_path)
+    plans = trace(tmp_path, "t.csv", "timestamp_s\n0\n1\n2\n", input_dist="dataset", output_dist="dataset",
+                  dataset_file=f)
+    assert [p.arrival_s for p in plans] == [0.0, 1.0, 2.0] and set(pairs(plans)) <= set(PAIRS)
+
+
+@pytest.mark.parametrize("text,message", [
+    ("", "load.dataset_file: allowed a file with at least one request, got '{path}' (no rows)"),
+    ('{"input_length": 5, "output_length": 2}\n{"input_length": 0, "output_length": 2}\n',
+     "load.dataset_file: d.jsonl line 2: allowed an integer >= 1 in column 'input_length', got 0"),
+    ('{"input_length": 5, "output_length": -2}\n',
+     "load.dataset_file: d.jsonl line 1: allowed an integer >= 1 in column 'output_length', got -2"),
+    ('{"input_length": 5, "output_length": 2}\n{"input_length": 5}\n',
+     "load.dataset_file: d.jsonl line 2: allowed a value in column 'output_length' (the first row has one), got none"),
+    ('{"prompt": "hi", "completion": "there"}\n',
+     "load.dataset_file: d.jsonl: allowed a column input_length or ContextTokens for the input lengths, "
+     "got columns prompt, completion"),
+    ('[5, 2]\n', "load.dataset_file: d.jsonl line 1: allowed a JSON object per line, got '[5, 2]'"),
+])
+def test_a_bad_dataset_is_refused_in_one_line(tmp_path, text, message):
+    f = dataset(tmp_path, "d.jsonl", text=text)
+    with pytest.raises(ValueError) as e:
+        schedule(LoadConf(name="poisson", rate=4.0, requests=4, input_dist="dataset", output_dist="dataset",
+                          dataset_file=f))
+    assert str(e.value) == message.format(path=f)
+
+
 # --- warm-up and the steady window ---------------------------------------------------------------
 def test_warm_up_marks_the_first_requests_and_the_window_follows_ramp_and_drain():
     conf = LoadConf(name="constant", rate=2.0, requests=10, warmup_requests=2, ramp_s=1.0, drain_s=0.5)
@@ -257,8 +365,8 @@ REFUSALS = [
     ({"warmup_requests": -1}, "load.warmup_requests: allowed an integer >= 0, got -1"),
     ({"input_len": 0}, "load.input_len: allowed an integer >= 1, got 0"),
     ({"output_len": -3}, "load.output_len: allowed an integer >= 1, got -3"),
-    ({"input_dist": "zipf"}, "load.input_dist: allowed fixed, uniform, normal, got 'zipf'"),
-    ({"output_dist": "lognormal"}, "load.output_dist: allowed fixed, uniform, normal, got 'lognormal'"),
+    ({"input_dist": "zipf"}, "load.input_dist: allowed fixed, uniform, normal, dataset, got 'zipf'"),
+    ({"output_dist": "lognormal"}, "load.output_dist: allowed fixed, uniform, normal, dataset, got 'lognormal'"),
     ({"input_dist": "uniform"}, "load.input_ratio: allowed a number in (0, 1) with load.input_dist=uniform, got 0.0"),
     ({"input_dist": "uniform", "input_ratio": 1.5},
      "load.input_ratio: allowed a number in (0, 1) with load.input_dist=uniform, got 1.5"),
@@ -275,6 +383,19 @@ REFUSALS = [
     ({"name": "trace", "trace_file": "t.jsonl"},
      "load.rate: allowed null with load=trace (the file's timestamps are the arrivals), got 4.0"),
     ({"trace_file": "t.jsonl"}, "load.trace_file: allowed null unless load=trace, got 't.jsonl'"),
+    ({"input_dist": "dataset"}, "load.dataset_file: allowed a .jsonl or .csv file with load.input_dist=dataset, "
+                                "got null"),
+    ({"output_dist": "dataset", "dataset_file": "lengths.parquet"},
+     "load.dataset_file: allowed a .jsonl or .csv file with load.output_dist=dataset, got 'lengths.parquet'"),
+    ({"input_dist": "dataset", "output_dist": "dataset", "dataset_file": "/nonexistent/lengths.csv"},
+     "load.dataset_file: allowed an existing .jsonl or .csv file, got '/nonexistent/lengths.csv' (no such file)"),
+    ({"dataset_file": "lengths.csv"},
+     "load.dataset_file: allowed null unless load.input_dist or load.output_dist is dataset, got 'lengths.csv'"),
+    ({"input_dist": "dataset", "input_len": 512, "dataset_file": "lengths.csv"},
+     "load.input_len: allowed the default 256 with load.input_dist=dataset (the lengths are load.dataset_file's), "
+     "got 512"),
+    ({"output_dist": "dataset", "output_ratio": 0.5, "dataset_file": "lengths.csv"},
+     "load.output_ratio: allowed 0 with load.output_dist=dataset, got 0.5"),
     ({"seed": -1}, "load.seed: allowed an integer >= 0, got -1"),
     ({"ignore_eos": "yes"}, "load.ignore_eos: allowed true (output lengths are enforced: every request generates its planned length, and a shorter one counts as a mismatch), got 'yes'"),
     ({"ignore_eos": False}, "load.ignore_eos: allowed true (output lengths are enforced: every request generates its planned length, and a shorter one counts as a mismatch), got false"),
@@ -307,6 +428,10 @@ def test_describe_says_the_process_the_count_the_concurrency_and_the_lengths():
     assert describe(conf) == ("gamma 0.5 req/s burstiness 0.25, 60 s of arrivals, unlimited concurrency, "
                               "steady window +5 s / -0 s, in 256 uniform ±25%, out 64 normal sd 16, seed 3")
     assert describe(LoadConf(name="constant", requests=8, max_concurrency=2)).startswith("closed loop, 8 requests")
+    conf = LoadConf(name="poisson", rate=2.0, requests=8, input_dist="dataset", output_dist="dataset",
+                    dataset_file="data/lengths.csv")
+    assert describe(conf) == ("poisson 2 req/s, 8 requests, unlimited concurrency, in dataset lengths.csv, "
+                              "out dataset lengths.csv, seed 0")
 
 
 OPTIONS = sorted((REPO / "conf" / "load").glob("*.yaml"))
