@@ -1,8 +1,9 @@
 """The serve pass through the CLI, in real processes: a load run writes one row per request and
 metric, the steady window's summary and the engine's batch counters, with the load's columns on
-every row; `load=none` skips it, saying so; a bad load spec is one line; a sweep over loads killed
-mid-load (a real SIGTERM) resumes into exactly one set of request rows per job, the completed
-jobs not run again."""
+every row; `load=none` skips it, saying so; a bad load spec is one line; a length dataset sets each
+request's prompt and output; a sweep over loads killed mid-load (a real SIGTERM) resumes into
+exactly one set of request rows per job, the completed jobs not run again; `moebench serve-sweep`
+steps a rate or a closed loop's concurrency up to the SLO."""
 from __future__ import annotations
 
 import json
@@ -14,6 +15,7 @@ import pytest
 from harness import results
 from harness.compare import compare_paths
 from harness.plots.serving import load_curve
+from harness.serving.load import LoadConf, schedule
 from tests.harness.test_trust import cli, done_times, popen, table, wait_until
 
 LOAD = ["workload=chat", "workload.context_tokens=256", "workload.gen_tokens=4", "run.repeats=1", "run.warmup=0",
@@ -87,6 +89,8 @@ def test_no_load_skips_the_pass_and_says_why(tmp_path):
     ("load.slo=fast", "ConfigError: load.slo: unknown SLO 'fast': give a preset (mixtral-8x7b, deepseek-r1, "
                       "deepseek-r1-interactive) or 'ttft=SECONDS,tpot=SECONDS[,percentile=P]'; the keys are ttft and "
                       "tpot, and optionally percentile, each once"),
+    ("load.dataset_file=lengths.jsonl", "ConfigError: load.dataset_file: allowed null unless load.input_dist or "
+                                        "load.output_dist is dataset, got 'lengths.jsonl'"),
 ])
 def test_a_bad_load_is_a_failed_job_saying_why(tmp_path, bad, line):
     """As any bad setting of a job: its failed row saying why in one line, before the engine is built."""
@@ -95,6 +99,34 @@ def test_a_bad_load_is_a_failed_job_saying_why(tmp_path, bad, line):
     (job_dir,) = (tmp_path / "results" / "runs").iterdir()
     df = results.load(job_dir)
     assert (df.status == "failed").all() and df.error.iloc[0] == line
+
+
+DATASET = [a for a in LOAD if not a.startswith(("load.rate", "load.input_len", "load.output_len"))] + [
+    "load.rate=null", "load.input_dist=dataset", "load.output_dist=dataset", "load.dataset_file=lengths.csv"]
+
+
+def test_a_length_dataset_sets_each_requests_prompt_and_output_in_a_closed_loop(tmp_path):
+    """Each request is served with the lengths of the row the schedule gave it (a relative path is
+    the working directory's); a row beyond the model's context fails the job when it is checked."""
+    (tmp_path / "lengths.csv").write_text("input_length,output_length\n40,3\n64,6\n20,1\n")
+    proc = cli(DATASET, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    (job_dir,) = (tmp_path / "results" / "runs").iterdir()
+    df = results.load(job_dir)
+    per_request = serve_rows(df)[serve_rows(df).request_id.notna()]
+    by = per_request.pivot_table(index="request_id", columns="metric", values="value")
+    plans = schedule(LoadConf(name="poisson", rate=None, requests=10, warmup_requests=2, max_concurrency=3,
+                              input_dist="dataset", output_dist="dataset", dataset_file=str(tmp_path / "lengths.csv")))
+    served = [(by.loc[f"r{p.index}", "prompt_tokens"], by.loc[f"r{p.index}", "output_tokens"]) for p in plans]
+    assert served == [(p.input_len, p.output_len) for p in plans]
+    assert set(served) == {(40, 3), (64, 6), (20, 1)} and (by["output_mismatch"] == 0).all()
+    assert df.load_rate.isna().all() and set(df.load_max_concurrency.dropna()) == {3}
+    (tmp_path / "lengths.csv").write_text("input_length,output_length\n9000,3\n")
+    too_long = cli([*DATASET, "hydra.run.dir=results/runs/long"], tmp_path)
+    assert too_long.returncode == 1 and "Traceback" not in too_long.stderr, too_long.stderr
+    error = results.load(tmp_path / "results" / "runs" / "long").error.iloc[0]
+    assert "ConfigError: load: its longest request, 9003 tokens (prompt and output), is longer than the model " \
+           "allows" in error
 
 
 @pytest.mark.slow
@@ -140,6 +172,32 @@ def test_serve_sweep_steps_each_configuration_up_to_its_slo(tmp_path):
         "job: highest rate within the SLO none; first beyond it 5 req/s"), hard.stderr
     refused = cli(["serve-sweep", "load=poisson", "load.rate=3", "load.slo=mixtral-8x7b"], tmp_path)
     assert refused.returncode == 2 and "load.rate is what serve-sweep steps" in refused.stderr
+
+
+@pytest.mark.slow
+def test_serve_sweep_steps_a_closed_loops_concurrency_up_to_its_slo(tmp_path):
+    """--step load.max_concurrency: each step a closed loop (load.rate null) with twice the requests
+    in flight of the last -- at 1, every engine step holds one sequence; it stops where the SLO
+    fails as the rate sweep above does (the same loop)."""
+    base = ["serve-sweep", "workload=chat", "workload.context_tokens=256", "load=poisson", "load.requests=4",
+            "load.input_len=32", "load.output_len=3", "--step", "load.max_concurrency", "--start", "1",
+            "--factor", "2", "--steps", "2"]
+    easy = cli([*base, "load.slo='ttft=100,tpot=100'"], tmp_path)
+    assert easy.returncode == 0, easy.stderr
+    assert easy.stdout.splitlines()[0] == "job: highest concurrency within the SLO 2; first beyond it not reached"
+    out = tmp_path / "results" / "serve-sweep"
+    assert sorted(p.name for p in (out / "job0").iterdir()) == ["concurrency1", "concurrency2"]
+    assert (out / "serve_frontier.png").stat().st_size > 0
+    df = pd.concat([results.load(d) for d in sorted((out / "job0").glob("*/runs/*"))], ignore_index=True)
+    rows = serve_rows(df)
+    assert rows.load_rate.isna().all() and sorted(set(rows.load_max_concurrency)) == [1, 2]
+    per_step = rows[rows.metric == "sequences_per_step"].set_index("load_max_concurrency")["value"]
+    assert per_step[1] == 1 and 1 <= per_step[2] <= 2
+    for given, says in ((["load.rate=3"], "load.rate: serve-sweep --step load.max_concurrency sets load.rate=null"),
+                        (["load.max_concurrency=2"], "load.max_concurrency is what serve-sweep steps"),
+                        (["--start", "1.5"], "--start and --factor: whole numbers with --step load.max_concurrency")):
+        refused = cli([*base, "load.slo=mixtral-8x7b", *given], tmp_path)
+        assert refused.returncode == 2 and says in refused.stderr, refused.stderr
 
 
 @pytest.mark.parametrize("mode", ["primed", "cold", "isolated"])
