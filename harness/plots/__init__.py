@@ -9,7 +9,7 @@ module per kind of figure:
 - `harness.plots.predicted`: `measured_hit_rates`, `hit_rate_curves` (simulator), `what_if` (cost model)
 - `harness.plots.frontier`: `treatment_frontier` (lossy treatments)
 - `harness.plots.serving`: `load_curve` (goodput and p99 TPOT against the offered load; drawn by
-  `moebench serve-sweep`)
+  `moebench serve-sweep`, and by `moebench-plot` where the results hold serve rows)
 - `harness.plots.common`: `MissingData`, the row selection and summaries they share
 
 Does not own: how a figure looks -- the style table (one colour and marker per placement,
@@ -59,8 +59,10 @@ STANDARD: dict[str, Callable[[pd.DataFrame], Figure]] = {
     "overlap": overlap,
     "memory_peaks": memory_peaks,
 }
-# figures of one experiment's rows (experiment=kv_vs_residency): `moebench-plot` draws them beside
-# the standard ones, and skips them with their reason where a results dir lacks their rows
+# figures of rows only some results hold -- a lossy run's (experiment=kv_vs_residency), a load's serve
+# pass: `moebench-plot` draws them beside the standard ones, and skips them with their reason where a
+# results dir lacks their rows
 EXPERIMENT_FIGURES: dict[str, Callable[[pd.DataFrame], Figure]] = {
     "treatment_frontier": treatment_frontier,
+    "load_curve": load_curve,
 }

@@ -62,16 +62,16 @@ def capacity_positions(df: pd.DataFrame) -> tuple[pd.Series, dict[float, str]]:
     return numeric_positions(req.where(req.notna(), None))
 
 
-def mark_emulated(fig: Figure, df: pd.DataFrame, title: str, note: str | None = None) -> None:
+def mark_emulated(fig: Figure, df: pd.DataFrame, title: str, note: str | None = None, spread: str = SPREAD) -> None:
     """The figure's title: `title`, marked when its runs were on an emulated device, then the
-    devices and how repeats are summarised."""
+    devices and `spread`: what a point of it summarises (by default, a median over repeats)."""
     emulated = df["emulated"].astype("boolean") if "emulated" in df.columns else pd.Series(dtype="boolean")
     if emulated.fillna(False).all() and len(emulated):
         title += f"  [{note or 'emulated device: the CPU stands in for the GPU; no link speed or device memory'}]"
     elif emulated.fillna(False).any():
         title += "  [some runs on an emulated device]"
     devices = sorted({str(d) for d in df.get("device_name", pd.Series(dtype=object)).dropna().unique()})
-    suptitle(fig, f"{title}\n" + ("device: " + ", ".join(devices) + "; " if devices else "") + SPREAD)
+    suptitle(fig, f"{title}\n" + ("device: " + ", ".join(devices) + "; " if devices else "") + spread)
 
 
 def auto_log(ax: Axes, values: Sequence[float]) -> None:

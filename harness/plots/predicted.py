@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from harness.contract import METRIC_UNITS
-from harness.plots.common import PHASE_LABELS, MissingData, config_columns, profiled, speed_rows
+from harness.plots.common import PHASE_LABELS, MissingData, config_columns, profiled
 from harness.plotstyle import configs, fmt, from_zero, is_rate, legend, ordered, style, suptitle
 from harness.results import CONFIG_COLUMNS
 

@@ -1,4 +1,4 @@
-"""Fixtures of the analysis tests: a real sweep, produced once per test session by the real CLI."""
+"""Fixtures of the analysis tests: real sweeps, each produced once per test session by the real CLI."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,4 +22,18 @@ def figure_sweep(tmp_path_factory) -> Path:
                  ["-m", "placement=fetch", "cache.capacity=4", "kv.dtype=q8", "run.sweep_id=lossy"]):
         proc = cli([*args, *FIGURE_RUN, f"run.out={root}"], root)
         assert proc.returncode == 0, proc.stderr[-3000:]
+    return root
+
+
+@pytest.fixture(scope="session")
+def serve_sweep(tmp_path_factory) -> Path:
+    """A sweep of serving runs written by `moebench` (sweep `serving`): placements resident and fetch,
+    each at two offered loads, a few requests of a few tokens each under an SLO -- the serve pass
+    only, so the sweep holds serve rows and no speed rows. Returns the run.out root."""
+    root = tmp_path_factory.mktemp("serve_sweep")
+    args = ["-m", "placement=resident,fetch", "load.rate=5,10", "run.sweep_id=serving", "run.passes=[serve]",
+            "run.warmup=0", "load=poisson", "load.requests=6", "load.warmup_requests=1", "load.max_concurrency=2",
+            "load.input_len=32", "load.output_len=3", "load.slo=mixtral-8x7b", *SMALL, f"run.out={root}"]
+    proc = cli(args, root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     return root

@@ -1,9 +1,10 @@
-"""Every figure reads right on a real sweep (the `figure_sweep` fixture: results written by the
-`moebench` CLI; and the committed samples): no two texts overlap and every text lies inside the
+"""Every figure reads right on a real sweep (the `figure_sweep` and `serve_sweep` fixtures: results
+written by the `moebench` CLI; and the committed samples): no two texts overlap and every text lies inside the
 figure, read back from the drawn figure; capacity_sweep's title names what its axes show;
 labels are words ("fetch (4 slots)"), never a stored options dict; the treatment frontier is
 drawn only where a lossy run exists, each point in its placement's colour and its treatment's
-marker, on a KL axis that starts at zero."""
+marker, on a KL axis that starts at zero; the serving figure only where serve rows exist, one line
+per placement in its colour, marked as emulated."""
 from __future__ import annotations
 
 import colorsys
@@ -29,7 +30,7 @@ TOLERANCE_PX = 1.0
 # figures of the real sweep, its one-capacity part (drawn as bars), and the committed samples
 SWEEP_FIGURES = [*plots.STANDARD, "treatment_frontier", "hit_rate_curves", "what_if"]
 NAMES = [*(f"sweep/{n}" for n in SWEEP_FIGURES), *(f"one_capacity/{n}" for n in plots.STANDARD),
-         *(f"samples/{n}" for n in plots.STANDARD), "samples-lossy/treatment_frontier"]
+         *(f"samples/{n}" for n in plots.STANDARD), "samples-lossy/treatment_frontier", "serving/load_curve"]
 
 
 # ----------------------------------------------------------------------------- the figures
@@ -66,15 +67,16 @@ def sweep(figure_sweep: Path) -> pd.DataFrame:
 
 
 @pytest.fixture(scope="module")
-def figures(figure_sweep: Path, sweep: pd.DataFrame) -> dict[str, Figure]:
+def figures(figure_sweep: Path, sweep: pd.DataFrame, serve_sweep: Path) -> dict[str, Figure]:
     one = sweep[sweep["cache_capacity"].isna() | (sweep["cache_capacity"] == "4")]
     samples = R.load(REPO / "results" / "samples")
-    figs = {f"sweep/{n}": f(sweep) for n, f in {**plots.STANDARD, **plots.EXPERIMENT_FIGURES}.items()}
+    figs = {f"sweep/{n}": f(sweep) for n, f in {**plots.STANDARD, "treatment_frontier": plots.treatment_frontier}.items()}
     figs["sweep/hit_rate_curves"] = hit_rates(figure_sweep, sweep)
     figs["sweep/what_if"] = predictions(sweep)
     figs.update({f"one_capacity/{n}": f(one) for n, f in plots.STANDARD.items()})
     figs.update({f"samples/{n}": f(samples) for n, f in plots.STANDARD.items()})
     figs["samples-lossy/treatment_frontier"] = plots.treatment_frontier(R.load(REPO / "results" / "samples-lossy"))
+    figs["serving/load_curve"] = plots.load_curve(R.load(serve_sweep))
     assert sorted(figs) == sorted(NAMES)
     for fig in figs.values():
         FigureCanvasAgg(fig)
@@ -250,3 +252,29 @@ def test_the_frontier_is_drawn_only_where_a_lossy_run_exists(figure_sweep: Path,
     assert not (tmp_path / "treatment_frontier.png").exists() and (tmp_path / "capacity_sweep.png").exists()
     assert plot_main([str(figure_sweep), "--out", str(tmp_path / "all"), "--dpi", "40"]) == 0
     assert (tmp_path / "all" / "treatment_frontier.png").exists()
+
+
+def test_the_serving_figure_is_drawn_only_where_serve_rows_exist(figure_sweep: Path, serve_sweep: Path,
+                                                                 figures: dict[str, Figure], tmp_path: Path,
+                                                                 capsys) -> None:
+    """moebench-plot draws load_curve from a sweep of serving runs -- each placement one line in its
+    colour, a point per offered load at that run's goodput, the emulated device said -- and skips it,
+    saying why, where the results hold no serve rows."""
+    fig = figures["serving/load_curve"]
+    goodput, tpot = fig.axes
+    summary = R.load(serve_sweep)
+    summary = summary[(summary["phase"] == "serve") & summary["request_id"].isna()]
+    lines = {line.get_label(): line for line in goodput.get_lines()}
+    assert set(lines) == {"resident", "fetch"}
+    for placement, line in lines.items():
+        want = summary[(summary["placement"] == placement) & (summary["metric"] == "request_goodput")]
+        assert list(line.get_xdata()) == [5.0, 10.0]
+        assert list(line.get_ydata()) == want.sort_values("load_rate")["value"].tolist()
+        assert abs(hue(line.get_color()) - hue(plotstyle.style("placement", placement).color)) < 0.01
+    assert goodput.get_xlabel() == tpot.get_xlabel() == "offered load (requests/s)"
+    assert "emulated device" in fig._suptitle.get_text() and "SLO mixtral-8x7b" in fig._suptitle.get_text()
+    assert plot_main([str(serve_sweep), "--out", str(tmp_path / "serving"), "--dpi", "40"]) == 0
+    assert (tmp_path / "serving" / "load_curve.png").stat().st_size > 0
+    assert plot_main([str(figure_sweep), "--only", "load_curve", "--out", str(tmp_path / "none"), "--dpi", "40"]) == 1
+    assert "skipped load_curve: serving: no serve rows" in capsys.readouterr().out
+    assert not (tmp_path / "none" / "load_curve.png").exists()

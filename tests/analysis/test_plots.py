@@ -44,11 +44,14 @@ def test_moebench_plot_writes_every_standard_figure(tmp_path: Path, capsys) -> N
         assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 5_000, name
     prov = json.loads((tmp_path / "figures.json").read_text())
     assert sorted(prov["figures"]) == sorted(f"{n}.png" for n in plots.STANDARD)
-    # the samples are exact runs (no lossy treatment): the experiment's figure is skipped, and says why
-    assert list(prov["skipped"]) == ["treatment_frontier"]
+    # the samples are exact runs (no lossy treatment) without a load: the figures of those rows are
+    # skipped, and say why
+    assert list(prov["skipped"]) == ["treatment_frontier", "load_curve"]
     assert "no lossy run here" in prov["skipped"]["treatment_frontier"]
-    assert "skipped treatment_frontier: treatment frontier: no lossy run here" in capsys.readouterr().out
-    assert not (tmp_path / "treatment_frontier.png").exists()
+    out = capsys.readouterr().out
+    assert "skipped treatment_frontier: treatment frontier: no lossy run here" in out
+    assert "skipped load_curve: serving: no serve rows" in out
+    assert not (tmp_path / "treatment_frontier.png").exists() and not (tmp_path / "load_curve.png").exists()
     assert len(prov["jobs"]) == 21 and prov["git_commits"]
 
 
