@@ -326,12 +326,10 @@ class LlamaCppAdapter(EngineAdapter):
         for slot in range(self.parallel) if prefix_cache == "primed" and prefix else ():
             self.server.complete(prefix, 1, slot=slot, cache_prompt=True, ignore_eos=True)
 
-        def send(r, got_token) -> int | None:
-            done = self.server.complete(r.prompt, r.output_len, slot=-1, cache_prompt=reuse, ignore_eos=True,
-                                        stream=True, on_token=lambda _id, _t: got_token())
-            return done.timings.cache_n
+        def exchange(r):                                 # each request's bytes are built before the run
+            return self.server.exchange(r.prompt, r.output_len, slot=-1, cache_prompt=reuse, ignore_eos=True)
         try:
-            return drive_requests(send, requests, max_concurrency)
+            return drive_requests(exchange, requests, max_concurrency)
         finally:
             for slot in range(self.parallel):          # the next job's phases start from empty slots
                 self.server.slot_erase(slot)

@@ -3,10 +3,13 @@
 Owns: `ServerClient` -- /health, /props, /slots, /completion (whole or streamed, with
 prompt-progress events), slot save/restore/erase, each request sent only to a port verified as
 our child's with this start's API key, the stall and request limits applied to it (a request
-that stalls or outlasts its limit kills the server: `LlamaServerStall`) -- and the errors
-`LlamaServerError` and `LlamaServerStall`. Does not own: starting, verifying and stopping the
-process (`harness.llamacpp.server.LlamaServer`, which subclasses this and sets the state listed
-on the class), or the typed answers (`harness.llamacpp.responses`).
+that stalls or outlasts its limit kills the server: `LlamaServerStall`); for the serving driver
+(harness.serving.drive), `StreamedCompletion`: a streamed /completion built ahead (`exchange`),
+made on a plain socket, each read stamped as it returns and parsed after the run
+(harness.llamacpp.sse); and the errors `LlamaServerError` and `LlamaServerStall`. Does not own:
+starting, verifying and stopping the process (`harness.llamacpp.server.LlamaServer`, which
+subclasses this and sets the state listed on the class), or the typed answers
+(`harness.llamacpp.responses`).
 """
 from __future__ import annotations
 
@@ -14,19 +17,26 @@ import http.client
 import json
 import logging
 import os
+import socket
 import subprocess
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.llamacpp.process import HOST, unregister
-from harness.llamacpp.responses import Completion, SlotResult, StreamChunk, parse_completion, sse_events
+from harness.llamacpp.responses import (Completion, SlotResult, StreamAssembly, StreamChunk, parse_completion,
+                                         sse_events)
+from harness.llamacpp.sse import LAST_CHUNK, TAIL, completion_request, stamped_events
+
+if TYPE_CHECKING:
+    from harness.serving.drive import Served
 
 log = logging.getLogger(__name__)
 
 LOG_TAIL_LINES = 40
+RECV_BYTES = 65536             # a serving read takes whatever has arrived, up to this
 
 
 class LlamaServerError(RuntimeError):
@@ -74,13 +84,18 @@ class ServerClient(ABC):
         """A connection for one request -- refused, with nothing sent, to a server that was killed
         after a stall or whose port is not verified as its own. Each read waits at most the smaller of
         the stall and request timeouts (or `timeout`)."""
+        self._refuse_unless_ours(what)
+        return http.client.HTTPConnection(HOST, self.port,
+                                          timeout=timeout or min(self.stall_timeout_s, self.request_timeout_s))
+
+    def _refuse_unless_ours(self, what: str) -> None:
+        """Raise, before anything is sent, for a server killed after a stall or a port not verified as
+        our child's."""
         if self.broken:
             raise LlamaServerError(f"not sending {what}: {self.broken}")
         if self._verified_port is None or self._verified_port != self.port:
             raise LlamaServerError(f"not sending {what}: 127.0.0.1:{self.port} is not verified as the llama-server "
                                    "moebench started")
-        return http.client.HTTPConnection(HOST, self.port,
-                                          timeout=timeout or min(self.stall_timeout_s, self.request_timeout_s))
 
     def _headers(self, data: bytes | None) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._key}", **({"Content-Type": "application/json"} if data else {})}
@@ -206,10 +221,7 @@ class ServerClient(ABC):
         what = "POST /completion (stream)"
         t0 = time.perf_counter()
         conn = self._connect(what)
-        tokens: list[int] = []
-        times: list[float] = []
-        server_ms: list[float] = []
-        probs: list[dict] = []
+        assembly = StreamAssembly()
         try:
             try:
                 data = json.dumps(body).encode()
@@ -227,23 +239,12 @@ class ServerClient(ABC):
                     now = time.perf_counter() - t0
                     if now > self.request_timeout_s:
                         raise self._stalled(what, overdue=True)
-                    if "prompt_progress" in event:     # progress only: its `tokens` is a placeholder
+                    chunk = assembly.add(event, now)
+                    if chunk is None:
                         continue
-                    new = [int(t) for t in event.get("tokens") or []]
-                    tokens += new
-                    times += [now] * len(new)
-                    if new and "timings" in event:
-                        server_ms += [float(event["timings"]["predicted_ms"])] * len(new)
-                    event_probs = event.get("completion_probabilities") or []
-                    probs += event_probs
-                    if event.get("stop"):
-                        wall = time.perf_counter() - t0
-                        final = parse_completion(event, tokens, wall, times[0] if times else None, times,
-                                                 server_ms if len(server_ms) == len(tokens) and tokens else None,
-                                                 probs or None)
-                        yield StreamChunk(new, now, event_probs, final)
+                    yield chunk
+                    if chunk.final is not None:
                         return
-                    yield StreamChunk(new, now, event_probs, None)
             except TimeoutError:
                 raise self._stalled(what) from None
             except (OSError, http.client.HTTPException, ValueError) as e:
@@ -251,6 +252,15 @@ class ServerClient(ABC):
             raise self._failure("stream ended without a final event")
         finally:
             conn.close()
+
+    def exchange(self, prompt_ids: Sequence[int], n_predict: int, *, slot: int = -1, cache_prompt: bool = True,
+                 ignore_eos: bool = False) -> StreamedCompletion:
+        """The streamed request of `stream()` (greedy, prompt-progress events, no pings), built now
+        and made later on a plain socket by a driver that runs many at once
+        (`harness.serving.drive.drive_requests`; `StreamedCompletion` says how it is read)."""
+        body = {**self._body(prompt_ids, n_predict, slot, cache_prompt, 0, True, False, ignore_eos, None),
+                "return_progress": True, "sse_ping_interval": -1}
+        return StreamedCompletion(self, completion_request(self.port, self._key, json.dumps(body).encode()))
 
     # -------------------------------------------------------- slots
 
@@ -277,3 +287,104 @@ class ServerClient(ABC):
     def slot_erase(self, slot: int) -> SlotResult:
         """Drop the slot's KV: the next request on it is a fresh prefill."""
         return self._slot(slot, "erase")
+
+
+class StreamedCompletion:
+    """One streamed /completion as `harness.serving.drive.drive_requests` runs it (its Exchange):
+    built before the run (`ServerClient.exchange`), opened when its time comes, each read a receive
+    and a clock reading -- no parsing while the server serves -- and the reply parsed from the
+    stamped reads afterwards (harness.llamacpp.sse), each event at the time of the read that brought
+    its last byte. The stall and request limits hold while it is in flight (`overdue`)."""
+
+    __slots__ = ("client", "request", "sock", "sent_at", "pieces", "stamps", "_tail", "_recv", "_clock")
+    what = "POST /completion (stream)"
+
+    def __init__(self, client: ServerClient, request: bytes) -> None:
+        self.client = client
+        self.request = request                  # the whole HTTP request (harness.llamacpp.sse.completion_request)
+        self.sock: socket.socket | None = None
+        self.sent_at: float | None = None       # clock reading just before connecting
+        self.pieces: list[bytes] = []           # each read's bytes
+        self.stamps: list[float] = []           # the clock as each read returned
+        self._tail = b""                        # the last bytes read, to see the last chunk arrive
+        self._recv: Callable[[int], bytes] | None = None
+        self._clock: Callable[[], float] | None = None
+
+    def open(self, clock: Callable[[], float]) -> socket.socket:
+        """Connect to our server (refused, with nothing sent, to one that is not verified as ours
+        or was killed) and send the request; the socket, non-blocking, to watch for reads."""
+        c = self.client
+        c._refuse_unless_ours(self.what)
+        self._clock = clock
+        self.sent_at = clock()
+        limit = min(c.stall_timeout_s, c.request_timeout_s)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)    # not create_connection: no name lookup
+        sock.settimeout(limit)
+        try:
+            sock.connect((HOST, c.port))
+            sock.sendall(self.request)
+        except TimeoutError:
+            sock.close()
+            raise c._stalled(self.what) from None
+        except OSError as e:
+            sock.close()
+            raise c._failure(f"{self.what} failed: {type(e).__name__}: {e}") from e
+        sock.setblocking(False)
+        self.sock, self._recv = sock, sock.recv
+        return sock
+
+    def readable(self) -> bool:
+        """Read what has arrived and stamp it; True when the reply is over (its last chunk read,
+        or the server closed the connection)."""
+        try:
+            data = self._recv(RECV_BYTES)
+        except BlockingIOError:
+            return False
+        except OSError as e:
+            raise self.client._failure(f"stream broke: {type(e).__name__}: {e}") from e
+        t = self._clock()
+        if not data:
+            return True
+        self.pieces.append(data)
+        self.stamps.append(t)
+        self._tail = (self._tail + data[-TAIL:])[-TAIL:]
+        return self._tail == LAST_CHUNK
+
+    def overdue(self, now: float) -> None:
+        """Kill the server and raise `LlamaServerStall` when nothing arrived for stall_timeout_s or
+        the request outlasted request_timeout_s (`now`: a reading of the clock it was opened with)."""
+        c = self.client
+        if now - self.sent_at > c.request_timeout_s:
+            raise c._stalled(self.what, overdue=True)
+        if now - (self.stamps[-1] if self.stamps else self.sent_at) > c.stall_timeout_s:
+            raise c._stalled(self.what)
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+
+    def completion(self, since: float | None = None) -> Completion:
+        """The reply, from the stamped reads: its times in seconds since `since` (a clock reading;
+        default: when the request was sent). Raises LlamaServerError for an HTTP error, a broken
+        stream or one without a final event."""
+        c = self.client
+        try:
+            status, body, events = stamped_events(self.pieces, self.stamps)
+        except ValueError as e:
+            raise c._failure(f"stream broke: {e}") from e
+        if status != 200:
+            raise LlamaServerError(f"{self.what} -> HTTP {status}: {body[:2000]!r}", c.log_tail())
+        origin = self.sent_at if since is None else since
+        assembly = StreamAssembly()
+        for event, t in events:
+            chunk = assembly.add(event, t - origin)
+            if chunk is not None and chunk.final is not None:
+                return chunk.final
+        raise c._failure(f"{self.what}: the stream ended without a final event")
+
+    def reply(self) -> Served:
+        """What the serving driver keeps: each output token's receipt time (the driver's clock, as
+        read) and the prompt tokens the server served from its cache (`timings.cache_n`)."""
+        from harness.serving.drive import Served
+        done = self.completion(since=0.0)
+        return Served(list(done.token_times_s or []), done.timings.cache_n)

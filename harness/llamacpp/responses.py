@@ -118,6 +118,41 @@ def parse_completion(out: dict[str, Any], tokens: list[int], wall: float, ttft: 
                       stop_type=out.get("stop_type"), top_logprobs=top, raw=out)
 
 
+class StreamAssembly:
+    """The Completion a streamed /completion adds up to, one event at a time: each event's new
+    tokens stamped with the time it was received (seconds since the request, client clock), the
+    server's cumulative predicted_ms per token (`timings_per_token`), their top logprobs; the final
+    event (`stop`) closes it with the server's timings. Prompt-progress events bring no token (their
+    `tokens` is a placeholder). Shared by the two readers of a stream (`ServerClient.stream`, event
+    by event; `StreamedCompletion`, from the stamped reads after the request)."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.times: list[float] = []
+        self.server_ms: list[float] = []
+        self.probs: list[dict[str, Any]] = []
+
+    def add(self, event: dict[str, Any], t: float) -> StreamChunk | None:
+        """Account for `event`, received `t` s after the request; its chunk (None for a
+        prompt-progress event). The final event's chunk carries the Completion (wall_s = t)."""
+        if "prompt_progress" in event:
+            return None
+        new = [int(x) for x in event.get("tokens") or []]
+        self.tokens += new
+        self.times += [t] * len(new)
+        if new and "timings" in event:
+            self.server_ms += [float(event["timings"]["predicted_ms"])] * len(new)
+        event_probs = event.get("completion_probabilities") or []
+        self.probs += event_probs
+        final = None
+        if event.get("stop"):
+            tokens = self.tokens
+            final = parse_completion(event, tokens, t, self.times[0] if self.times else None, self.times,
+                                     self.server_ms if len(self.server_ms) == len(tokens) and tokens else None,
+                                     self.probs or None)
+        return StreamChunk(new, t, event_probs, final)
+
+
 def sse_events(resp: http.client.HTTPResponse) -> Iterator[dict[str, Any]]:
     """`data: {...}` lines of a server-sent-event stream, parsed."""
     for line in resp:

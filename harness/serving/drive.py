@@ -9,10 +9,15 @@ and stamps each emitted token with the clock at the end of the step that produce
 client streaming from the engine would see, less the transport); and the harness's own time
 (`overhead_s`: the loop's wall time outside the engine's steps and the sleeps), so a run can show
 that measuring did not perturb what it measured.
-And `drive_requests` (a server: llama-server over HTTP) -- one client thread per request, started
-at its arrival time, holding one of `max_concurrency` slots while in flight, stamping every
-streamed token when it is received; the harness's own time there is the client process's CPU time
-(the server is another process), per request.
+And `drive_requests` (a server: llama-server over HTTP) -- one loop on the caller's thread over
+every request in flight: each request's Exchange made before the run (its bytes built), opened at
+its arrival time while one of `max_concurrency` slots is free, read whenever its socket is readable
+(poll), each read stamped with the clock as it returns, so every streamed token's time is
+when its bytes were received; the replies are parsed after the run. The harness's own time there is
+the client process's CPU time from the start of the run to the last reply's end, per request (the
+server is another process). One thread and poll, not a thread per request: a woken thread
+per event, and threads contending for the GIL, cost more client CPU on the cores the server uses
+than the reads themselves (docs/history/2026-12-05-serving-client-overhead.md).
 Both follow the same clock rules: a request's time starts when it is sent, every token's when the
 client has it, one monotonic clock (`clock`) for all.
 Does not own: the schedule (harness.serving.load), the batching (engine.batcher, the server's
@@ -27,14 +32,17 @@ slots), the metrics (harness.serving.metrics).
 """
 from __future__ import annotations
 
-import threading
+import select
+import socket
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from harness.serving.metrics import RequestTimeline
+
+OVERDUE_CHECK_S = 0.1        # how often requests in flight are held to their limits (stall, request time)
 
 if TYPE_CHECKING:
     from engine.batcher import ContinuousBatcher, StepReport
@@ -99,45 +107,117 @@ def drive(batcher: ContinuousBatcher, requests: list[Request], max_concurrency: 
                   max(0.0, wall - engine_s - slept_s))
 
 
-def drive_requests(send: Callable[[Request, Callable[[], None]], int | None], requests: list[Request],
-                   max_concurrency: int | None, clock: Callable[[], float] = time.perf_counter) -> Driven:
-    """Run `requests` against a server, one client thread each (module docstring). `send(request,
-    got_token)` makes the request, calls `got_token()` as each output token arrives, and returns
-    the server's count of prompt tokens it served from its cache (None: it does not say); an
-    exception is that request's error (the others go on)."""
-    slots = threading.BoundedSemaphore(max_concurrency) if max_concurrency else None
-    sent: dict[str, float] = {}
-    times: dict[str, list[float]] = {r.request_id: [] for r in requests}
-    cached: dict[str, int | None] = {}
-    errors: dict[str, str] = {}
-    t0 = clock()
+class Exchange(Protocol):
+    """One request to a server as `drive_requests` runs it: made before the run, opened (connected,
+    request sent) when its time comes, read on the driver's thread whenever its socket is readable,
+    its reply read from what it kept once the run is over (harness.llamacpp.client.StreamedCompletion)."""
 
-    def client(r: Request) -> None:
-        if slots is not None:
-            slots.acquire()
-        try:
-            sent[r.request_id] = clock() - t0
-            mine = times[r.request_id]
-            try:
-                cached[r.request_id] = send(r, lambda: mine.append(clock() - t0))
-            except Exception as exc:  # noqa: BLE001 -- a failed request is a row, the run goes on
-                errors[r.request_id] = f"{type(exc).__name__}: {exc}"
-        finally:
-            if slots is not None:
-                slots.release()
+    def open(self, clock: Callable[[], float]) -> socket.socket:
+        """Send the request; the socket to watch (non-blocking). `clock` stamps every read."""
+
+    def readable(self) -> bool:
+        """Read what has arrived, stamped with the clock as the read returns; True when the reply
+        is over. Cheap: it runs while the server serves."""
+
+    def overdue(self, now: float) -> None:
+        """Raise the request's error if it has outlived its limits at clock reading `now`."""
+
+    def close(self) -> None:
+        """Close the socket (the reply over, or the request failed)."""
+
+    def reply(self) -> Served:
+        """After the run: what the reply said; raises the request's error."""
+
+
+@dataclass(frozen=True)
+class Served:
+    token_times: list[float]                  # each output token's receipt time: the client clock's reading
+    cached_prompt_tokens: int | None          # the server's count of prompt tokens served from its cache (None: not said)
+
+
+def drive_requests(exchange: Callable[[Request], Exchange], requests: list[Request], max_concurrency: int | None,
+                   clock: Callable[[], float] = time.perf_counter) -> Driven:
+    """Run `requests` against a server on this thread (module docstring): `exchange(request)` makes
+    each one's Exchange before the run; each is opened at its arrival time once a slot is free, read
+    whenever its socket is readable, held to its limits every OVERDUE_CHECK_S, and closed when its
+    reply is over; the replies are read after the run. An exception from an exchange is that
+    request's error (the others go on). `overhead_s`: the client's CPU time from the start of the
+    run to the end of the last reply (reading the replies after that cannot perturb the run)."""
+    order = sorted(requests, key=_arrival_order)
+    made = {r.request_id: exchange(r) for r in order}
+    sent: dict[str, float] = {}
+    errors: dict[str, str] = {}
+    in_flight: dict[int, tuple[Request, Exchange]] = {}      # by file descriptor
+    poller = select.poll()                                   # few sockets at once: poll is as cheap as epoll
+    queue = deque(order)
+    slots = max_concurrency or len(order)
+
+    def drop(fd: int, r: Request, ex: Exchange, exc: BaseException | None = None) -> None:
+        del in_flight[fd]
+        poller.unregister(fd)
+        ex.close()
+        if exc is not None:
+            errors[r.request_id] = f"{type(exc).__name__}: {exc}"
 
     cpu0 = time.process_time()
-    threads = []
-    for r in sorted(requests, key=_arrival_order):
-        wait = r.arrival_s - (clock() - t0)
-        if wait > 0:
-            time.sleep(wait)
-        th = threading.Thread(target=client, args=(r,), name=f"moebench-client-{r.request_id}", daemon=True)
-        th.start()
-        threads.append(th)
-    for th in threads:
-        th.join()
-    wall, cpu = clock() - t0, time.process_time() - cpu0
+    t0 = clock()
+    next_check = t0 + OVERDUE_CHECK_S
+    try:
+        while True:
+            now = clock()
+            while queue and len(in_flight) < slots and queue[0].arrival_s <= now - t0:
+                r = queue.popleft()
+                ex = made[r.request_id]
+                sent[r.request_id] = clock() - t0
+                try:
+                    fd = ex.open(clock).fileno()
+                except Exception as exc:  # noqa: BLE001 -- a failed request is a row, the run goes on
+                    errors[r.request_id] = f"{type(exc).__name__}: {exc}"
+                    ex.close()
+                    continue
+                in_flight[fd] = (r, ex)
+                poller.register(fd, select.POLLIN)
+                now = clock()
+            if not in_flight:                                # idle until the next arrival
+                if not queue:
+                    break
+                wait = queue[0].arrival_s - (now - t0)
+                if wait > 0:
+                    time.sleep(wait)
+                continue
+            if now >= next_check:
+                for fd, (r, ex) in list(in_flight.items()):
+                    try:
+                        ex.overdue(now)
+                    except Exception as exc:  # noqa: BLE001 -- as above
+                        drop(fd, r, ex, exc)
+                next_check = now + OVERDUE_CHECK_S
+            wait = next_check - now
+            if queue and len(in_flight) < slots:
+                wait = min(wait, queue[0].arrival_s - (now - t0))
+            for fd, _ in poller.poll(wait * 1e3 if wait > 0 else 0):
+                r, ex = in_flight[fd]
+                try:
+                    if ex.readable():
+                        drop(fd, r, ex)
+                except Exception as exc:  # noqa: BLE001 -- as above
+                    drop(fd, r, ex, exc)
+        wall, cpu = clock() - t0, time.process_time() - cpu0
+    finally:
+        for _, ex in in_flight.values():                     # an exception of our own: nothing left open
+            ex.close()
+    times: dict[str, list[float]] = {r.request_id: [] for r in requests}
+    cached: dict[str, int | None] = {}
+    for rid in sent:
+        if rid in errors:
+            continue
+        try:
+            got = made[rid].reply()
+        except Exception as exc:  # noqa: BLE001 -- as above
+            errors[rid] = f"{type(exc).__name__}: {exc}"
+            continue
+        times[rid] = [t - t0 for t in got.token_times]
+        cached[rid] = got.cached_prompt_tokens
     return Driven(_timelines(requests, sent, times, cached, errors), [], wall, 0.0, cpu)
 
 
