@@ -3,7 +3,8 @@
 One row of x through a set of int4 (group 32) matrices larger than the last-level cache -- by
 default 24 of 4096 x 2048, 130 MB packed -- at each thread count, the widths interleaved round by
 round; prints the median ms per pass and the packed bytes read per second (values, scales and
-zero points). On a CPU without AVX-512 only the 8-lane blocks run. docs/cpu_experts.md has a run.
+zero points). On a CPU without AVX-512 only the 8-lane blocks run; a checkout whose kernel has one
+width (no `lanes` argument) times that one. docs/cpu_experts.md has a run.
 
 Not a test: `python benchmarks/bench_int4_lanes.py [--threads 1,2] [--rounds 15] [--mats 24]`.
 """
@@ -46,12 +47,14 @@ def main() -> None:
         raise SystemExit(f"the CPU kernels are unavailable here: {cpu.reason()}")
     mats = [packed_matrix(i) for i in range(args.mats)]
     nbytes = sum(p.numel() for p, _ in mats)
-    widths = [8]
+    widths: list[int | None] = [8]
     try:
         cpu.int4_linear(torch.zeros(1, K), mats[0][0], *mats[0][1], lanes=16)
         widths.append(16)
     except RuntimeError:                        # no AVX-512 here: the 8-lane blocks alone
         pass
+    except TypeError:                           # a kernel of one width (before the two): its own
+        widths = [None]
     x = torch.randn(1, K, generator=torch.Generator().manual_seed(99))
     print(f"torch {torch.__version__}; load average {os.getloadavg()[0]:.2f}; {args.mats} int4 matrices "
           f"{O}x{K}, group {GROUP}, {nbytes / 1e6:.0f} MB packed; one row; median of {args.rounds} rounds")
@@ -62,11 +65,11 @@ def main() -> None:
             for w in widths:
                 t = time.perf_counter()
                 for packed, kargs in mats:
-                    cpu.int4_linear(x, packed, *kargs, lanes=w)
+                    cpu.int4_linear(x, packed, *kargs, **({} if w is None else {"lanes": w}))
                 times[w].append(time.perf_counter() - t)
         for w in widths:
             ms = statistics.median(times[w][1:]) * 1e3
-            print(f"{threads} thread(s)  {w:2d} lanes  {ms:6.2f} ms  {nbytes / ms / 1e6:5.1f} GB/s")
+            print(f"{threads} thread(s)  {'its' if w is None else w:>3} lanes  {ms:6.2f} ms  {nbytes / ms / 1e6:5.1f} GB/s")
     print(f"load average after {os.getloadavg()[0]:.2f}")
 
 
