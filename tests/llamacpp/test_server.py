@@ -224,10 +224,13 @@ def test_startup_timeout_stops_the_process(bins, gguf_f32, tmp_path):
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_parent_signal_stops_the_server(bins, gguf_f32, tmp_path, sig):
-    """A harness process that gets SIGTERM (or Ctrl-C) leaves no llama-server behind."""
+    """A harness process that gets SIGTERM (or Ctrl-C) leaves no llama-server behind. The process
+    takes SIGINT as a terminal's does (KeyboardInterrupt): a suite started as a background job
+    inherits SIGINT ignored, which its children would keep."""
     script = textwrap.dedent(f"""
-        import sys, time
+        import signal, sys, time
         from pathlib import Path
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from harness.llamacpp.server import LlamaServer
         from harness.llamacpp.flags import EXACT
         with LlamaServer(Path({str(gguf_f32.path)!r}), EXACT.replace(threads=1),
