@@ -68,11 +68,17 @@ inline __m256 load8(const c10::BFloat16* p) {                 // bf16 -> fp32: t
 inline float widen(float v) { return v; }
 inline float widen(c10::BFloat16 v) { return static_cast<float>(v); }
 
+#define MOEBENCH_AVX512 __attribute__((target("avx512f")))   // a function that runs only where cpu_has_avx512()
+
 inline float hsum(__m256 v) {                                  // a fixed tree: lanes (i, i+4), (0,2),(1,3), then 0+1
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
+}
+// 16 lanes: lanes i and i + 8 added, then hsum's tree (a 16-lane accumulator is two 8-lane ones).
+MOEBENCH_AVX512 inline float hsum(__m512 v) {
+  return hsum(_mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
 }
 
 // The weight rows a kernel reads, as row readers: `row(o)` gives weight row o's reader, whose
@@ -175,8 +181,8 @@ void blocked_range(const Blocks& blocks, int64_t n, int64_t o0, int64_t o1) {
 // are added before the same hsum -- so the same bits as dot_block, in half the instructions (one
 // 64-byte load and one fma per row and step), which on an AVX-512 host closes the gap to MKL's GEMV
 // that the 8-lane block leaves (docs/cpu_experts.md).
-__attribute__((target("avx512f"))) void dense4_avx512(const float* w, int64_t ldw, int64_t o, const float* x,
-                                                     int64_t K, float* y) {
+MOEBENCH_AVX512 void dense4_avx512(const float* w, int64_t ldw, int64_t o, const float* x,
+                                     int64_t K, float* y) {
   __m512 a[4];
   for (int r = 0; r < 4; ++r) a[r] = _mm512_setzero_ps();
   int64_t k = 0;
@@ -185,9 +191,7 @@ __attribute__((target("avx512f"))) void dense4_avx512(const float* w, int64_t ld
     for (int r = 0; r < 4; ++r) a[r] = _mm512_fmadd_ps(_mm512_loadu_ps(w + (o + r) * ldw + k), xv, a[r]);
   }
   for (int r = 0; r < 4; ++r) {
-    const __m256 a0 = _mm512_castps512_ps256(a[r]);
-    const __m256 a1 = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[r]), 1));
-    float s = hsum(_mm256_add_ps(a0, a1));
+    float s = hsum(a[r]);
     for (int64_t t = k; t < K; ++t) s = std::fma(w[(o + r) * ldw + t], x[t], s);
     y[o + r] = s;
   }
@@ -494,33 +498,70 @@ inline float int4_tail(const Int4Args& a, float s, int64_t o, int64_t j) {
   return s - zs;
 }
 
-// R weight rows from o against NB rows of x from j0, 8 lanes (blocks of 64 inputs).
-template <int64_t R, int64_t NB>
-void int4_block8(const Int4Args& a, int64_t o, int64_t j0, float* y, int64_t O) {
-  const __m256i m0 = _mm256_set1_epi32(0xF), m1 = _mm256_set1_epi32(0xF0), m2 = _mm256_set1_epi32(0xF00),
-                m3 = _mm256_set1_epi32(0xF000);
-  const __m256i sidx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.sidx)),
-                smask = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.smask));
+// The int4 block's vector operations in W lanes: V8 (AVX2) and V16 (AVX-512). Each is marked for
+// its instruction set, so int4_block's one body compiles to either where its caller is.
+struct V8 {
+  static constexpr int64_t W = 8;
+  using I = __m256i;
+  using F = __m256;
+  static inline I set1(int32_t v) { return _mm256_set1_epi32(v); }
+  static inline I load_i(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  static inline I srl16(I v) { return _mm256_srli_epi32(v, 16); }
+  static inline F masked(I v, I m) { return _mm256_cvtepi32_ps(_mm256_and_si256(v, m)); }
+  static inline F zero() { return _mm256_setzero_ps(); }
+  static inline F load(const float* p) { return _mm256_loadu_ps(p); }
+  static inline F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static inline F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  struct Scales {                  // a block's groups' scales, lane L's from scale[sidx[L]] where smask
+    I idx, mask;
+    explicit Scales(const Int4Args& a) : idx(load_i(a.sidx)), mask(load_i(a.smask)) {}
+    inline F at(const float* s) const { return _mm256_permutevar8x32_ps(_mm256_maskload_ps(s, mask), idx); }
+  };
+};
+
+struct V16 {
+  static constexpr int64_t W = 16;
+  using I = __m512i;
+  using F = __m512;
+  MOEBENCH_AVX512 static inline I set1(int32_t v) { return _mm512_set1_epi32(v); }
+  MOEBENCH_AVX512 static inline I load_i(const void* p) { return _mm512_loadu_si512(p); }
+  MOEBENCH_AVX512 static inline I srl16(I v) { return _mm512_srli_epi32(v, 16); }
+  MOEBENCH_AVX512 static inline F masked(I v, I m) { return _mm512_cvtepi32_ps(_mm512_and_si512(v, m)); }
+  MOEBENCH_AVX512 static inline F zero() { return _mm512_setzero_ps(); }
+  MOEBENCH_AVX512 static inline F load(const float* p) { return _mm512_loadu_ps(p); }
+  MOEBENCH_AVX512 static inline F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  MOEBENCH_AVX512 static inline F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  struct Scales {
+    I idx; __mmask16 mask;
+    MOEBENCH_AVX512 explicit Scales(const Int4Args& a)
+        : idx(load_i(a.sidx)), mask(_mm512_cmpneq_epi32_mask(load_i(a.smask), _mm512_setzero_si512())) {}
+    MOEBENCH_AVX512 inline F at(const float* s) const { return _mm512_permutexvar_ps(idx, _mm512_maskz_loadu_ps(mask, s)); }
+  };
+};
+
+// R weight rows from o against NB rows of x from j0, in V::W lanes (blocks of 8 * W inputs). Always
+// inlined into int4_block8 / int4_block16, which give it their instruction set.
+template <typename V, int64_t R, int64_t NB>
+__attribute__((always_inline)) inline void int4_block(const Int4Args& a, int64_t o, int64_t j0, float* y, int64_t O) {
+  const typename V::I m0 = V::set1(0xF), m1 = V::set1(0xF0), m2 = V::set1(0xF00), m3 = V::set1(0xF000);
+  const typename V::Scales scales(a);
   const int64_t ahead = PREFETCH_ROWS * (a.K / 2);
-  __m256 t[R][NB];
+  typename V::F t[R][NB];
   for (int64_t r = 0; r < R; ++r)
-    for (int64_t j = 0; j < NB; ++j) t[r][j] = _mm256_setzero_ps();
-  for (int64_t k = 0; k < a.full; k += 64) {
+    for (int64_t j = 0; j < NB; ++j) t[r][j] = V::zero();
+  for (int64_t k = 0; k < a.full; k += 8 * V::W) {
     for (int64_t r = 0; r < R; ++r) {
       const uint8_t* p = a.q + (o + r) * (a.K / 2) + k / 2;
       if ((k & 127) == 0) _mm_prefetch(reinterpret_cast<const char*>(p + ahead), _MM_HINT_T0);
-      const __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), h = _mm256_srli_epi32(d, 16);
-      const __m256 w[8] = {_mm256_cvtepi32_ps(_mm256_and_si256(d, m0)), _mm256_cvtepi32_ps(_mm256_and_si256(d, m1)),
-                           _mm256_cvtepi32_ps(_mm256_and_si256(d, m2)), _mm256_cvtepi32_ps(_mm256_and_si256(d, m3)),
-                           _mm256_cvtepi32_ps(_mm256_and_si256(h, m0)), _mm256_cvtepi32_ps(_mm256_and_si256(h, m1)),
-                           _mm256_cvtepi32_ps(_mm256_and_si256(h, m2)), _mm256_cvtepi32_ps(_mm256_and_si256(h, m3))};
-      const __m256 sc = _mm256_permutevar8x32_ps(
-          _mm256_maskload_ps(a.scale + (o + r) * a.G + (k >> a.lg), smask), sidx);
+      const typename V::I d = V::load_i(p), h = V::srl16(d);
+      const typename V::F w[8] = {V::masked(d, m0), V::masked(d, m1), V::masked(d, m2), V::masked(d, m3),
+                                  V::masked(h, m0), V::masked(h, m1), V::masked(h, m2), V::masked(h, m3)};
+      const typename V::F sc = scales.at(a.scale + (o + r) * a.G + (k >> a.lg));
       for (int64_t j = 0; j < NB; ++j) {
         const float* x = a.xp + (j0 + j) * a.K + k;
-        __m256 s = _mm256_mul_ps(w[0], _mm256_loadu_ps(x));
-        for (int c = 1; c < 8; ++c) s = _mm256_fmadd_ps(w[c], _mm256_loadu_ps(x + 8 * c), s);
-        t[r][j] = _mm256_fmadd_ps(s, sc, t[r][j]);
+        typename V::F s = V::mul(w[0], V::load(x));
+        for (int c = 1; c < 8; ++c) s = V::fma(w[c], V::load(x + V::W * c), s);
+        t[r][j] = V::fma(s, sc, t[r][j]);
       }
     }
   }
@@ -528,42 +569,14 @@ void int4_block8(const Int4Args& a, int64_t o, int64_t j0, float* y, int64_t O) 
     for (int64_t j = 0; j < NB; ++j) y[(j0 + j) * O + o + r] = int4_tail(a, hsum(t[r][j]), o + r, j0 + j);
 }
 
-// int4_block8 in 16 lanes (blocks of 128 inputs), for a CPU with AVX-512: half the instructions a
-// weight, where the 8-lane block is bound by its conversions rather than its reads.
 template <int64_t R, int64_t NB>
-__attribute__((target("avx512f"))) void int4_block16(const Int4Args& a, int64_t o, int64_t j0, float* y, int64_t O) {
-  const __m512i m0 = _mm512_set1_epi32(0xF), m1 = _mm512_set1_epi32(0xF0), m2 = _mm512_set1_epi32(0xF00),
-                m3 = _mm512_set1_epi32(0xF000);
-  const __m512i sidx = _mm512_loadu_si512(a.sidx);
-  const __mmask16 smask = _mm512_cmpneq_epi32_mask(_mm512_loadu_si512(a.smask), _mm512_setzero_si512());
-  const int64_t ahead = PREFETCH_ROWS * (a.K / 2);
-  __m512 t[R][NB];
-  for (int64_t r = 0; r < R; ++r)
-    for (int64_t j = 0; j < NB; ++j) t[r][j] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < a.full; k += 128) {
-    for (int64_t r = 0; r < R; ++r) {
-      const uint8_t* p = a.q + (o + r) * (a.K / 2) + k / 2;
-      _mm_prefetch(reinterpret_cast<const char*>(p + ahead), _MM_HINT_T0);
-      const __m512i d = _mm512_loadu_si512(p), h = _mm512_srli_epi32(d, 16);
-      const __m512 w[8] = {_mm512_cvtepi32_ps(_mm512_and_si512(d, m0)), _mm512_cvtepi32_ps(_mm512_and_si512(d, m1)),
-                           _mm512_cvtepi32_ps(_mm512_and_si512(d, m2)), _mm512_cvtepi32_ps(_mm512_and_si512(d, m3)),
-                           _mm512_cvtepi32_ps(_mm512_and_si512(h, m0)), _mm512_cvtepi32_ps(_mm512_and_si512(h, m1)),
-                           _mm512_cvtepi32_ps(_mm512_and_si512(h, m2)), _mm512_cvtepi32_ps(_mm512_and_si512(h, m3))};
-      const __m512 sc = _mm512_permutexvar_ps(sidx, _mm512_maskz_loadu_ps(smask, a.scale + (o + r) * a.G + (k >> a.lg)));
-      for (int64_t j = 0; j < NB; ++j) {
-        const float* x = a.xp + (j0 + j) * a.K + k;
-        __m512 s = _mm512_mul_ps(w[0], _mm512_loadu_ps(x));
-        for (int c = 1; c < 8; ++c) s = _mm512_fmadd_ps(w[c], _mm512_loadu_ps(x + 16 * c), s);
-        t[r][j] = _mm512_fmadd_ps(s, sc, t[r][j]);
-      }
-    }
-  }
-  for (int64_t r = 0; r < R; ++r)
-    for (int64_t j = 0; j < NB; ++j) {
-      const __m256 lo = _mm512_castps512_ps256(t[r][j]);
-      const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(t[r][j]), 1));
-      y[(j0 + j) * O + o + r] = int4_tail(a, hsum(_mm256_add_ps(lo, hi)), o + r, j0 + j);
-    }
+void int4_block8(const Int4Args& a, int64_t o, int64_t j0, float* y, int64_t O) { int4_block<V8, R, NB>(a, o, j0, y, O); }
+
+// 16 lanes for a CPU with AVX-512: half the instructions a weight, where the 8-lane block is bound
+// by its conversions rather than its reads.
+template <int64_t R, int64_t NB>
+MOEBENCH_AVX512 void int4_block16(const Int4Args& a, int64_t o, int64_t j0, float* y, int64_t O) {
+  int4_block<V16, R, NB>(a, o, j0, y, O);
 }
 
 template <bool kWide>
