@@ -15,6 +15,7 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from engine.kernels import cpu as kernels
 from engine.lazy import lazy_module
 
 if TYPE_CHECKING:
@@ -69,6 +70,10 @@ def cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' RMSNorm: the weight multiplies the normed x cast back to x's dtype. On the CPU
+    one kernel op (engine.kernels.cpu.rms_norm: a decode step's norm is 5 ops of dispatch here)."""
+    if _norm_weight_ok(x, weight) and kernels.takes(x):
+        return kernels.rms_norm(x, weight, eps)
     dtype = x.dtype
     x32 = cast(x, torch.float32)
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
@@ -77,13 +82,22 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def rms_norm_fp32(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float = 0.0) -> torch.Tensor:
     """RMSNorm scaled in fp32 before the cast back: `(x32 * (offset + w)).to(dtype)` (GPT-OSS with
-    offset 0; Qwen3-Next's and Gemma's zero-centred `1 + w` with offset 1; no weight: plain norm)."""
+    offset 0; Qwen3-Next's and Gemma's zero-centred `1 + w` with offset 1; no weight: plain norm).
+    On the CPU one kernel op, as `rms_norm`."""
+    if (weight is None or _norm_weight_ok(x, weight)) and kernels.takes(x):
+        return kernels.rms_norm(x, weight, eps, offset, scale_fp32=True)
     dtype = x.dtype
     x32 = cast(x, torch.float32)
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     if weight is not None:
         x32 = x32 * (offset + weight.float()) if offset else x32 * weight.float()
     return cast(x32, dtype)
+
+
+def _norm_weight_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the kernel's RMSNorm takes this weight for x: x's dtype, [D] contiguous on the CPU."""
+    return (weight.dtype == x.dtype and weight.dim() == 1 and weight.shape[0] == x.shape[-1]
+            and weight.device.type == "cpu" and weight.is_contiguous())
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, linear_factor: float,
@@ -117,6 +131,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     sin whose first half is negated (made once per sin table: `memo`)."""
     r = cos.shape[-1]
     signed = memo(sin, "signed_sin", lambda: _signed_sin(sin))
+    if x.is_contiguous() and cos.dim() == 2 and cos.dtype == x.dtype and kernels.takes(x):
+        return kernels.rope(x, cos, signed)                         # on the CPU one kernel op, the same bits
     if r == x.shape[-1]:
         return x * cos + x.roll(r // 2, -1) * signed
     rot, rest = x[..., :r], x[..., r:]
@@ -200,10 +216,29 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     (scaled in place, then their softmax: the plan's workspace, engine.blocks.attention.
     sdpa_workspace_bytes); the sums group terms differently from the flash kernel's, so equal to
     it up to fp32 rounding."""
+    if (kernels.takes(q) and k.dtype == v.dtype == q.dtype and k.stride(-1) == 1 and v.stride(-1) == 1
+            and q.shape[-1] % 8 == 0 and v.shape[-1] % 8 == 0):
+        return kernels.decode_attention(q, k, v, scale)             # one kernel op, threaded over key heads
     B, H, _, h = q.shape
     K = k.shape[1]
     scores = torch.matmul(q.reshape(B, K, H // K, h), k.transpose(-1, -2)).mul_(scale)   # [B, K, G, S]
     return torch.matmul(torch.softmax(scores, dim=-1), v).reshape(B, H, 1, v.shape[-1])
+
+
+def gated(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
+    """`ACT[act](gate) * up` (gate, up [n, I]): for SiLU on the CPU one kernel op (engine.kernels.
+    cpu.silu_mul: equal up to fp32 rounding), else torch's two."""
+    if (act == "silu" and gate.dim() == 2 and up.dtype == gate.dtype and gate.stride(-1) == 1 and up.stride(-1) == 1
+            and up.shape == gate.shape and kernels.takes(gate)):
+        return kernels.silu_mul(gate, up)
+    return ACT[act](gate) * up
+
+
+def swiglu_matrices(packed: torch.Tensor, D: int, I: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A packed SwiGLU expert [gate (I*D) | up (I*D) | down (D*I)] as its two matrices, gate|up
+    [2I, D] and down [D, I] (aliases of its memory, made once per buffer: `memo`)."""
+    return memo(packed, f"swiglu {D}x{I}", lambda: (alias(packed, (2 * I, D), (D, 1)),          # [2I, D]
+                                                    alias(packed, (D, I), (I, 1), 2 * I * D)))  # [D, I]
 
 
 def expert_ffn(x: torch.Tensor, packed: torch.Tensor, D: int, I: int, act: str,
@@ -211,10 +246,9 @@ def expert_ffn(x: torch.Tensor, packed: torch.Tensor, D: int, I: int, act: str,
     """SwiGLU expert on a packed buffer [gate (I*D) | up (I*D) | down (D*I)]; x [n, D] -> [n, D].
     linear(x, w): the matrix product (default F.linear; engine.kernels.cpu's on the CPU)."""
     linear = linear or F.linear
-    gate_up, down = memo(packed, f"swiglu {D}x{I}", lambda: (alias(packed, (2 * I, D), (D, 1)),      # [2I, D]
-                                                             alias(packed, (D, I), (I, 1), 2 * I * D)))  # [D, I]
+    gate_up, down = swiglu_matrices(packed, D, I)
     gate, up = linear(x, gate_up).chunk(2, dim=-1)                 # [n, I] each
-    return linear(ACT[act](gate) * up, down)                       # [n, D]
+    return linear(gated(gate, up, act), down)                      # [n, D]
 
 
 @functools.cache
@@ -247,11 +281,11 @@ def expert_ffn_grouped(x: torch.Tensor, rows: torch.Tensor, offs: torch.Tensor, 
         mm = grouped_mm()
         linear = lambda a, w, offs: mm(a, w.transpose(1, 2), offs=offs)   # noqa: E731
     gate, up = linear(x, gate_up, offs).chunk(2, dim=-1)                # [M, I] each
-    return linear(ACT[act](gate) * up, down, offs)                      # [M, D]
+    return linear(gated(gate, up, act), down, offs)                     # [M, D]
 
 
 def dense_mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, act: str) -> torch.Tensor:
-    return F.linear(ACT[act](F.linear(x, gate)) * F.linear(x, up), down)
+    return F.linear(gated(F.linear(x, gate), F.linear(x, up), act), down)
 
 
 def route(h: torch.Tensor, router_w: torch.Tensor, top_k: int, norm_topk: bool,

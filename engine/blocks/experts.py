@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from engine.checkpoint import Checkpoint, MissingTensorError
 from engine.kernels import cpu as cpu_kernels
-from engine.layers import expert_ffn, expert_ffn_grouped, grouped_mm_supported
+from engine.layers import expert_ffn, expert_ffn_grouped, grouped_mm_supported, swiglu_matrices
 from engine.lazy import lazy_module
 
 if TYPE_CHECKING:
@@ -183,8 +183,11 @@ class SwiGLUExperts(ExpertLayout):
     def run(self, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
         """On the CPU, engine.kernels.cpu's products: a decode step's few rows read the weights on
         every intra-op thread (torch's GEMV reads them on one core here); elsewhere F.linear."""
-        linear = cpu_kernels.small_linear if cpu_kernels.usable(x, packed) else None
-        return expert_ffn(x, packed, self.D, self.I, self.act, linear)
+        if not cpu_kernels.usable(x, packed):
+            return expert_ffn(x, packed, self.D, self.I, self.act)
+        if self.act == "silu":        # the same kernels and activation in one op: no return to Python between
+            return cpu_kernels.swiglu(x, *swiglu_matrices(packed, self.D, self.I))
+        return expert_ffn(x, packed, self.D, self.I, self.act, cpu_kernels.small_linear)
 
     def grouped_supported(self, dtype: torch.dtype, device: torch.device) -> bool:
         return grouped_mm_supported(dtype, device)

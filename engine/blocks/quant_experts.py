@@ -45,7 +45,7 @@ from engine.blocks.intquant import (ACT_BLOCK, check_group, dequantize_int4, deq
                                     round_activations)
 from engine.checkpoint import Checkpoint
 from engine.kernels import cpu as cpu_kernels
-from engine.layers import ACT, expert_ffn
+from engine.layers import expert_ffn, gated
 from engine.lazy import lazy_module
 
 if TYPE_CHECKING:
@@ -276,7 +276,7 @@ class QuantExperts(ByteLayout):
         """The expert on rows x by the CPU kernel on the packed bytes, whatever the row count (`run`
         takes it up to engine.kernels.cpu.QUANT_MAX_ROWS; benchmarks/bench_quant_rows.py beyond)."""
         gate, up = self._packed_linear(x, packed, 0).chunk(2, dim=-1)          # [n, I] each
-        return self._packed_linear(ACT[self.base.act](gate) * up, packed, 1)   # as engine.layers.expert_ffn
+        return self._packed_linear(gated(gate, up, self.base.act), packed, 1)   # as engine.layers.expert_ffn
 
     def _packed_linear(self, x: torch.Tensor, packed: torch.Tensor, k: int) -> torch.Tensor:
         """x @ dequant(matrix k)^T by the CPU kernel, reading the matrix's parts where pack put them."""

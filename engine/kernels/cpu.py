@@ -59,7 +59,8 @@ else:
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("rows_linear.cpp")
+SOURCES = tuple(Path(__file__).with_name(f) for f in ("rows_linear.cpp", "decode_ops.cpp"))
+HEADERS = tuple(Path(__file__).with_name(f) for f in ("ops.h", "pool.h", "vec.h"))
 NAME = "moebench_cpu_kernels"
 MAX_ROWS = 8                  # rows up to which the kernel beats the BLAS GEMM here (docs/cpu_experts.md)
 QUANT_MAX_ROWS = 128          # rows up to which the quantised kernels beat dequantise-then-GEMM here (the same)
@@ -76,7 +77,8 @@ def build_dir() -> Path:
     never rebuild each other's library)."""
     root = _kernels_root()
     tag = f"torch{torch.__version__.replace('+', '_')}-py{sys.version_info.major}{sys.version_info.minor}"
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:12]
+    code = b"".join(p.read_bytes() for p in SOURCES + HEADERS)
+    key = hashlib.sha256(code + " ".join(FLAGS).encode()).hexdigest()[:12]
     return root / tag / key
 
 
@@ -115,11 +117,11 @@ def _load() -> tuple[Any | None, str | None]:
         out = build_dir()
         out.mkdir(parents=True, exist_ok=True)
         with _ninja_on_path():
-            load(NAME, [str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], build_directory=str(out),
+            load(NAME, [str(p) for p in SOURCES], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], build_directory=str(out),
                  is_python_module=False, verbose=False)
     except Exception as exc:  # noqa: BLE001 -- any build failure means the torch path, said once
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        return None, f"building {SOURCE.name} failed ({type(exc).__name__}: {first})"
+        return None, f"building {', '.join(p.name for p in SOURCES)} failed ({type(exc).__name__}: {first})"
     return torch.ops.moebench_cpu, None
 
 
@@ -170,11 +172,15 @@ def _dtypes() -> frozenset[torch.dtype]:
     return frozenset(getattr(torch, d) for d in DTYPES)
 
 
+def takes(x: torch.Tensor) -> bool:
+    """Whether the kernels run on x: on the CPU, a dtype of DTYPES, the kernels enabled and available."""
+    return _state["enabled"] and x.device.type == "cpu" and x.dtype in _dtypes() and _ops() is not None
+
+
 def usable(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether `small_linear(x, w)` runs the kernel for these tensors: both on the CPU, one dtype of
     DTYPES, the kernel enabled and available."""
-    return (_state["enabled"] and x.device.type == "cpu" and w.device.type == "cpu" and x.dtype == w.dtype
-            and x.dtype in _dtypes() and _ops() is not None)
+    return w.device.type == "cpu" and x.dtype == w.dtype and takes(x)
 
 
 @functools.cache
@@ -256,6 +262,40 @@ def int4_q8_linear(x: torch.Tensor, packed: torch.Tensor, q_at: int, scale_at: i
     """`int4_linear` on x rounded as `int8_q8_linear` does: per block, scale x d x (the integer dot
     product - zero x the block's sum of rounded values). `group`: see int4_q8_group_ok."""
     return _ops().int4_q8_linear(x, packed, q_at, scale_at, zero_at, O, K, group)
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float, offset: float = 0.0,
+             scale_fp32: bool = False) -> torch.Tensor:
+    """RMSNorm of x [..., D] (`takes(x)`; w [D] in x's dtype) in one op: w * T(x r), or with
+    scale_fp32 T(x r (offset + w)) (w None: T(x r)), r = 1/sqrt(mean(x^2) + eps) in fp32 --
+    engine.layers.rms_norm / rms_norm_fp32 up to fp32 rounding (the mean's sum in its own order)."""
+    return _fast["ops"].rms_norm(x, w, eps, offset, scale_fp32)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """engine.layers.apply_rope in one op, bit for bit: x [B, H, T, h] contiguous (`takes(x)`),
+    cos and the signed sin [T, r] contiguous in x's dtype."""
+    return _fast["ops"].rope(x, cos, signed_sin)
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """engine.layers.decode_attention in one op (up to fp32 rounding): q [B, H, 1, h], k [B, K, S, h],
+    v [B, K, S, hv], fp32, each head's rows contiguous -> [B, H, 1, hv]; the (sequence, key head)
+    pairs shared over the kernels' threads."""
+    return _fast["ops"].decode_attention(q, k, v, scale)
+
+
+def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """A SwiGLU expert in one op: `small_linear(silu_mul(gate, up), down)` on `small_linear(x, gate_up)`'s
+    halves -- engine.layers.expert_ffn with the kernel's linear and SiLU, bit for bit. x [n, D]
+    (`usable(x, gate_up)`), gate_up [2I, D], down [D, I]."""
+    return _fast["ops"].swiglu(x, gate_up, down, MAX_ROWS, _fast["widen"])
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """`F.silu(gate) * up` in one op (up to fp32 rounding: silu's exp is the kernel's): gate, up
+    [n, I] with rows contiguous (`takes(gate)`, up in gate's dtype)."""
+    return _fast["ops"].silu_mul(gate, up)
 
 
 if __name__ == "__main__":

@@ -17,12 +17,11 @@
 // dense one. So a row's output is the
 // dequantised matrix's product up to fp32 rounding (not its bits), the same bits at any batch and
 // thread count.
-// Does not own: which call sites use it, whether this CPU can run it, building it
-// (engine/kernels/cpu.py).
+// Does not own: the helper threads (pool.h), which call sites use it, whether this CPU can run it,
+// building it (engine/kernels/cpu.py).
 //
 // Dimension legend: n=rows of x, K=inputs, O=outputs (weight rows), E=experts, M=rows of all groups.
 
-#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
@@ -31,55 +30,35 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
+#include "ops.h"
+#include "pool.h"
+#include "vec.h"
+
 #include <immintrin.h>
 
-#include <pthread.h>
-
 #include <algorithm>
-#include <atomic>
-#include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstdint>
 #include <cstring>
-#include <functional>
 #include <limits>
-#include <memory>
-#include <mutex>
 #include <optional>
-#include <thread>
 #include <tuple>
 #include <type_traits>
 #include <vector>
 
 namespace {
 
+using moebench_kernels::cpu_has_avx512;
+using moebench_kernels::hsum;
+using moebench_kernels::load8;
+using moebench_kernels::run_chunks;
+using moebench_kernels::widen;
+
 constexpr int64_t CHUNK_ROWS = 64;       // weight rows a thread claims at a time (a multiple of every block's rows)
 constexpr int64_t PREFETCH_ROWS = 4;    // a quantised row prefetches the same bytes this many rows on: the next
                                          // block's (rows lie back to back and a block reads 4 at once; a shorter
                                          // distance lands in rows the block is reading already)
-constexpr int64_t TASK_ELEMS = 1 << 16;  // weights per parallel task at least: below it a thread costs more than it saves
 
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const c10::BFloat16* p) {                 // bf16 -> fp32: the top 16 bits, exact
-  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-inline float widen(float v) { return v; }
-inline float widen(c10::BFloat16 v) { return static_cast<float>(v); }
-
-#define MOEBENCH_AVX512 __attribute__((target("avx512f")))   // a function that runs only where cpu_has_avx512()
-
-inline float hsum(__m256 v) {                                  // a fixed tree: lanes (i, i+4), (0,2),(1,3), then 0+1
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-// 16 lanes: lanes i and i + 8 added, then hsum's tree (a 16-lane accumulator is two 8-lane ones).
-MOEBENCH_AVX512 inline float hsum(__m512 v) {
-  return hsum(_mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
-}
 
 // The weight rows a kernel reads, as row readers: `row(o)` gives weight row o's reader, whose
 // `load16(k, w0, w1)` yields 16 values of inputs k..k+7 and k+8..k+15 (k a multiple of 16) as two
@@ -197,14 +176,6 @@ MOEBENCH_AVX512 void dense4_avx512(const float* w, int64_t ldw, int64_t o, const
   }
 }
 
-bool cpu_has_avx512() {
-  static const bool yes = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") != 0;     // the CPU's flag and the OS saving its registers
-  }();
-  return yes;
-}
-
 // dot_block's blocks over x [n, K] and y [n, O] (row stride O); fp32 weights at batch 1 through
 // dense4_avx512 where the CPU has AVX-512.
 template <typename Rows>
@@ -220,112 +191,11 @@ struct FloatBlocks {
   }
 };
 
-// The kernel's helper threads: as many as the intra-op threads beyond the caller, started on first
-// use and kept. Between jobs a helper spins for the next one for SPIN_NS (a decode step calls the
-// kernel every few microseconds, and waking a sleeping thread costs a sizeable part of one matrix's
-// read at two threads: docs/cpu_experts.md), yielding its core to any other runnable thread as it spins, then
-// sleeps until offered one. A helper takes the job on offer when it gets to it, or nothing if a
-// newer one replaced it: the caller never waits for a helper to start (see run_chunks). A forked
-// child starts a pool of its own (threads do not survive a fork).
-constexpr int64_t SPIN_NS = 200000;
-
-class Helpers {
- public:
-  static Helpers& get() {
-    static std::once_flag registered;
-    std::call_once(registered, [] { pthread_atfork(nullptr, nullptr, [] { instance_ = nullptr; }); });
-    if (instance_ == nullptr) instance_ = new Helpers();   // never freed: detached threads use it to the end
-    return *instance_;
-  }
-
-  // Offer `work` to `helpers` helper threads (started here if fewer run).
-  void offer(std::function<void()> work, int64_t helpers) {
-    {
-      std::lock_guard<std::mutex> lock(m_);
-      while (static_cast<int64_t>(started_) < helpers) {
-        std::thread([this] { loop(); }).detach();
-        ++started_;
-      }
-      work_ = std::move(work);
-      wanted_ = helpers;
-      gen_.fetch_add(1, std::memory_order_release);
-    }
-    if (sleeping_.load(std::memory_order_acquire) > 0) cv_.notify_all();
-  }
-
- private:
-  void loop() {
-    uint64_t seen = gen_.load(std::memory_order_acquire);
-    for (;;) {
-      const auto since = std::chrono::steady_clock::now();
-      for (int spins = 0; gen_.load(std::memory_order_acquire) == seen; ++spins) {
-        if ((spins & 63) != 63) { _mm_pause(); continue; }
-        if (std::chrono::steady_clock::now() - since < std::chrono::nanoseconds(SPIN_NS)) {
-          std::this_thread::yield();
-          continue;
-        }
-        std::unique_lock<std::mutex> lock(m_);
-        sleeping_.fetch_add(1, std::memory_order_acq_rel);
-        cv_.wait(lock, [&] { return gen_.load(std::memory_order_acquire) != seen; });
-        sleeping_.fetch_sub(1, std::memory_order_acq_rel);
-      }
-      std::function<void()> work;
-      {
-        std::lock_guard<std::mutex> lock(m_);
-        seen = gen_.load(std::memory_order_acquire);
-        if (wanted_ > 0) { --wanted_; work = work_; }
-      }
-      if (work) work();
-    }
-  }
-
-  static inline Helpers* instance_ = nullptr;
-  std::mutex m_;
-  std::condition_variable cv_;
-  std::atomic<uint64_t> gen_{0};
-  std::atomic<int> sleeping_{0};
-  std::function<void()> work_;   // the job on offer, and how many helpers may still take it (under m_)
-  int64_t wanted_ = 0;
-  int started_ = 0;
-};
-
-// y[n, O] (row stride O) from x[n, K] contiguous fp32 and the weight rows, in chunks of
-// CHUNK_ROWS weight rows claimed from a shared counter by the calling thread and by the helpers
-// (Helpers; as many as the intra-op threads beyond the caller). The caller waits for the chunks
-// to be done, never for a helper to start: a helper that another process keeps off its core joins
-// late and finds nothing left, so a busy machine costs at worst the one-thread speed, where a
-// parallel region would wait for that thread at its barrier.
-template <typename Range>
-struct RangeJob {
-  Range range; int64_t O, chunks;
-  std::atomic<int64_t> next{0}, done{0};
-  RangeJob(const Range& r, int64_t o, int64_t c) : range(r), O(o), chunks(c) {}
-  void work() {
-    for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1)) {
-      range(c * CHUNK_ROWS, std::min(O, (c + 1) * CHUNK_ROWS));
-      done.fetch_add(1, std::memory_order_release);
-    }
-  }
-};
-
-// range(o0, o1) over [0, O) in chunks, `elems` weights read in all (how many threads pay off).
-template <typename Range>
-void run_chunks(const Range& range, int64_t O, int64_t elems) {
-  const int64_t chunks = (O + CHUNK_ROWS - 1) / CHUNK_ROWS;
-  const int64_t helpers = std::min<int64_t>({at::get_num_threads(), chunks,
-                                             std::max<int64_t>(1, elems / TASK_ELEMS)}) - 1;
-  auto job = std::make_shared<RangeJob<Range>>(range, O, chunks);
-  if (helpers > 0) Helpers::get().offer([job] { job->work(); }, helpers);   // holds the job, not the caller's frame
-  job->work();
-  for (int spins = 0; job->done.load(std::memory_order_acquire) < chunks; ++spins) {
-    if (spins < 4096) _mm_pause(); else std::this_thread::yield();
-  }
-}
 
 template <typename Rows>
 void rows_kernel(const float* x, int64_t n, const Rows& w, int64_t O, int64_t K, float* y) {
   const FloatBlocks<Rows> blocks{x, w, O, K, y};
-  run_chunks([blocks, n](int64_t o0, int64_t o1) { blocked_range(blocks, n, o0, o1); }, O, O * K * n);
+  run_chunks([blocks, n](int64_t o0, int64_t o1) { blocked_range(blocks, n, o0, o1); }, O, O * K * n, CHUNK_ROWS);
 }
 
 void check_weight(const at::Tensor& w, int64_t K, const char* what) {
@@ -360,8 +230,10 @@ void linear_into(const at::Tensor& x, const at::Tensor& w, at::Tensor& out, int6
   if (!yf.is_same(out)) out.copy_(yf);
 }
 
+}  // namespace
+
 // y[n, O] = x[n, K] @ w[O, K]^T, in x's dtype (which must be w's).
-at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, int64_t max_rows, bool widen_bf16) {
+at::Tensor moebench_kernels::small_linear(const at::Tensor& x, const at::Tensor& w, int64_t max_rows, bool widen_bf16) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2, "small_linear: x [n, K] and w [O, K], got ", x.sizes(), " and ", w.sizes());
   check_weight(w, x.size(1), "small_linear");
   TORCH_CHECK(x.scalar_type() == w.scalar_type(), "small_linear: x is ", x.scalar_type(), ", w is ", w.scalar_type());
@@ -370,6 +242,8 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, int64_t max_ro
   linear_into(xc, w, out, max_rows, widen_bf16);
   return out;
 }
+
+namespace {
 
 // F.linear(x, w, b) for x [..., K]: small_linear's kernel (then + b) up to max_rows rows, else
 // at::linear itself -- what F.linear runs, so a prefill's numerics are torch's, bit for bit.
@@ -500,18 +374,12 @@ inline float int4_tail(const Int4Args& a, float s, int64_t o, int64_t j) {
 
 // The int4 block's vector operations in W lanes: V8 (AVX2) and V16 (AVX-512). Each is marked for
 // its instruction set, so int4_block's one body compiles to either where its caller is.
-struct V8 {
-  static constexpr int64_t W = 8;
+struct V8 : moebench_kernels::Vec8 {
   using I = __m256i;
-  using F = __m256;
   static inline I set1(int32_t v) { return _mm256_set1_epi32(v); }
   static inline I load_i(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
   static inline I srl16(I v) { return _mm256_srli_epi32(v, 16); }
   static inline F masked(I v, I m) { return _mm256_cvtepi32_ps(_mm256_and_si256(v, m)); }
-  static inline F zero() { return _mm256_setzero_ps(); }
-  static inline F load(const float* p) { return _mm256_loadu_ps(p); }
-  static inline F mul(F a, F b) { return _mm256_mul_ps(a, b); }
-  static inline F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
   struct Scales {                  // a block's groups' scales, lane L's from scale[sidx[L]] where smask
     I idx, mask;
     explicit Scales(const Int4Args& a) : idx(load_i(a.sidx)), mask(load_i(a.smask)) {}
@@ -519,18 +387,12 @@ struct V8 {
   };
 };
 
-struct V16 {
-  static constexpr int64_t W = 16;
+struct V16 : moebench_kernels::Vec16 {
   using I = __m512i;
-  using F = __m512;
   MOEBENCH_AVX512 static inline I set1(int32_t v) { return _mm512_set1_epi32(v); }
   MOEBENCH_AVX512 static inline I load_i(const void* p) { return _mm512_loadu_si512(p); }
   MOEBENCH_AVX512 static inline I srl16(I v) { return _mm512_srli_epi32(v, 16); }
   MOEBENCH_AVX512 static inline F masked(I v, I m) { return _mm512_cvtepi32_ps(_mm512_and_si512(v, m)); }
-  MOEBENCH_AVX512 static inline F zero() { return _mm512_setzero_ps(); }
-  MOEBENCH_AVX512 static inline F load(const float* p) { return _mm512_loadu_ps(p); }
-  MOEBENCH_AVX512 static inline F mul(F a, F b) { return _mm512_mul_ps(a, b); }
-  MOEBENCH_AVX512 static inline F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   struct Scales {
     I idx; __mmask16 mask;
     MOEBENCH_AVX512 explicit Scales(const Int4Args& a)
@@ -639,7 +501,7 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, int64_t q_
   a.xg = xg.data_ptr<float>();
   float* y = out.data_ptr<float>();
   auto run = [&](const auto& blocks) {
-    run_chunks([&blocks, n](int64_t o0, int64_t o1) { blocked_range(blocks, n, o0, o1); }, O, O * K * n);
+    run_chunks([&blocks, n](int64_t o0, int64_t o1) { blocked_range(blocks, n, o0, o1); }, O, O * K * n, CHUNK_ROWS);
   };
   if (wide) run(Int4Blocks<true>{a, y, O}); else run(Int4Blocks<false>{a, y, O});
   return out;
@@ -769,7 +631,8 @@ at::Tensor q8_run(const Q& w, const at::Tensor& xc, int64_t O) {
   at::Tensor out = at::empty({n, O}, xc.options());
   float* y = out.data_ptr<float>();
   const Q8Blocks<Q> blocks{w, y, O};
-  if (n > 0) run_chunks([&blocks, n](int64_t o0, int64_t o1) { blocked_range(blocks, n, o0, o1); }, O, O * w.K * n);
+  if (n > 0)
+    run_chunks([&blocks, n](int64_t o0, int64_t o1) { blocked_range(blocks, n, o0, o1); }, O, O * w.K * n, CHUNK_ROWS);
   return out;
 }
 
@@ -811,7 +674,7 @@ std::tuple<at::Tensor, at::Tensor> quantize_activations(const at::Tensor& x) {
 }  // namespace
 
 TORCH_LIBRARY(moebench_cpu, m) {
-  m.def("small_linear(Tensor x, Tensor w, int max_rows, bool widen_bf16) -> Tensor", &small_linear);
+  m.def("small_linear(Tensor x, Tensor w, int max_rows, bool widen_bf16) -> Tensor", &moebench_kernels::small_linear);
   m.def("linear(Tensor x, Tensor w, Tensor? b, int max_rows, bool widen_bf16) -> Tensor", &linear);
   m.def("grouped_small_linear(Tensor x, Tensor w, Tensor offs, int max_rows, bool widen_bf16) -> Tensor",
         &grouped_small_linear);

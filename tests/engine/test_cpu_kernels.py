@@ -153,8 +153,9 @@ def test_cpu_experts_run_the_kernel_and_agree_with_torchs_path(placement, option
     with cpu.enabled(False):
         ref = Engine.from_pretrained("tiny-mixtral", device="cpu", placement=placement, **options).generate(prompts, 6)
     calls = []
-    real = cpu.small_linear
-    monkeypatch.setattr(cpu, "small_linear", lambda x, w: calls.append(x.shape[0]) or real(x, w))
+    linear, swiglu = cpu.small_linear, cpu.swiglu
+    monkeypatch.setattr(cpu, "small_linear", lambda x, w: calls.append(x.shape[0]) or linear(x, w))
+    monkeypatch.setattr(cpu, "swiglu", lambda x, gu, d: calls.append(x.shape[0]) or swiglu(x, gu, d))
     got = Engine.from_pretrained("tiny-mixtral", device="cpu", placement=placement, **options).generate(prompts, 6)
     assert calls and min(calls) <= cpu.MAX_ROWS                   # decode steps' rows went through it
     assert got.tokens == ref.tokens
