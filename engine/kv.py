@@ -200,6 +200,12 @@ class KVState(LayerState):
         """Add k/v [B, K, T, h] at positions [start, start+T); return the keys/values this pass's
         queries may see [B, K, S, h] and the position of the first of them."""
 
+    def decode_buffers(self, start: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """For a one-token pass at `start` into every position before it, stored exactly: the key
+        and value buffers [B, K, capacity, h], reserved for it (a fused kernel writes the token and
+        reads 0..start: engine.layers.rope_attention); None where `append` must run instead."""
+        return None
+
     def _forget(self) -> None:
         self._parts = []
         self.capacity = 0
@@ -230,6 +236,12 @@ class FullKV(KVState):
             fresh[:, :, :filled].copy_(old[:, :, :filled])
             self.device.release(self.label, old)
         self._parts, self.capacity = new, cap
+
+    def decode_buffers(self, start: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if self.fmt.cast is not None or self.fmt.blocked or self.reference:
+            return None
+        self.reserve(start + 1, start)
+        return self._parts[0], self._parts[1]
 
     def append(self, k: torch.Tensor, v: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor, int]:
         end = start + k.shape[2]

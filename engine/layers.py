@@ -139,6 +139,23 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((rot * cos + rot.roll(r // 2, -1) * signed, rest), dim=-1)
 
 
+def fused_decode_ok(q: torch.Tensor, v: torch.Tensor, cos: torch.Tensor) -> bool:
+    """Whether `rope_attention` takes a decode step's q [B, H, 1, h] / v and its rope tables: one
+    fp32 token per sequence on the CPU with the kernels on, head dims multiples of 8, one table row."""
+    return (q.shape[2] == 1 and q.dtype == torch.float32 and cos.dim() == 2 and cos.dtype == q.dtype
+            and q.shape[-1] % 8 == 0 and v.shape[-1] % 8 == 0 and kernels.takes(q))
+
+
+def rope_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   k_buf: torch.Tensor, v_buf: torch.Tensor, start: int, scale: float) -> torch.Tensor:
+    """A decode step's `apply_rope`, KV write and `attention` (no mask) in one kernel op
+    (`fused_decode_ok`): q [B, H, 1, h] and k/v [B, K, 1, h] (projected and normed), k and v written
+    at position `start` of the exact KV buffers [B, K, capacity, h], q attending to positions
+    0..start -> [B, 1, H*h]; the rotation bit for bit, the attention up to fp32 rounding."""
+    signed = memo(sin, "signed_sin", lambda: _signed_sin(sin))
+    return heads_last(kernels.rope_attention(q, k, v, cos, signed, k_buf, v_buf, start, scale))
+
+
 def plain_causal(T: int, past: int, kv_start: int, window: int | None) -> bool:
     """Whether T queries at positions past.. over the keys kv_start..past+T-1 are a plain
     lower-triangular mask (queries and keys the same positions, no window cut): `sdpa` passes it
@@ -290,7 +307,11 @@ def dense_mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch
 
 def route(h: torch.Tensor, router_w: torch.Tensor, top_k: int, norm_topk: bool,
           keep_fp32_weights: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """h [N, D] -> (expert ids [N, k] int64, weights [N, k]) exactly as transformers' TopKRouter."""
+    """h [N, D] -> (expert ids [N, k] int64, weights [N, k]) exactly as transformers' TopKRouter;
+    a decode step's few rows on the CPU in one kernel op (up to fp32 rounding)."""
+    if h.dim() == 2 and h.shape[0] <= kernels.MAX_ROWS and kernels.usable(h, router_w):
+        top_i, top_w = kernels.softmax_topk(h, router_w, top_k, norm_topk)
+        return top_i, top_w if keep_fp32_weights else top_w.to(h.dtype)
     logits = F.linear(h, router_w)                                   # [N, E]
     probs = torch.softmax(cast(logits, torch.float32), dim=-1)       # [N, E] fp32
     top_w, top_i = torch.topk(probs, top_k, dim=-1)                  # [N, k]

@@ -41,7 +41,7 @@ from engine.devices import Device
 from engine.kernels.cpu import linear
 from engine.kv import FullKV, KVState, LayerState, SlidingKV, StateTerm
 from engine.kvquant import DEFAULT_KV_DTYPE, KVFormatError, kv_format
-from engine.layers import attention, causal_mask, heads_first, plain_causal, rms_norm
+from engine.layers import attention, causal_mask, fused_decode_ok, heads_first, plain_causal, rms_norm, rope_attention
 from engine.lazy import lazy_module
 
 if TYPE_CHECKING:
@@ -217,6 +217,11 @@ class GQAAttention(AttentionBlock):
         state's keys and values, the causal (window) mask, `attend` (what a subclass with other
         projections or an output gate reuses)."""
         cos, sin = self.rope.tables(p)
+        if p.static is None and self.fused_decode and fused_decode_ok(q, v, cos):
+            bufs = state.decode_buffers(p.past)                                    # exact full KV: its buffers
+            if bufs is not None:                                                   # one kernel op on the CPU
+                scale = q.shape[-1] ** -0.5 if self.scale is None else self.scale
+                return rope_attention(q, k, v, cos, sin, *bufs, p.past, scale)
         q, k = self.rope.apply(q, cos, sin), self.rope.apply(k, cos, sin)
         if p.static is not None:      # a fixed-shape decode step: written at a device position, keys masked on the device
             k_all, v_all = state.write_at(k, v, p.static)                          # [B, K, keys, h]
@@ -229,6 +234,13 @@ class GQAAttention(AttentionBlock):
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """q [B, H, T, h], k/v [B, K, S, h] -> [B, T, H*h] (a subclass adds sinks, soft-capping, ...)."""
         return attention(q, k, v, mask, self.scale)
+
+    @property
+    def fused_decode(self) -> bool:
+        """Whether a decode step may run rope, the KV write and `attend` as engine.layers.rope_attention:
+        the plain rotation and attention (a subclass's own `attend` or rope opts out) over a full KV."""
+        return (self.window is None and type(self).attend is GQAAttention.attend
+                and type(self.rope).apply is Rope.apply)
 
     def new_state(self, batch: int, max_tokens: int | None, device: Device, dtype: torch.dtype,
                   label: str, kv_dtype: str | None = None) -> KVState:

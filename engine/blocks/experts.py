@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from engine.checkpoint import Checkpoint, MissingTensorError
 from engine.kernels import cpu as cpu_kernels
-from engine.layers import expert_ffn, expert_ffn_grouped, grouped_mm_supported, swiglu_matrices
+from engine.layers import cast, expert_ffn, expert_ffn_grouped, grouped_mm_supported, swiglu_matrices
 from engine.lazy import lazy_module
 
 if TYPE_CHECKING:
@@ -97,6 +97,11 @@ class ExpertLayout(ABC):
     @abstractmethod
     def run(self, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
         """The expert on rows x [n, D] from its packed buffer [P] -> [n, D] (unweighted)."""
+
+    def run_add_(self, out: torch.Tensor, x: torch.Tensor, packed: torch.Tensor, gate: torch.Tensor) -> None:
+        """`out.add_(run(x, packed) * gate)` (out [n, D] in x's dtype, gate [n, 1]): a routed expert's
+        weighted output added in place (a layout may do it in one op: the same values)."""
+        out.add_(cast(self.run(x, packed) * gate, out.dtype))
 
     def grouped_supported(self, dtype: torch.dtype, device: torch.device) -> bool:
         """Whether `run_grouped` can run this layout at `dtype` on `device` (False: no grouped kernel)."""
@@ -188,6 +193,13 @@ class SwiGLUExperts(ExpertLayout):
         if self.act == "silu":        # the same kernels and activation in one op: no return to Python between
             return cpu_kernels.swiglu(x, *swiglu_matrices(packed, self.D, self.I))
         return expert_ffn(x, packed, self.D, self.I, self.act, cpu_kernels.small_linear)
+
+    def run_add_(self, out: torch.Tensor, x: torch.Tensor, packed: torch.Tensor, gate: torch.Tensor) -> None:
+        if (self.act == "silu" and cpu_kernels.usable(x, packed) and out.dtype == gate.dtype == x.dtype
+                and out.is_contiguous()):
+            cpu_kernels.swiglu_add_(out, x, *swiglu_matrices(packed, self.D, self.I), gate)
+        else:
+            super().run_add_(out, x, packed, gate)
 
     def grouped_supported(self, dtype: torch.dtype, device: torch.device) -> bool:
         return grouped_mm_supported(dtype, device)

@@ -285,11 +285,34 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     return _fast["ops"].decode_attention(q, k, v, scale)
 
 
+def rope_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor,
+                   k_buf: torch.Tensor, v_buf: torch.Tensor, start: int, scale: float) -> torch.Tensor:
+    """`rope` on q [B, H, 1, h] and k [B, K, 1, h], k and v written at position `start` of the KV
+    buffers [B, K, capacity, h], `decode_attention` over positions 0..start -> [B, H, 1, hv]: one op
+    (fp32, `takes(q)`)."""
+    return _fast["ops"].rope_attention(q, k, v, cos, signed_sin, k_buf, v_buf, start, scale)
+
+
 def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
     """A SwiGLU expert in one op: `small_linear(silu_mul(gate, up), down)` on `small_linear(x, gate_up)`'s
     halves -- engine.layers.expert_ffn with the kernel's linear and SiLU, bit for bit. x [n, D]
     (`usable(x, gate_up)`), gate_up [2I, D], down [D, I]."""
     return _fast["ops"].swiglu(x, gate_up, down, MAX_ROWS, _fast["widen"])
+
+
+def swiglu_add_(out: torch.Tensor, x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+                gate: torch.Tensor) -> None:
+    """`out.add_(swiglu(x, gate_up, down) * gate)` in one op, rounded as those ops round it: out
+    [n, D] contiguous and gate [n, 1] in x's dtype."""
+    _fast["ops"].swiglu_add_(out, x, gate_up, down, gate, MAX_ROWS, _fast["widen"])
+
+
+def softmax_topk(h: torch.Tensor, w: torch.Tensor, k: int, norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """A softmax top-k router in one op: (ids int64 [N, k], weights fp32 [N, k]) for h [N, D]
+    (`usable(h, w)`) and w [E, D] -- the logits by `small_linear`, their fp32 softmax, the k
+    largest in descending order (ties: the lower id), over their sum when `norm`: engine.layers.
+    route's ops up to fp32 rounding."""
+    return _fast["ops"].softmax_topk(h, w, k, norm, MAX_ROWS, _fast["widen"])
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

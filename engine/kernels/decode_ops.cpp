@@ -16,6 +16,7 @@
 //   softmax's exp a vector polynomial of its own (`exp8`); the (sequence, key head) pairs shared
 //   over the kernels' threads (pool.h). Equal to engine.layers.decode_attention's three torch ops up
 //   to fp32 rounding.
+// - rope_attention: a decode step's rope, KV write and decode_attention in one call.
 // - silu_mul: gate, up [n, I] (rows contiguous: the halves of one projection's output, say) ->
 //   silu(gate) * up (SwiGLU's activation), rounded to T as torch's two ops round it; silu's exp is
 //   `exp8`, so equal to torch's up to fp32 rounding.
@@ -44,6 +45,7 @@
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -365,6 +367,24 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   return out;
 }
 
+// rope, the KV write and decode_attention in one call: q [B, H, 1, h] and k [B, K, 1, h] rotated by
+// cos / the signed sin [1, r] (rope), the rotated k and v [B, K, 1, hv] written at position `start`
+// of the cache buffers k_buf [B, K, capacity, h] / v_buf [B, K, capacity, hv], q attending to
+// positions 0..start -> [B, H, 1, hv]. All fp32, q/k/v contiguous, each buffer row contiguous.
+at::Tensor rope_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cos,
+                          const at::Tensor& sin, at::Tensor k_buf, at::Tensor v_buf, int64_t start, double scale) {
+  TORCH_CHECK(k_buf.dim() == 4 && v_buf.dim() == 4 && start >= 0 && start < k_buf.size(2) &&
+              start < v_buf.size(2) && k.dim() == 4 && v.dim() == 4 && k.size(2) == 1 && v.size(2) == 1 &&
+              k.sizes().slice(0, 2) == k_buf.sizes().slice(0, 2) && k.size(3) == k_buf.size(3) &&
+              v.sizes().slice(0, 2) == v_buf.sizes().slice(0, 2) && v.size(3) == v_buf.size(3),
+              "rope_attention: k/v [B, K, 1, h] written at position ", start, " of buffers [B, K, capacity, h], got ",
+              k.sizes(), ", ", v.sizes(), " and ", k_buf.sizes(), ", ", v_buf.sizes());
+  const at::Tensor kr = rope(k, cos, sin), vc = v.contiguous();
+  k_buf.select(2, start).copy_(kr.select(2, 0));
+  v_buf.select(2, start).copy_(vc.select(2, 0));
+  return decode_attention(rope(q, cos, sin), k_buf.narrow(2, 0, start + 1), v_buf.narrow(2, 0, start + 1), scale);
+}
+
 // ---- SwiGLU's activation
 
 template <typename T>
@@ -426,12 +446,82 @@ at::Tensor swiglu(const at::Tensor& x, const at::Tensor& gate_up, const at::Tens
   return moebench_kernels::small_linear(silu_mul(gu.narrow(1, 0, I), gu.narrow(1, I, I)), down, max_rows, widen_bf16);
 }
 
+// out += T(swiglu(...) * gate) (gate [n, 1], out [n, D], all in x's dtype): a routed expert's weighted
+// output added in place, rounded as torch's `out.add_(y * gate)` rounds it.
+void swiglu_add_(at::Tensor out, const at::Tensor& x, const at::Tensor& gate_up, const at::Tensor& down,
+                 const at::Tensor& gate, int64_t max_rows, bool widen_bf16) {
+  at::Tensor y = swiglu(x, gate_up, down, max_rows, widen_bf16);
+  TORCH_CHECK(out.sizes() == y.sizes() && out.is_contiguous() && out.scalar_type() == y.scalar_type() &&
+              gate.scalar_type() == y.scalar_type() && gate.dim() == 2 && gate.size(0) == y.size(0) &&
+              gate.size(1) == 1, "swiglu_add_: out ", y.sizes(), " contiguous and gate [n, 1] in x's dtype, got ",
+              out.sizes(), " ", out.scalar_type(), " and ", gate.sizes(), " ", gate.scalar_type());
+  const int64_t n = y.size(0), D = y.size(1);
+  const auto add = [&](auto* o, const auto* yv, const auto* gv, int64_t gs) {
+    using T = std::remove_cv_t<std::remove_pointer_t<decltype(yv)>>;
+    for (int64_t j = 0; j < n; ++j) {
+      const float g = widen(gv[j * gs]);
+      for (int64_t i = 0; i < D; ++i)
+        o[j * D + i] = round_to<T>(widen(o[j * D + i]) + widen(round_to<T>(widen(yv[j * D + i]) * g)));
+    }
+  };
+  if (y.scalar_type() == at::kFloat)
+    add(out.data_ptr<float>(), y.data_ptr<float>(), gate.data_ptr<float>(), gate.stride(0));
+  else
+    add(out.data_ptr<c10::BFloat16>(), y.data_ptr<c10::BFloat16>(), gate.data_ptr<c10::BFloat16>(), gate.stride(0));
+}
+
+// ---- The softmax top-k router
+
+// (ids int64 [N, k], weights fp32 [N, k]) of h [N, D] against the router w [E, D]: the logits by
+// small_linear (in h's dtype), softmax over them in fp32 (exp8), the k largest in descending order
+// (ties: the lower expert id first), divided by their sum when `norm`. engine.layers.route's ops up
+// to fp32 rounding.
+std::tuple<at::Tensor, at::Tensor> softmax_topk(const at::Tensor& h, const at::Tensor& w, int64_t k, bool norm,
+                                                int64_t max_rows, bool widen_bf16) {
+  at::Tensor logits = moebench_kernels::small_linear(h, w, max_rows, widen_bf16).to(at::kFloat).contiguous();
+  const int64_t N = logits.size(0), E = logits.size(1);
+  TORCH_CHECK(k >= 1 && k <= E, "softmax_topk: k must be in [1, ", E, "], got ", k);
+  at::Tensor ids = at::empty({N, k}, h.options().dtype(at::kLong));
+  at::Tensor wts = at::empty({N, k}, h.options().dtype(at::kFloat));
+  std::vector<float> p(E);
+  for (int64_t j = 0; j < N; ++j) {
+    const float* l = logits.data_ptr<float>() + j * E;
+    float m = l[0];
+    for (int64_t e = 1; e < E; ++e) m = l[e] > m ? l[e] : m;
+    float z = 0.0f;
+    for (int64_t e = 0; e < E; ++e) z += (p[e] = exp1(l[e] - m));
+    for (int64_t e = 0; e < E; ++e) p[e] /= z;
+    int64_t* id = ids.data_ptr<int64_t>() + j * k;
+    float* wt = wts.data_ptr<float>() + j * k;
+    float sum = 0.0f;
+    const auto ahead = [&](int64_t a, int64_t b) {                     // a ranks before b: NaN first (as topk),
+      return b < 0 || (!std::isnan(p[b]) && (std::isnan(p[a]) || p[a] > p[b]));   // then larger, then lower id
+    };
+    for (int64_t t = 0; t < k; ++t) {                                  // the best not yet taken
+      int64_t best = -1;
+      for (int64_t e = 0; e < E; ++e)
+        if (std::find(id, id + t, e) == id + t && ahead(e, best)) best = e;
+      id[t] = best;
+      sum += (wt[t] = p[best]);
+    }
+    if (norm)
+      for (int64_t t = 0; t < k; ++t) wt[t] /= sum;
+  }
+  return {ids, wts};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(moebench_cpu, m) {
   m.def("rms_norm(Tensor x, Tensor? w, float eps, float offset, bool scale_fp32) -> Tensor", &rms_norm);
   m.def("rope(Tensor x, Tensor cos, Tensor sin) -> Tensor", &rope);
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, float scale) -> Tensor", &decode_attention);
+  m.def("rope_attention(Tensor q, Tensor k, Tensor v, Tensor cos, Tensor sin, Tensor(a!) k_buf, Tensor(b!) v_buf, "
+        "int start, float scale) -> Tensor", &rope_attention);
   m.def("silu_mul(Tensor gate, Tensor up) -> Tensor", &silu_mul);
   m.def("swiglu(Tensor x, Tensor gate_up, Tensor down, int max_rows, bool widen_bf16) -> Tensor", &swiglu);
+  m.def("swiglu_add_(Tensor(a!) out, Tensor x, Tensor gate_up, Tensor down, Tensor gate, int max_rows, "
+        "bool widen_bf16) -> ()", &swiglu_add_);
+  m.def("softmax_topk(Tensor h, Tensor w, int k, bool norm, int max_rows, bool widen_bf16) -> (Tensor, Tensor)",
+        &softmax_topk);
 }

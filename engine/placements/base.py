@@ -207,12 +207,10 @@ class Placement(ABC):
             w = weights_of(e)                                              # [P]; may wait for a copy
             n = tok.numel()
             with span("expert", layer=layer, expert=e, tokens=n):
-                every = n == N                                             # rows ascending and distinct: all of them
-                y = layout.run(h if every else h.index_select(0, tok), w) * gate   # [n, D]: the family's kernel
-                if every:
-                    out.add_(cast(y, out.dtype))
+                if n == N:                                                 # rows ascending and distinct: all of them
+                    layout.run_add_(out, h, w, gate)                       # out += run(h) * gate: the family's kernel
                 else:
-                    out.index_add_(0, tok, cast(y, out.dtype))
+                    out.index_add_(0, tok, cast(layout.run(h.index_select(0, tok), w) * gate, out.dtype))   # [n, D]
             if release is not None:
                 release(e)
         return out

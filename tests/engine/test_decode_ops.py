@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.kernels import cpu
-from engine.layers import (apply_rope, decode_attention, expert_ffn, gated, rms_norm, rms_norm_fp32, rope_cos_sin,
+from engine.layers import (apply_rope, decode_attention, expert_ffn, gated, rms_norm, rms_norm_fp32, rope_attention,
+                           rope_cos_sin, route,
                            swiglu_matrices)
 
 pytestmark = pytest.mark.skipif(not cpu.available(), reason=f"the CPU kernels cannot run here: {cpu.reason()}")
@@ -76,7 +77,8 @@ def reference_attention(q, k, v, scale):
     return torch.einsum("bkgs,bksh->bkgh", s.softmax(-1), v.double()).reshape(B, H, 1, v.shape[-1])
 
 
-@pytest.mark.parametrize("H,K,h,S", [(16, 4, 128, 150), (8, 8, 64, 65), (12, 4, 72, 300), (32, 4, 96, 1), (6, 2, 16, 129)])
+@pytest.mark.parametrize("H,K,h,S", [(16, 4, 128, 150), (8, 8, 64, 65), (12, 4, 72, 300), (32, 4, 96, 1),
+                                     (6, 2, 16, 129)])
 def test_decode_attention_matches_float64_and_torchs_ops(H, K, h, S):
     g = torch.Generator().manual_seed(H * h + S)
     q = torch.randn(2, H, 1, h, generator=g)
@@ -129,3 +131,48 @@ def test_swiglu_expert_is_the_ops_it_fuses_bit_for_bit(dtype, n):
     want = expert_ffn(x, packed, D, I, "silu", cpu.small_linear)
     assert torch.equal(cpu.swiglu(x, *swiglu_matrices(packed, D, I)), want)
     assert close(want, torch_path(expert_ffn, x, packed, D, I, "silu"), dtype)
+
+
+def test_swiglu_add_is_the_add_it_replaces_bit_for_bit():
+    D, I = 64, 48
+    g = torch.Generator().manual_seed(11)
+    for dtype in DTYPES:
+        packed = (torch.randn(3 * I * D, generator=g) * 0.1).to(dtype)
+        x, gate = torch.randn(1, D, generator=g).to(dtype), torch.rand(1, 1, generator=g).to(dtype)
+        start = torch.randn(1, D, generator=g).to(dtype)
+        want = start.clone().add_(cpu.swiglu(x, *swiglu_matrices(packed, D, I)) * gate)
+        got = start.clone()
+        cpu.swiglu_add_(got, x, *swiglu_matrices(packed, D, I), gate)
+        assert torch.equal(got, want), dtype
+
+
+@pytest.mark.parametrize("E,k,norm", [(16, 2, True), (64, 8, False), (8, 8, True)])
+def test_softmax_topk_routes_as_torchs_ops(E, k, norm):
+    g = torch.Generator().manual_seed(E + k)
+    h, w = torch.randn(cpu.MAX_ROWS, 96, generator=g), torch.randn(E, 96, generator=g)
+    ids, wts = route(h, w, k, norm, True)
+    ref_ids, ref_wts = torch_path(route, h, w, k, norm, True)
+    assert ids.dtype == torch.int64 and torch.equal(ids, ref_ids)
+    assert (wts - ref_wts).abs().max() <= 1e-5 * ref_wts.abs().max()          # the logits: another sum order
+    tie = torch.zeros(1, 96)                                         # every logit 0: ties, taken by id
+    assert cpu.softmax_topk(tie, w, k, norm)[0].tolist() == [list(range(k))]
+
+
+def test_rope_attention_is_the_unfused_steps(threads):
+    """rope, the KV write and attention in one op: the rotation and the written cache bit for bit,
+    the output as `attention` computes it from them, and the cache's other positions untouched."""
+    B, H, K, h, cap, start = 2, 12, 4, 64, 40, 29
+    g = torch.Generator().manual_seed(5)
+    q, k, v = torch.randn(B, H, 1, h, generator=g), torch.randn(B, K, 1, h, generator=g), \
+        torch.randn(B, K, 1, h, generator=g)
+    cos, sin = rope_cos_sin(torch.tensor([start]), h, 1e4, 1.0, torch.float32)
+    k_buf, v_buf = torch.randn(B, K, cap, h, generator=g), torch.randn(B, K, cap, h, generator=g)
+    kb, vb = k_buf.clone(), v_buf.clone()
+    kb[:, :, start:start + 1], vb[:, :, start:start + 1] = apply_rope(k, cos, sin), v
+    want = decode_attention(apply_rope(q, cos, sin), kb[:, :, :start + 1], vb[:, :, :start + 1], 0.2)
+    for th in (1, 2):
+        torch.set_num_threads(th)
+        kt, vt = k_buf.clone(), v_buf.clone()
+        got = rope_attention(q, k, v, cos, sin, kt, vt, start, 0.2)
+        assert torch.equal(kt, kb) and torch.equal(vt, vb)
+        assert torch.equal(got, want.reshape(B, 1, H * h))
