@@ -1,13 +1,13 @@
 """A/B of batch-1 decode speed between two checkouts of this repository (e.g. a commit before a
 change, made with `git worktree add /tmp/old HEAD~1`, against the working tree), on the
-benchmark's Mixtral-shaped checkpoint: each round runs one fresh process per checkout, in
+benchmark's Mixtral-shaped checkpoint (`--shape small|wide`: bench_vs_llamacpp's shapes): each round runs one fresh process per checkout, in
 alternating order (this machine's speed drifts, so the two must be interleaved), and each
 process times the same decode steps at each thread count after the same prompt. Prints the
 medians with every round's value, the ratio old/new, and whether the greedy tokens agree.
-`--skeleton` times the skeleton instead (profile_decode.SKELETON: the same engine and architecture with
+`--skeleton` times the shape's skeleton instead (the same engine and architecture with
 its matrices shrunk to nothing): the engine's own per-token cost, which the weight reads' run-to-run
 drift hides in the full step.
-Not a test: `python benchmarks/ab_decode.py OLD_CHECKOUT [NEW_CHECKOUT] [--rounds 10] [--skeleton]`.
+Not a test: `python benchmarks/ab_decode.py OLD_CHECKOUT [NEW_CHECKOUT] [--rounds 10] [--shape wide] [--skeleton]`.
 """
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from profile_decode import SKELETON  # noqa: E402
+from bench_vs_llamacpp import SHAPES  # noqa: E402
+from bench_vs_transformers import skeleton_of  # noqa: E402
 
 WORKER = r'''
 import json, sys, time
@@ -31,7 +32,7 @@ shape = json.loads(sys.argv[6])
 sys.path[:0] = [root, root + "/benchmarks"]
 from bench_vs_llamacpp import checkpoint
 from engine import Engine
-eng = Engine.from_pretrained(str(checkpoint(shape) if shape else checkpoint()), placement=placement, device="cpu", max_context=context + steps + 8)
+eng = Engine.from_pretrained(str(checkpoint(shape)), placement=placement, device="cpu", max_context=context + steps + 8)
 torch.manual_seed(0)
 prompt = torch.randint(0, eng.cfg.vocab_size, (context,)).tolist()
 out = {}
@@ -52,9 +53,10 @@ print(json.dumps(out))
 
 
 def run(root: Path, args: argparse.Namespace) -> dict:
-    shape = json.dumps(SKELETON if args.skeleton else None)
+    shape = json.dumps(skeleton_of(SHAPES[args.shape]) if args.skeleton else SHAPES[args.shape])
     proc = subprocess.run([sys.executable, "-c", WORKER, str(root), args.placement, str(args.context),
-                           str(args.steps), args.threads, shape], capture_output=True, text=True)
+                           str(args.steps), args.threads, shape], capture_output=True, text=True,
+                          cwd=root)             # `python -c` imports from its working directory: the checkout's own engine
     if proc.returncode:
         raise SystemExit(f"the run in {root} failed:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -70,8 +72,9 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=128, help="prompt tokens before them")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--placement", default="resident")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="small", help="the benchmark's model shape")
     ap.add_argument("--skeleton", action="store_true",
-                    help="time the skeleton (profile_decode.SKELETON: the same architecture, matrices shrunk to "
+                    help="time the shape's skeleton (the same architecture, matrices shrunk to "
                          "nothing) -- the engine's own per-token cost, without the weight reads' noise")
     args = ap.parse_args()
     for root in (args.old, args.new):
@@ -80,7 +83,7 @@ def main() -> None:
     ms: dict[str, dict[str, list[float]]] = {"old": {}, "new": {}}
     tokens: dict[str, dict[str, list[int]]] = {"old": {}, "new": {}}
     pair = [("old", args.old), ("new", args.new)]
-    print(f"{args.rounds} rounds, {args.steps} decode steps after {args.context} tokens, placement "
+    print(f"{args.rounds} rounds, {args.steps} decode steps after {args.context} tokens, {args.shape} shape, placement "
           f"{args.placement}{', skeleton' if args.skeleton else ''}; load average {os.getloadavg()[0]:.2f}", flush=True)
     for r in range(args.rounds):
         for name, root in pair if r % 2 == 0 else pair[::-1]:
