@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, ClassVar
 from engine.blocks.base import Block, Pass, TensorSpec, Transient
 from engine.blocks.rope import Rope
 from engine.devices import Device
-from engine.kernels.cpu import linear
+from engine.kernels.cpu import linear, linears
 from engine.kv import FullKV, KVState, LayerState, SlidingKV, StateTerm
 from engine.kvquant import DEFAULT_KV_DTYPE, KVFormatError, kv_format
 from engine.layers import attention, causal_mask, fused_decode_ok, heads_first, plain_causal, rms_norm, rope_attention
@@ -201,7 +201,10 @@ class GQAAttention(AttentionBlock):
         w, eps, hd = self.w, self.eps, self.hd
         B, T, _ = x.shape
         # decode's few rows on the CPU: the engine's kernel, on every thread (engine.kernels.cpu)
-        q, k, v = linear(x, w["q"], w.get("q_b")), linear(x, w["k"], w.get("k_b")), linear(x, w["v"], w.get("v_b"))
+        if self.qkv_bias:
+            q, k, v = (linear(x, w[n], w[n + "_b"]) for n in ("q", "k", "v"))
+        else:
+            q, k, v = linears(x, (w["q"], w["k"], w["v"]))
         if self.qk_norm == "full":    # OLMoE: norm over the whole projection, before the head split
             q, k = rms_norm(q, w["q_norm"], eps), rms_norm(k, w["k_norm"], eps)     # [B, T, H*h] / [B, T, K*h]
         if self.clip_qkv is not None:

@@ -204,6 +204,14 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
     return F.linear(x, w, b)
 
 
+def linears(x: torch.Tensor, ws: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+    """`[linear(x, w) for w in ws]`, bit for bit, with the kernel's rows of every weight in one
+    parallel job where it runs them all (one start and one wait instead of one per weight)."""
+    if all(usable(x, w) for w in ws):
+        return _fast["ops"].linears(x, list(ws), MAX_ROWS, _fast["widen"])
+    return [linear(x, w) for w in ws]
+
+
 def grouped_small_linear(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """Per expert group, `small_linear`: x [M, K] sorted by expert, w [E, O, K], offs [E] int32 end
     of each group -> [M, O]; each group bitwise `small_linear` on it."""

@@ -262,6 +262,59 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<
   return out.view(shape);
 }
 
+// [linear(x, w) for w in ws] for x [..., K] and weights of x's dtype, their rows in one parallel job
+// up to max_rows rows (one start and one wait for all, not one each: a layer's q, k and v
+// projections, say); each output row the same dot product as `linear`'s, bit for bit.
+template <typename W>
+void rows_kernels(const float* x, int64_t n, int64_t K, at::TensorList ws, const std::vector<float*>& ys) {
+  std::vector<FloatBlocks<DenseRows<W>>> blocks;
+  std::vector<std::tuple<size_t, int64_t, int64_t>> chunks;          // (weight, first row, end row)
+  int64_t elems = 0;
+  for (size_t m = 0; m < ws.size(); ++m) {
+    const int64_t O = ws[m].size(0);
+    blocks.push_back({x, DenseRows<W>{ws[m].data_ptr<W>(), ws[m].stride(0)}, O, K, ys[m]});
+    for (int64_t o = 0; o < O; o += CHUNK_ROWS) chunks.emplace_back(m, o, std::min(O, o + CHUNK_ROWS));
+    elems += O * K * n;
+  }
+  run_chunks([&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const auto [m, o0, o1] = chunks[c];
+      blocked_range(blocks[m], n, o0, o1);
+    }
+  }, static_cast<int64_t>(chunks.size()), elems, 1);
+}
+
+std::vector<at::Tensor> linears(const at::Tensor& x, at::TensorList ws, int64_t max_rows, bool widen_bf16) {
+  const int64_t K = x.size(-1), rows = K ? x.numel() / K : 0;
+  std::vector<at::Tensor> outs;
+  if (rows == 0 || rows > max_rows) {
+    for (const at::Tensor& w : ws) outs.push_back(linear(x, w, std::nullopt, max_rows, widen_bf16));
+    return outs;
+  }
+  for (const at::Tensor& w : ws) {
+    TORCH_CHECK(w.dim() == 2, "linears: each weight must be [O, K], got ", w.sizes());
+    check_weight(w, K, "linears");
+    TORCH_CHECK(x.scalar_type() == w.scalar_type(), "linears: x is ", x.scalar_type(), ", a weight ", w.scalar_type());
+  }
+  const at::Tensor xf = x.reshape({rows, K}).to(at::kFloat).contiguous();
+  std::vector<at::Tensor> yf;
+  std::vector<float*> yp;
+  for (const at::Tensor& w : ws) {
+    yf.push_back(at::empty({rows, w.size(0)}, x.options().dtype(at::kFloat)));
+    yp.push_back(yf.back().data_ptr<float>());
+  }
+  if (x.scalar_type() == at::kFloat)
+    rows_kernels<float>(xf.data_ptr<float>(), rows, K, ws, yp);
+  else
+    rows_kernels<c10::BFloat16>(xf.data_ptr<float>(), rows, K, ws, yp);
+  for (size_t m = 0; m < ws.size(); ++m) {
+    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+    shape.back() = ws[m].size(0);
+    outs.push_back(yf[m].to(x.scalar_type()).view(shape));       // bf16: rounded once, as linear_into rounds
+  }
+  return outs;
+}
+
 // Each expert's group of rows through small_linear's path: x [M, K] sorted by expert, w [E, O, K],
 // offs [E] int32 end of each group in x -> [M, O]; a group equals small_linear on it, bit for bit.
 // The group sizes are read here, on the CPU, where reading them is no device sync.
@@ -676,6 +729,7 @@ std::tuple<at::Tensor, at::Tensor> quantize_activations(const at::Tensor& x) {
 TORCH_LIBRARY(moebench_cpu, m) {
   m.def("small_linear(Tensor x, Tensor w, int max_rows, bool widen_bf16) -> Tensor", &moebench_kernels::small_linear);
   m.def("linear(Tensor x, Tensor w, Tensor? b, int max_rows, bool widen_bf16) -> Tensor", &linear);
+  m.def("linears(Tensor x, Tensor[] ws, int max_rows, bool widen_bf16) -> Tensor[]", &linears);
   m.def("grouped_small_linear(Tensor x, Tensor w, Tensor offs, int max_rows, bool widen_bf16) -> Tensor",
         &grouped_small_linear);
   m.def("int8_linear(Tensor x, Tensor packed, int q_at, int scale_at, int O, int K) -> Tensor", &int8_linear);

@@ -200,9 +200,25 @@ def test_a_decode_step_runs_attention_and_the_head_through_the_kernel(monkeypatc
     class Counting:
         def __getattr__(self, name):
             op = getattr(real, name)
-            return lambda *a: seen.append((name, tuple(a[1].shape))) or op(*a)
+            return lambda *a: seen.extend((name, tuple(w.shape)) for w in (a[1] if name == "linears" else [a[1]])) \
+                or op(*a)
     monkeypatch.setitem(cpu._fast, "ops", Counting())
     eng.decode_step(sess, tok)
     cfg = eng.cfg
-    dense = [s for name, s in seen if name == "linear"]
+    dense = [s for name, s in seen if name in ("linear", "linears")]
     assert len(dense) == 4 * cfg.num_layers + 1 and (cfg.vocab_size, cfg.hidden_size) in dense
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linears_are_linear_on_each_weight_bit_for_bit(dtype, threads):
+    """A layer's projections in one parallel job: each output as `linear` computes it, at any batch
+    (BLAS above MAX_ROWS, as `linear`) and thread count."""
+    g = torch.Generator().manual_seed(2)
+    ws = tuple(torch.randn(o, 96, generator=g).to(dtype) for o in (130, 32, 32))
+    for n in (1, 3, cpu.MAX_ROWS + 1):
+        x = torch.randn(2, n, 96, generator=g).to(dtype)[:1]
+        for th in (1, 2):
+            torch.set_num_threads(th)
+            got = cpu.linears(x, ws)
+            assert all(torch.equal(y, cpu.linear(x, w)) for y, w in zip(got, ws)), (n, th)
