@@ -47,7 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_roofline  # noqa: E402
-from bench_vs_transformers import SHAPE, build_checkpoint, parser, skeleton_of, summary, time_ours  # noqa: E402
+from bench_vs_transformers import (SHAPE, build_checkpoint, parser, skeleton_of, skeleton_words, summary,  # noqa: E402
+                                   time_ours)
 from engine import Engine  # noqa: E402
 from engine.kernels import cpu as cpu_kernels  # noqa: E402
 from engine.kernels.openmp import as_given, spin_state  # noqa: E402
@@ -219,7 +220,7 @@ def main() -> None:
         if args.ab:
             for phase in ("prefill", "decode"):
                 print(summary(phase, s[f"ours_{phase}"], s[f"off_{phase}"], "kernels off", "tok/s"))
-        print("dispatch (a decode step of the same architecture, hidden 64, vocab 512: no weights to speak of): "
+        print(f"dispatch (a decode step of the same architecture, {skeleton_words(shape)}: no weights to speak of): "
               + "  ".join(f"{label} {statistics.median(step_ms[key]):.2f} ({min(step_ms[key]):.2f}-"
                           f"{max(step_ms[key]):.2f}) ms/step" for label, key in (("ours", "ours"), ("llama.cpp", "ll"))))
         rates = bench_roofline.measured_rates(rates_before, ours, args.prefill)

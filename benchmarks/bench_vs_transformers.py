@@ -41,8 +41,15 @@ SHAPE = dict(vocab_size=32000, hidden_size=1024, intermediate_size=1024, num_hid
 
 def skeleton_of(shape: dict) -> dict:
     """The same architecture (layers, heads, experts, top-k: every op and line of Python a step runs)
-    with its matrices shrunk to nothing: a step of it is the per-step cost that is not reading weights."""
-    return shape | {"hidden_size": 64, "intermediate_size": 64, "vocab_size": 512}
+    with its matrices shrunk to nothing: a step of it is the per-step cost that is not reading weights.
+    Head dim 8, the smallest every kernel path of a CPU decode step takes (engine.layers.fused_decode_ok)."""
+    return shape | {"hidden_size": 8 * shape["num_attention_heads"], "intermediate_size": 64, "vocab_size": 512}
+
+
+def skeleton_words(shape: dict) -> str:
+    """The skeleton of `shape` in words, for a report line."""
+    skel = skeleton_of(shape)
+    return f"hidden {skel['hidden_size']}, vocab {skel['vocab_size']}"
 
 
 def build_checkpoint(path: Path, shape: dict = SHAPE):

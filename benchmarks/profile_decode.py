@@ -10,7 +10,7 @@ computes), counted under a TorchDispatchMode, with the most frequent.
 
 `--split` also takes the step apart without the profiler, each part measured by itself:
 - the skeleton: the same architecture (layers, heads, experts, top-k, the engine's every op and
-  line of Python) with its matrices shrunk to nothing (hidden 64, vocab 512), timed the same
+  line of Python) with its matrices shrunk to nothing (bench_vs_transformers.skeleton_of), timed the same
   way -- the step's cost that is not reading weights;
 - the weight reads: F.linear on one row against each of the model's matrix shapes, cycling
   through copies that together exceed twice the last-level cache the CPU reports (cold, as in a
