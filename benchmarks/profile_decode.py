@@ -27,7 +27,13 @@ weight reads.
 `--llamacpp` puts llama.cpp's decode (its own timings, exact configuration) on the benchmark's
 GGUF and on the skeleton's into the same rounds, so its step splits the same way, without its
 internals: skeleton + the rest (its time reading the same weights, and all that scales with them).
-Not a test: `python benchmarks/profile_decode.py [--threads 1,2] [--steps 16] [--split [--llamacpp]]`.
+`--gaps` instead times every call into the engine's CPU kernels inside unprofiled steps: the calls
+that read weights (the projections, the experts, the head) against everything between them --
+the gaps, where the step's other ops and Python run while no weights stream -- with the gap before
+each weight read of the step, by position (the first layer's and the last one's).
+`--shape small|wide`: bench_vs_llamacpp's shapes.
+Not a test: `python benchmarks/profile_decode.py [--shape wide] [--threads 1,2] [--steps 16]
+[--split [--llamacpp] | --gaps]`.
 """
 from __future__ import annotations
 
@@ -49,7 +55,7 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_vs_llamacpp import SHAPE, checkpoint  # noqa: E402
+from bench_vs_llamacpp import SHAPE, SHAPES, checkpoint  # noqa: E402
 from bench_vs_transformers import GEMV_OPS, category, skeleton_of  # noqa: E402
 from engine import Engine  # noqa: E402
 from harness.costmodel.calibrate import best_time, cold_mib  # noqa: E402
@@ -263,8 +269,63 @@ def interleaved(eng: Engine, skel: Engine, prompts: dict[str, list[int]], thread
         print(line)
 
 
+WEIGHT_OPS = ("linear", "linears", "small_linear", "grouped_small_linear", "swiglu", "swiglu_add_", "int8_linear",
+              "int4_linear", "int8_q8_linear", "int4_q8_linear")     # the kernel calls that read weight matrices
+
+
+def gaps(eng: Engine, prompt: list[int], threads: list[int], steps: int) -> None:
+    """Each weight-reading kernel call of `steps` decode steps timed, and the time between them."""
+    from engine.kernels import cpu
+    if not cpu.available():
+        raise SystemExit(f"--gaps times the CPU kernels' calls, and they cannot run here: {cpu.reason()}")
+    log: list[tuple[str, int, int]] = []
+
+    def timed(name: str, op: Callable) -> Callable:
+        if name not in WEIGHT_OPS:
+            return op
+
+        def call(*args):
+            t0 = time.perf_counter_ns()
+            out = op(*args)
+            log.append((name, t0, time.perf_counter_ns()))
+            return out
+        return call
+
+    for th in threads:
+        torch.set_num_threads(th)
+        sess = eng.new_session(1)
+        tok = eng.prefill(sess, [prompt]).argmax(-1).tolist()
+        for _ in range(2):
+            tok = eng.decode_step(sess, tok).argmax(-1).tolist()
+        walls, reads, before = [], [], defaultdict(list)
+        with cpu.wrapped(timed):
+            for _ in range(steps):
+                log.clear()
+                t0 = time.perf_counter_ns()
+                tok = eng.decode_step(sess, tok).argmax(-1).tolist()
+                walls.append(time.perf_counter_ns() - t0)
+                reads.append(sum(b - a for _, a, b in log))
+                ends = [t0] + [b for _, _, b in log]
+                for i, (name, a, _) in enumerate(log):
+                    before[i, name].append(a - ends[i])
+        sess.close()
+        wall, read = statistics.median(walls) / 1e6, statistics.median(reads) / 1e6
+        print(f"-- {th} thread(s), load average {os.getloadavg()[0]:.2f}, medians of {steps} steps: {wall:.2f} "
+              f"ms/token = weight-reading kernel calls {read:.2f} + the rest {wall - read:.2f}; microseconds "
+              "before each weight read (its position in the step, the op):")
+        calls = sorted(before)
+        per_layer = (len(calls) - 1) // eng.cfg.num_layers if eng.cfg.num_layers else 0
+        for i, name in calls[:per_layer + 1] + [("...", "")] + calls[-per_layer - 1:] if per_layer else calls:
+            if i == "...":
+                print("   ...")
+                continue
+            print(f"   {i:4d} {name:<14} {statistics.median(before[i, name]) / 1e3:8.1f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="small", help="the benchmark's model shape")
+    ap.add_argument("--gaps", action="store_true", help="time the kernel calls that read weights and the gaps between")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--context", type=int, default=128, help="prompt tokens before the measured steps")
@@ -274,13 +335,17 @@ def main() -> None:
     ap.add_argument("--llamacpp", action="store_true",
                     help="with --split: llama.cpp's step and skeleton in the same rounds (needs `make llamacpp`)")
     args = ap.parse_args()
+    if args.split and args.shape != "small":
+        ap.error("--split takes the small shape apart (its skeleton and weight reads); --gaps times any shape")
     if args.llamacpp and not args.split:
         ap.error("--llamacpp takes llama.cpp's step apart beside ours: it needs --split")
     bins = find_binaries() if args.llamacpp else None    # a missing build fails now, not after minutes of profiling
-    eng = Engine.from_pretrained(str(checkpoint()), placement=args.placement, device="cpu",
+    eng = Engine.from_pretrained(str(checkpoint(SHAPES[args.shape])), placement=args.placement, device="cpu",
                                  max_context=planned_context(args.context, args.steps))
     torch.manual_seed(0)
     prompt = torch.randint(0, eng.cfg.vocab_size, (args.context,)).tolist()
+    if args.gaps:
+        return gaps(eng, prompt, [int(t) for t in args.threads.split(",")], args.steps)
     calls = aten_calls(eng, prompt)
     print(f"aten calls per decode step: {sum(calls.values())} ("
           + ", ".join(f"{k} {v}" for k, v in calls.most_common(6)) + ", ...)")

@@ -43,7 +43,7 @@ import logging
 import os
 import platform
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -157,6 +157,30 @@ def enabled(on: bool) -> Iterator[None]:
         yield
     finally:
         _state["enabled"] = before
+
+
+class _Wrapped:
+    """The kernels' op namespace with each op passed through `wrap(name, op)` (see `wrapped`)."""
+
+    def __init__(self, ops: Any, wrap: Callable[[str, Callable[..., Any]], Callable[..., Any]]) -> None:
+        self._ops, self._wrap = ops, wrap
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        return self._wrap(name, getattr(self._ops, name))
+
+
+@contextlib.contextmanager
+def wrapped(wrap: Callable[[str, Callable[..., Any]], Callable[..., Any]]) -> Iterator[None]:
+    """Within the block every kernel op is called as `wrap(name, op)(*args)`: to time or count the
+    calls a real step makes (benchmarks/profile_decode.py --gaps). The kernels must be available."""
+    ops = _ops()
+    if ops is None:
+        raise RuntimeError(f"the CPU kernels cannot run here: {reason()}")
+    _fast["ops"] = _Wrapped(ops, wrap)
+    try:
+        yield
+    finally:
+        _fast["ops"] = ops
 
 
 def _ops() -> Any | None:
