@@ -15,7 +15,8 @@
 //   key head's G = H/K queries against its keys, each key and value read once for all G; the
 //   softmax's exp a vector polynomial of its own (`exp8`); the (sequence, key head) pairs shared
 //   over the kernels' threads (pool.h). Equal to engine.layers.decode_attention's three torch ops up
-//   to fp32 rounding.
+//   to fp32 rounding; those ops themselves (bit for bit) for more than 4 queries a key head over
+//   more than 512 keys, where MKL's batched GEMM is faster.
 // - rope_attention: a decode step's rope, KV write and decode_attention in one call.
 // - silu_mul: gate, up [n, I] (rows contiguous: the halves of one projection's output, say) ->
 //   silu(gate) * up (SwiGLU's activation), rounded to T as torch's two ops round it; silu's exp is
@@ -32,6 +33,8 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/softmax.h>
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
@@ -186,6 +189,10 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
 // ---- Decode attention
 
 constexpr int64_t KEY_BLOCK = 64;      // keys (values) whose rows stay in L1 while each query of the group reads them
+// More than QUERY_TILE queries a key head over more keys than this: torch's batched GEMM (MKL, 16
+// lanes on an AVX-512 host) computes the scores faster than the tiles below, whose horizontal sums
+// then dominate (benchmarks/bench_decode_attention.py), so decode_attention runs torch's ops.
+constexpr int64_t GEMM_FROM_KEYS = 512;
 constexpr int QUERY_TILE = 4;          // queries a tile computes at once (8 accumulators: x 2+ keys, x 2 value vectors)
 #define ALWAYS_INLINE __attribute__((always_inline)) inline    // compiled in its caller's instruction set
 
@@ -346,6 +353,10 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
               "decode_attention: q [B, H, 1, h], k [B, K, S, h], v [B, K, S, hv] with K dividing H, S > 0, h and hv "
               "multiples of 8, got ", q.sizes(), ", ", k.sizes(), ", ", v.sizes());
   const int64_t G = H / K;
+  if (G > QUERY_TILE && S > GEMM_FROM_KEYS) {                        // torch's three ops, as ATen calls
+    at::Tensor scores = at::matmul(q.reshape({B, K, G, h}), k.transpose(-1, -2)).mul_(scale);   // [B, K, G, S]
+    return at::matmul(at::softmax(scores, -1), v).reshape({B, H, 1, hv});
+  }
   at::Tensor qc = q.contiguous();
   at::Tensor out = at::empty({B, H, 1, hv}, q.options());
   const float* qp = qc.data_ptr<float>();

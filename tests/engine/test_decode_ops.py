@@ -78,7 +78,7 @@ def reference_attention(q, k, v, scale):
 
 
 @pytest.mark.parametrize("H,K,h,S", [(16, 4, 128, 150), (8, 8, 64, 65), (12, 4, 72, 300), (32, 4, 96, 1),
-                                     (6, 2, 16, 129)])
+                                     (6, 2, 16, 129), (16, 2, 32, 513)])
 def test_decode_attention_matches_float64_and_torchs_ops(H, K, h, S):
     g = torch.Generator().manual_seed(H * h + S)
     q = torch.randn(2, H, 1, h, generator=g)
@@ -88,7 +88,10 @@ def test_decode_attention_matches_float64_and_torchs_ops(H, K, h, S):
     want = reference_attention(q, k, v, h ** -0.5)
     assert got.shape == (2, H, 1, h) and got.dtype == torch.float32
     assert (got.double() - want).abs().max() <= 1e-5
-    assert close(got, torch_path(decode_attention, q, k, v, h ** -0.5), torch.float32)
+    torchs = torch_path(decode_attention, q, k, v, h ** -0.5)
+    assert close(got, torchs, torch.float32)
+    if H // K > 4 and S > 512:                                       # MKL's GEMM there: torch's ops themselves
+        assert torch.equal(got, torchs)
 
 
 def test_decode_attention_is_the_same_bits_at_any_batch_and_thread_count(threads):
