@@ -294,42 +294,50 @@ inline void softmax_rows(float* s, int64_t G, int64_t S) {
   }
 }
 
+// One key head's attention: its G queries q [G, h], S keys (row stride ks) and values (row stride
+// vs), the scores' scratch s [G, S] and the output out [G, hv].
+struct Group {
+  const float* q; const float* k; int64_t ks; const float* v; int64_t vs;
+  int64_t S, G, h, hv; float scale; float* s; float* out;
+};
+
+// NQ queries from g0 over the keys [j0, j1): their scores, or their weighted values.
+template <typename V, int NQ>
+ALWAYS_INLINE void tile(bool scores, const Group& a, int64_t j0, int64_t j1, int64_t g0) {
+  if (scores)
+    scores_block<V, NQ>(a.q + g0 * a.h, a.h, a.k, a.ks, j0, j1, a.scale, a.s + g0 * a.S, a.S);
+  else
+    values_block<V, NQ>(a.s + g0 * a.S, a.S, a.v, a.vs, j0, j1, a.hv, a.out + g0 * a.hv);
+}
+
+// Every key block of KEY_BLOCK keys (read from memory once for all G queries) by tiles of up to
+// QUERY_TILE queries: the scores, or the weighted values.
+template <typename V>
+ALWAYS_INLINE void blocks(bool scores, const Group& a) {
+  for (int64_t j0 = 0; j0 < a.S; j0 += KEY_BLOCK) {
+    const int64_t j1 = std::min(a.S, j0 + KEY_BLOCK);
+    for (int64_t g0 = 0; g0 < a.G; g0 += QUERY_TILE) {
+      switch (std::min<int64_t>(QUERY_TILE, a.G - g0)) {
+        case 4: tile<V, 4>(scores, a, j0, j1, g0); break;
+        case 3: tile<V, 3>(scores, a, j0, j1, g0); break;
+        case 2: tile<V, 2>(scores, a, j0, j1, g0); break;
+        default: tile<V, 1>(scores, a, j0, j1, g0); break;
+      }
+    }
+  }
+}
+
 // One key head's G queries q [G, h] over its S keys (row stride ks) and values (row stride vs) ->
-// out [G, hv], in V::W lanes (h and hv multiples of W); p: scratch for the G x S scores. Keys and
-// values in blocks of KEY_BLOCK, each block read from memory once for all G queries.
+// out [G, hv], in V::W lanes (h and hv multiples of W); p: scratch for the G x S scores.
 template <typename V>
 ALWAYS_INLINE void attend_group(const float* q, const float* k, int64_t ks, const float* v, int64_t vs, int64_t S,
                                 int64_t G, int64_t h, int64_t hv, float scale, float* out, std::vector<float>& p) {
   p.resize(G * S);
-  float* s = p.data();
-  for (int64_t j0 = 0; j0 < S; j0 += KEY_BLOCK) {
-    const int64_t j1 = std::min(S, j0 + KEY_BLOCK);
-    for (int64_t g0 = 0; g0 < G; g0 += QUERY_TILE) {
-      const float* qg = q + g0 * h;
-      float* sg = s + g0 * S;
-      switch (std::min<int64_t>(QUERY_TILE, G - g0)) {
-        case 4: scores_block<V, 4>(qg, h, k, ks, j0, j1, scale, sg, S); break;
-        case 3: scores_block<V, 3>(qg, h, k, ks, j0, j1, scale, sg, S); break;
-        case 2: scores_block<V, 2>(qg, h, k, ks, j0, j1, scale, sg, S); break;
-        default: scores_block<V, 1>(qg, h, k, ks, j0, j1, scale, sg, S); break;
-      }
-    }
-  }
-  softmax_rows(s, G, S);
+  const Group a{q, k, ks, v, vs, S, G, h, hv, scale, p.data(), out};
+  blocks<V>(true, a);
+  softmax_rows(a.s, G, S);
   std::fill(out, out + G * hv, 0.0f);
-  for (int64_t j0 = 0; j0 < S; j0 += KEY_BLOCK) {
-    const int64_t j1 = std::min(S, j0 + KEY_BLOCK);
-    for (int64_t g0 = 0; g0 < G; g0 += QUERY_TILE) {
-      const float* sg = s + g0 * S;
-      float* og = out + g0 * hv;
-      switch (std::min<int64_t>(QUERY_TILE, G - g0)) {
-        case 4: values_block<V, 4>(sg, S, v, vs, j0, j1, hv, og); break;
-        case 3: values_block<V, 3>(sg, S, v, vs, j0, j1, hv, og); break;
-        case 2: values_block<V, 2>(sg, S, v, vs, j0, j1, hv, og); break;
-        default: values_block<V, 1>(sg, S, v, vs, j0, j1, hv, og); break;
-      }
-    }
-  }
+  blocks<V>(false, a);
 }
 
 void attend_group8(const float* q, const float* k, int64_t ks, const float* v, int64_t vs, int64_t S, int64_t G,
