@@ -1,4 +1,5 @@
-"""Small-batch linear layers on the CPU: the engine's own kernel (rows_linear.cpp), built once.
+"""Small-batch linear layers on the CPU: the engine's own kernel (rows_linear.cpp), built once,
+with a decode step's small ops beside it (decode_ops.cpp).
 
 A decode step multiplies each weight matrix by one row (a few at batch > 1). torch's CPU path for
 that is the BLAS GEMV/GEMM, which on the machines measured here reads weights on one core only
@@ -26,7 +27,10 @@ builds it ahead, as `make setup` does), whether it can run here (`available`, `r
 switch that turns it off (`MOEBENCH_CPU_KERNELS=0` or `enabled(False)`: the torch path, for A/B
 measurements), and the calls (`small_linear`, `grouped_small_linear`, `linear`: F.linear's drop-in, and
 `int8_linear` / `int4_linear` on a quantised expert's packed bytes, and their `*_q8_` forms on
-activations rounded to int8). Does not
+activations rounded to int8; the decode-step ops between the weight reads, each one call where
+torch makes several -- `rms_norm`, `rope`, `decode_attention`, `rope_attention`, `softmax_topk`,
+`silu_mul`, `swiglu` / `swiglu_add_`, `linears` -- with engine.layers' torch forms their reference;
+`wrapped`, to time or count the calls). Does not
 own: which layers use it (the experts, engine.blocks.experts; attention's projections and the LM
 head, engine.blocks.attention and decoder) or the torch path it falls back to.
 
