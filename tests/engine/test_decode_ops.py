@@ -179,3 +179,12 @@ def test_rope_attention_is_the_unfused_steps(threads):
         got = rope_attention(q, k, v, cos, sin, kt, vt, start, 0.2)
         assert torch.equal(kt, kb) and torch.equal(vt, vb)
         assert torch.equal(got, want.reshape(B, 1, H * h))
+
+
+def test_silu_through_the_kernels_exp_is_within_3_ulp_of_float64():
+    x = torch.linspace(-87, 88, 200_001).reshape(1, -1)
+    got = gated(x, torch.ones_like(x), "silu").double()
+    exact = x.double() / (1 + torch.exp(-x.double()))
+    ulp = (torch.nextafter(exact.float().abs(), torch.tensor(math.inf)) - exact.float().abs()).double()
+    keep = exact.abs() > 1e-30                                       # normal results
+    assert ((got - exact).abs() / ulp)[keep].max() <= 3
