@@ -315,11 +315,10 @@ def gaps(eng: Engine, prompt: list[int], threads: list[int], steps: int) -> None
               "before each weight read (its position in the step, the op):")
         calls = sorted(before)
         per_layer = (len(calls) - 1) // eng.cfg.num_layers if eng.cfg.num_layers else 0
-        for i, name in calls[:per_layer + 1] + [("...", "")] + calls[-per_layer - 1:] if per_layer else calls:
-            if i == "...":
-                print("   ...")
-                continue
-            print(f"   {i:4d} {name:<14} {statistics.median(before[i, name]) / 1e3:8.1f}")
+        shown = calls[:per_layer + 1] + [None] + calls[-per_layer - 1:] if per_layer else calls   # first, last layer
+        for call in shown:
+            us = None if call is None else statistics.median(before[call]) / 1e3
+            print("   ..." if call is None else f"   {call[0]:4d} {call[1]:<14} {us:8.1f}")
 
 
 def main() -> None:

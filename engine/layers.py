@@ -120,9 +120,12 @@ def _inv_freq(head_dim: int, theta: float, linear_factor: float, device: torch.d
 
 def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
     """sin [T, r] with its first half negated: `rotate_half(x) * sin == x.roll(r/2) * signed`,
-    bitwise (a product's sign is the xor of its factors' signs), in one op instead of four."""
-    half = sin.shape[-1] // 2
-    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+    bitwise (a product's sign is the xor of its factors' signs), in one op instead of four; made
+    once per sin table (`memo`)."""
+    def make() -> torch.Tensor:
+        half = sin.shape[-1] // 2
+        return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+    return memo(sin, "signed_sin", make)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -130,7 +133,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     transformers' `x * cos + rotate_half(x) * sin`, bitwise, with the rotation a roll against a
     sin whose first half is negated (made once per sin table: `memo`)."""
     r = cos.shape[-1]
-    signed = memo(sin, "signed_sin", lambda: _signed_sin(sin))
+    signed = _signed_sin(sin)
     if x.is_contiguous() and cos.dim() == 2 and cos.dtype == x.dtype and kernels.takes(x):
         return kernels.rope(x, cos, signed)                         # on the CPU one kernel op, the same bits
     if r == x.shape[-1]:
@@ -139,11 +142,17 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((rot * cos + rot.roll(r // 2, -1) * signed, rest), dim=-1)
 
 
+def _attention_kernel_takes(q: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the kernels' decode attention takes q [B, H, 1, h] and v's head dim: multiples of 8,
+    q on the CPU with the kernels on."""
+    return q.shape[-1] % 8 == 0 and v.shape[-1] % 8 == 0 and kernels.takes(q)
+
+
 def fused_decode_ok(q: torch.Tensor, v: torch.Tensor, cos: torch.Tensor) -> bool:
     """Whether `rope_attention` takes a decode step's q [B, H, 1, h] / v and its rope tables: one
-    fp32 token per sequence on the CPU with the kernels on, head dims multiples of 8, one table row."""
+    fp32 token per sequence, one table row, the kernels' attention (`_attention_kernel_takes`)."""
     return (q.shape[2] == 1 and q.dtype == torch.float32 and cos.dim() == 2 and cos.dtype == q.dtype
-            and q.shape[-1] % 8 == 0 and v.shape[-1] % 8 == 0 and kernels.takes(q))
+            and _attention_kernel_takes(q, v))
 
 
 def rope_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -152,8 +161,7 @@ def rope_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch
     (`fused_decode_ok`): q [B, H, 1, h] and k/v [B, K, 1, h] (projected and normed), k and v written
     at position `start` of the exact KV buffers [B, K, capacity, h], q attending to positions
     0..start -> [B, 1, H*h]; the rotation bit for bit, the attention up to fp32 rounding."""
-    signed = memo(sin, "signed_sin", lambda: _signed_sin(sin))
-    return heads_last(kernels.rope_attention(q, k, v, cos, signed, k_buf, v_buf, start, scale))
+    return heads_last(kernels.rope_attention(q, k, v, cos, _signed_sin(sin), k_buf, v_buf, start, scale))
 
 
 def plain_causal(T: int, past: int, kv_start: int, window: int | None) -> bool:
@@ -233,8 +241,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     (scaled in place, then their softmax: the plan's workspace, engine.blocks.attention.
     sdpa_workspace_bytes); the sums group terms differently from the flash kernel's, so equal to
     it up to fp32 rounding."""
-    if (kernels.takes(q) and k.dtype == v.dtype == q.dtype and k.stride(-1) == 1 and v.stride(-1) == 1
-            and q.shape[-1] % 8 == 0 and v.shape[-1] % 8 == 0):
+    if k.dtype == v.dtype == q.dtype and k.stride(-1) == 1 and v.stride(-1) == 1 and _attention_kernel_takes(q, v):
         return kernels.decode_attention(q, k, v, scale)             # one kernel op, threaded over key heads
     B, H, _, h = q.shape
     K = k.shape[1]

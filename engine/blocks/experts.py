@@ -190,16 +190,22 @@ class SwiGLUExperts(ExpertLayout):
         every intra-op thread (torch's GEMV reads them on one core here); elsewhere F.linear."""
         if not cpu_kernels.usable(x, packed):
             return expert_ffn(x, packed, self.D, self.I, self.act)
-        if self.act == "silu":        # the same kernels and activation in one op: no return to Python between
+        if self.one_op:               # the same kernels and activation in one op: no return to Python between
             return cpu_kernels.swiglu(x, *swiglu_matrices(packed, self.D, self.I))
         return expert_ffn(x, packed, self.D, self.I, self.act, cpu_kernels.small_linear)
 
     def run_add_(self, out: torch.Tensor, x: torch.Tensor, packed: torch.Tensor, gate: torch.Tensor) -> None:
-        if (self.act == "silu" and cpu_kernels.usable(x, packed) and out.dtype == gate.dtype == x.dtype
+        if (self.one_op and cpu_kernels.usable(x, packed) and out.dtype == gate.dtype == x.dtype
                 and out.is_contiguous()):
             cpu_kernels.swiglu_add_(out, x, *swiglu_matrices(packed, self.D, self.I), gate)
         else:
             super().run_add_(out, x, packed, gate)
+
+    @property
+    def one_op(self) -> bool:
+        """Whether the kernels run this expert whole, in one op, where they run (engine.kernels.cpu.
+        swiglu: SiLU's gating is the one they have)."""
+        return self.act == "silu"
 
     def grouped_supported(self, dtype: torch.dtype, device: torch.device) -> bool:
         return grouped_mm_supported(dtype, device)

@@ -57,12 +57,22 @@ namespace {
 using moebench_kernels::hsum;
 using moebench_kernels::load8;
 using moebench_kernels::run_chunks;
+using moebench_kernels::run_rows;
 using moebench_kernels::Vec16;
 using moebench_kernels::Vec8;
 using moebench_kernels::widen;
 
 template <typename T>
 inline T round_to(float v) { return static_cast<T>(v); }      // fp32: itself; bf16: round to nearest even
+
+// The two dtypes the element-wise ops take.
+inline bool float_or_bf16(at::ScalarType dt) { return dt == at::kFloat || dt == at::kBFloat16; }
+
+// f(T{}) with T the C++ type of dt (float_or_bf16).
+template <typename F>
+inline void by_dtype(at::ScalarType dt, const F& f) {
+  if (dt == at::kFloat) f(float{}); else f(c10::BFloat16{});
+}
 
 // exp(x) in 8 lanes: Cephes' expf (x = n ln2 + r, |r| <= ln2/2, exp(r) by a degree-7 polynomial,
 // times 2^n); SiLU through it is within 3 ulp of float64 (tests/engine/test_decode_ops.py). 0 below
@@ -123,7 +133,7 @@ void rms_norm_rows(const T* x, const T* w, T* y, int64_t j0, int64_t j1, int64_t
 at::Tensor rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& w, double eps, double offset,
                     bool scale_fp32) {
   const auto dt = x.scalar_type();
-  TORCH_CHECK(x.device().is_cpu() && (dt == at::kFloat || dt == at::kBFloat16) && x.dim() >= 1,
+  TORCH_CHECK(x.device().is_cpu() && float_or_bf16(dt) && x.dim() >= 1,
               "rms_norm: x must be float32 or bfloat16 on the CPU, got ", dt, " on ", x.device());
   const bool has_w = w.has_value() && w->defined();
   const int64_t D = x.size(-1);
@@ -136,15 +146,13 @@ at::Tensor rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& w, dou
   at::Tensor out = at::empty(x.sizes(), x.options());
   const int64_t n = D ? x.numel() / D : 0;
   const float e = static_cast<float>(eps), off = static_cast<float>(offset);
-  const auto rows = [&](int64_t j0, int64_t j1) {
-    if (dt == at::kFloat)
-      rms_norm_rows(xc.data_ptr<float>(), has_w ? w->data_ptr<float>() : nullptr, out.data_ptr<float>(), j0, j1, D, e,
-                    off, scale_fp32);
-    else
-      rms_norm_rows(xc.data_ptr<c10::BFloat16>(), has_w ? w->data_ptr<c10::BFloat16>() : nullptr,
-                    out.data_ptr<c10::BFloat16>(), j0, j1, D, e, off, scale_fp32);
-  };
-  if (n > 0) run_chunks(rows, n, n * D, std::max<int64_t>(1, moebench_kernels::TASK_ELEMS / std::max<int64_t>(1, D)));
+  by_dtype(dt, [&](auto t) {
+    using T = decltype(t);
+    run_rows([&](int64_t j0, int64_t j1) {
+      rms_norm_rows(xc.data_ptr<T>(), has_w ? w->data_ptr<T>() : nullptr, out.data_ptr<T>(), j0, j1, D, e, off,
+                    scale_fp32);
+    }, n, D);
+  });
   return out;
 }
 
@@ -168,7 +176,7 @@ void rope_rows(const T* x, const T* cos, const T* sin, T* y, int64_t rows, int64
 
 at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const auto dt = x.scalar_type();
-  TORCH_CHECK(x.device().is_cpu() && (dt == at::kFloat || dt == at::kBFloat16) && x.dim() == 4 && x.is_contiguous(),
+  TORCH_CHECK(x.device().is_cpu() && float_or_bf16(dt) && x.dim() == 4 && x.is_contiguous(),
               "rope: x must be a contiguous float32 or bfloat16 [B, H, T, h] on the CPU, got ", dt, " ", x.sizes());
   const int64_t T = x.size(2), h = x.size(3);
   for (const at::Tensor* t : {&cos, &sin})
@@ -178,12 +186,10 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
                 cos.sizes(), " and ", sin.sizes());
   at::Tensor out = at::empty(x.sizes(), x.options());
   const int64_t rows = T ? x.numel() / h : 0;
-  if (dt == at::kFloat)
-    rope_rows(x.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(), out.data_ptr<float>(), rows, T, h,
-              cos.size(1));
-  else
-    rope_rows(x.data_ptr<c10::BFloat16>(), cos.data_ptr<c10::BFloat16>(), sin.data_ptr<c10::BFloat16>(),
-              out.data_ptr<c10::BFloat16>(), rows, T, h, cos.size(1));
+  by_dtype(dt, [&](auto t) {
+    using E = decltype(t);
+    rope_rows(x.data_ptr<E>(), cos.data_ptr<E>(), sin.data_ptr<E>(), out.data_ptr<E>(), rows, T, h, cos.size(1));
+  });
   return out;
 }
 
@@ -431,7 +437,7 @@ void silu_mul_rows(const T* gate, int64_t gs, const T* up, int64_t us, T* y, int
 
 at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
   const auto dt = gate.scalar_type();
-  TORCH_CHECK(gate.device().is_cpu() && (dt == at::kFloat || dt == at::kBFloat16) && gate.dim() == 2 &&
+  TORCH_CHECK(gate.device().is_cpu() && float_or_bf16(dt) && gate.dim() == 2 &&
               gate.stride(1) == 1, "silu_mul: gate must be float32 or bfloat16 [n, I] on the CPU with rows "
               "contiguous, got ", dt, " ", gate.sizes(), " strides ", gate.strides());
   TORCH_CHECK(up.scalar_type() == dt && up.device().is_cpu() && up.sizes() == gate.sizes() && up.stride(1) == 1,
@@ -439,16 +445,12 @@ at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
               up.scalar_type(), " ", up.sizes(), " strides ", up.strides());
   const int64_t n = gate.size(0), I = gate.size(1);
   at::Tensor out = at::empty({n, I}, gate.options());
-  const int64_t chunk = std::max<int64_t>(1, moebench_kernels::TASK_ELEMS / std::max<int64_t>(1, 2 * I));
-  const auto rows = [&](int64_t j0, int64_t j1) {
-    if (dt == at::kFloat)
-      silu_mul_rows(gate.data_ptr<float>(), gate.stride(0), up.data_ptr<float>(), up.stride(0), out.data_ptr<float>(),
-                    j0, j1, I);
-    else
-      silu_mul_rows(gate.data_ptr<c10::BFloat16>(), gate.stride(0), up.data_ptr<c10::BFloat16>(), up.stride(0),
-                    out.data_ptr<c10::BFloat16>(), j0, j1, I);
-  };
-  if (n > 0) run_chunks(rows, n, 2 * n * I, chunk);
+  by_dtype(dt, [&](auto t) {
+    using T = decltype(t);
+    run_rows([&](int64_t j0, int64_t j1) {
+      silu_mul_rows(gate.data_ptr<T>(), gate.stride(0), up.data_ptr<T>(), up.stride(0), out.data_ptr<T>(), j0, j1, I);
+    }, n, 2 * I);
+  });
   return out;
 }
 
@@ -476,18 +478,16 @@ void swiglu_add_(at::Tensor out, const at::Tensor& x, const at::Tensor& gate_up,
               gate.size(1) == 1, "swiglu_add_: out ", y.sizes(), " contiguous and gate [n, 1] in x's dtype, got ",
               out.sizes(), " ", out.scalar_type(), " and ", gate.sizes(), " ", gate.scalar_type());
   const int64_t n = y.size(0), D = y.size(1);
-  const auto add = [&](auto* o, const auto* yv, const auto* gv, int64_t gs) {
-    using T = std::remove_cv_t<std::remove_pointer_t<decltype(yv)>>;
+  by_dtype(y.scalar_type(), [&](auto t) {
+    using T = decltype(t);
+    T* o = out.data_ptr<T>();
+    const T* yv = y.data_ptr<T>();
     for (int64_t j = 0; j < n; ++j) {
-      const float g = widen(gv[j * gs]);
+      const float g = widen(gate.data_ptr<T>()[j * gate.stride(0)]);
       for (int64_t i = 0; i < D; ++i)
         o[j * D + i] = round_to<T>(widen(o[j * D + i]) + widen(round_to<T>(widen(yv[j * D + i]) * g)));
     }
-  };
-  if (y.scalar_type() == at::kFloat)
-    add(out.data_ptr<float>(), y.data_ptr<float>(), gate.data_ptr<float>(), gate.stride(0));
-  else
-    add(out.data_ptr<c10::BFloat16>(), y.data_ptr<c10::BFloat16>(), gate.data_ptr<c10::BFloat16>(), gate.stride(0));
+  });
 }
 
 // ---- The softmax top-k router

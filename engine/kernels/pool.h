@@ -126,4 +126,11 @@ void run_chunks(const Range& range, int64_t O, int64_t elems, int64_t chunk) {
   }
 }
 
+// range(j0, j1) over n rows of `row_elems` values each, in chunks of whole rows of at least
+// TASK_ELEMS values (an element-wise op on a decode step's rows stays on the caller's thread).
+template <typename Range>
+void run_rows(const Range& range, int64_t n, int64_t row_elems) {
+  if (n > 0) run_chunks(range, n, n * row_elems, std::max<int64_t>(1, TASK_ELEMS / std::max<int64_t>(1, row_elems)));
+}
+
 }  // namespace moebench_kernels
